@@ -1,0 +1,193 @@
+"""Settings of gpustack-models, read only from environment variables.
+
+Every variable is parsed by a small typed helper that raises ``ImproperlyConfigured`` naming the
+variable when its value is malformed, so a bad deployment fails at start rather than at first use.
+The defaults are the embedded local ones: SQLite, a file-based Celery broker and the local control
+plane's kubeconfig under ``GPUSTACK_DATA_DIR``.
+"""
+
+import os
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import dj_database_url
+from django.core.exceptions import ImproperlyConfigured
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+
+
+def env_str(name, default=""):
+    return os.environ.get(name, default)
+
+
+def env_bool(name, default=False):
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    value = raw.strip().lower()
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off"):
+        return False
+    raise ImproperlyConfigured(f"{name}={raw!r}: expected one of true/false/1/0/yes/no/on/off")
+
+
+def env_int(name, default, minimum=None, maximum=None):
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ImproperlyConfigured(f"{name}={raw!r}: expected an integer") from None
+    if minimum is not None and value < minimum:
+        raise ImproperlyConfigured(f"{name}={value}: must be at least {minimum}")
+    if maximum is not None and value > maximum:
+        raise ImproperlyConfigured(f"{name}={value}: must be at most {maximum}")
+    return value
+
+
+def env_float(name, default, minimum=None):
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ImproperlyConfigured(f"{name}={raw!r}: expected a number") from None
+    if minimum is not None and value < minimum:
+        raise ImproperlyConfigured(f"{name}={value}: must be at least {minimum}")
+    return value
+
+
+def env_list(name, default=()):
+    raw = os.environ.get(name)
+    if raw is None:
+        return list(default)
+    return [item.strip() for item in raw.split(",") if item.strip()]
+
+
+def env_url(name, default, schemes):
+    raw = os.environ.get(name) or default
+    parts = urlsplit(raw)
+    if parts.scheme not in schemes:
+        raise ImproperlyConfigured(f"{name}={raw!r}: scheme must be one of {', '.join(sorted(schemes))}")
+    if parts.scheme in ("http", "https", "redis", "rediss", "amqp") and not parts.hostname:
+        raise ImproperlyConfigured(f"{name}={raw!r}: no host")
+    return raw
+
+
+# --- Core ------------------------------------------------------------------------------------------
+DATA_DIR = Path(env_str("GPUSTACK_DATA_DIR", str(BASE_DIR / ".local"))).resolve()
+SECRET_KEY = env_str("SECRET_KEY", "insecure-local-only-change-me-in-any-deployment")
+DEBUG = env_bool("DEBUG", False)
+ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", ["*"])
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "rest_framework",
+    "gpustack_models",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "config.urls"
+WSGI_APPLICATION = "config.wsgi.application"
+ASGI_APPLICATION = "config.asgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+# --- Database: SQLite by default, anything dj-database-url reads otherwise -------------------------
+DATABASE_URL = env_str("DATABASE_URL", f"sqlite:///{DATA_DIR / 'gpustack-models.sqlite3'}")
+try:
+    _database = dj_database_url.parse(DATABASE_URL, conn_max_age=env_int("DATABASE_CONN_MAX_AGE", 60, minimum=0))
+except Exception as exc:  # dj-database-url raises bare ValueError/KeyError on unknown schemes
+    raise ImproperlyConfigured(f"DATABASE_URL={DATABASE_URL!r}: {exc}") from None
+if _database["ENGINE"] not in ("django.db.backends.sqlite3", "django.db.backends.postgresql"):
+    raise ImproperlyConfigured(f"DATABASE_URL={DATABASE_URL!r}: only sqlite and postgres are supported")
+if _database["ENGINE"] == "django.db.backends.sqlite3":
+    # The informers and Celery write concurrently; wait for the lock instead of failing at once.
+    _database.setdefault("OPTIONS", {})["timeout"] = 20
+DATABASES = {"default": _database}
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+# --- Celery: a file-based broker by default, Redis (or any kombu URL) otherwise ---------------------
+CELERY_BROKER_URL = env_url("CELERY_BROKER_URL", "filesystem://", {"filesystem", "redis", "rediss", "amqp", "memory"})
+CELERY_BROKER_DIR = DATA_DIR / "celery" / "broker"
+if CELERY_BROKER_URL.startswith("filesystem://"):
+    CELERY_BROKER_TRANSPORT_OPTIONS = {
+        "data_folder_in": str(CELERY_BROKER_DIR / "queue"),
+        "data_folder_out": str(CELERY_BROKER_DIR / "queue"),
+        "processed_folder": str(CELERY_BROKER_DIR / "processed"),
+        "store_processed": False,
+    }
+    _default_results = f"file://{DATA_DIR / 'celery' / 'results'}"
+else:
+    CELERY_BROKER_TRANSPORT_OPTIONS = {}
+    _default_results = CELERY_BROKER_URL if CELERY_BROKER_URL.startswith(("redis", "rediss")) else "rpc://"
+CELERY_RESULT_BACKEND = env_str("CELERY_RESULT_BACKEND", _default_results)
+CELERY_TASK_ACKS_LATE = True  # a task lost with its worker is delivered again; tasks are idempotent
+CELERY_TASK_REJECT_ON_WORKER_LOST = True
+CELERY_WORKER_PREFETCH_MULTIPLIER = 4
+CELERY_TASK_ALWAYS_EAGER = env_bool("CELERY_TASK_ALWAYS_EAGER", False)
+CELERY_RESULT_EXPIRES = 3600
+CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+
+# --- Kubernetes ------------------------------------------------------------------------------------
+# KUBECONFIG unset: in-cluster credentials when running in a Pod, the local control plane's otherwise.
+KUBECONFIG = env_str("KUBECONFIG", "")
+LOCAL_KUBECONFIG = DATA_DIR / "kubeconfig"
+KUBE_REQUEST_TIMEOUT = env_float("KUBE_REQUEST_TIMEOUT", 30.0, minimum=1.0)
+KUBE_VERSION_FILE = BASE_DIR / "deploy" / "controlplane" / "go.mod"
+# Compaction interval passed to the local kube-apiserver (Go duration); short values exercise 410 Expired.
+ETCD_COMPACTION_INTERVAL = env_str("GPUSTACK_ETCD_COMPACTION_INTERVAL", "5m")
+
+# --- Web -------------------------------------------------------------------------------------------
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = False
+USE_TZ = True
+STATIC_URL = "static/"
+STATIC_ROOT = DATA_DIR / "static"
+
+REST_FRAMEWORK = {
+    "UNAUTHENTICATED_USER": None,
+}
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "root": {"handlers": ["console"], "level": env_str("LOG_LEVEL", "INFO").upper()},
+    "loggers": {
+        "kubernetes": {"level": "WARNING"},
+        "urllib3": {"level": "WARNING"},
+    },
+}

@@ -1,0 +1,133 @@
+"""Shared fixtures: the real control plane (started once per session) and clients for it."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+import requests
+from kubernetes import client as k8s
+from kubernetes import config as k8s_config
+
+from gpustack_models.localcluster import LocalCluster, Ports
+from gpustack_models.resources.crd import crd_files
+
+REPO = Path(__file__).resolve().parent.parent
+TEST_STATE = REPO / ".local" / "test"
+
+
+@pytest.fixture(scope="session")
+def cluster():
+    """A real etcd + kube-apiserver + kube-controller-manager for the whole session, with the CRDs."""
+    state = TEST_STATE / "cluster"
+    if (state / "cluster.json").exists():
+        LocalCluster.from_state(state).stop()
+    LocalCluster(state).wipe()
+    lc = LocalCluster(
+        state,
+        ports=Ports.free(),
+        compaction_interval=os.environ.get("GPUSTACK_TEST_COMPACTION_INTERVAL", "5m"),
+    )
+    try:
+        lc.start()
+        kubectl_run(lc, "apply", "--server-side", "-f", str(REPO / "deploy" / "crds"))
+        kubectl_run(lc, "wait", "--for=condition=Established", "crd", "--all", "--timeout=60s")
+        yield lc
+    finally:
+        lc.stop()
+
+
+def kubectl_run(lc: LocalCluster, *args: str, token: str | None = None, check=True, input=None, cache_dir=None):
+    """Run the cluster's own kubectl; returns the CompletedProcess (text)."""
+    kubeconfig = lc.token_kubeconfig if token else lc.kubeconfig
+    cmd = [str(lc.kubectl), f"--kubeconfig={kubeconfig}"]
+    if cache_dir:
+        cmd.append(f"--cache-dir={cache_dir}")
+    if token:
+        cmd.append(f"--token={token}")
+    proc = subprocess.run(cmd + list(args), capture_output=True, text=True, input=input, timeout=120)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"kubectl {' '.join(args)} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
+    return proc
+
+
+@pytest.fixture
+def kubectl(cluster, tmp_path):
+    """kubectl with a fresh discovery cache per test (kubectl caches discovery for hours)."""
+
+    def run(*args, **kwargs):
+        kwargs.setdefault("cache_dir", str(tmp_path / "kube-cache"))
+        return kubectl_run(cluster, *args, **kwargs)
+
+    return run
+
+
+@pytest.fixture(scope="session")
+def api_client(cluster):
+    return k8s_config.new_client_from_config(config_file=str(cluster.kubeconfig))
+
+
+@pytest.fixture(scope="session")
+def core(api_client):
+    return k8s.CoreV1Api(api_client)
+
+
+@pytest.fixture(scope="session")
+def custom(api_client):
+    return k8s.CustomObjectsApi(api_client)
+
+
+@pytest.fixture(scope="session")
+def admin_http(cluster):
+    """A requests session authenticated as the cluster admin (client certificate)."""
+    session = requests.Session()
+    session.trust_env = False
+    session.verify = str(cluster.pki_path("ca.crt"))
+    session.cert = (str(cluster.pki_path("admin.crt")), str(cluster.pki_path("admin.key")))
+    session.base = cluster.server
+    return session
+
+
+def token_http(cluster: LocalCluster, token: str) -> requests.Session:
+    session = requests.Session()
+    session.trust_env = False
+    session.verify = str(cluster.pki_path("ca.crt"))
+    session.headers["Authorization"] = f"Bearer {token}"
+    session.base = cluster.server
+    return session
+
+
+@pytest.fixture
+def namespace(core):
+    """A fresh namespace, deleted after the test."""
+    name = f"t-{uuid.uuid4().hex[:10]}"
+    core.create_namespace(k8s.V1Namespace(metadata=k8s.V1ObjectMeta(name=name)))
+    yield name
+    try:
+        core.delete_namespace(name)
+    except k8s.ApiException:
+        pass
+
+
+def wait_for(predicate, timeout: float = 30.0, interval: float = 0.2, message: str = "condition"):
+    """Poll ``predicate`` until it returns a truthy value; return that value or fail with ``message``."""
+    deadline = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < deadline:
+        last = predicate()
+        if last:
+            return last
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {message} (last: {last!r})")
+
+
+def status_of(exc: k8s.ApiException) -> dict:
+    return json.loads(exc.body)
+
+
+__all__ = ["crd_files", "kubectl_run", "token_http", "wait_for", "status_of"]
