@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: run test bench venv controlplane crds check-crds clean
+.PHONY: run test bench venv controlplane manifests clean
 
 venv: $(VENV)/.installed
 
@@ -23,8 +23,8 @@ run: venv controlplane
 test: venv controlplane
 	$(PY) -m tests.services -- $(PY) -m pytest $(PYTEST_ARGS)
 
-crds: venv
-	$(PY) manage.py writecrds
+manifests: venv
+	$(PY) manage.py writemanifests
 
 clean:
 	rm -rf .local

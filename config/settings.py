@@ -178,7 +178,24 @@ STATIC_ROOT = DATA_DIR / "static"
 
 REST_FRAMEWORK = {
     "UNAUTHENTICATED_USER": None,
+    "EXCEPTION_HANDLER": "gpustack_models.status.exception_handler",
 }
+# kube-apiserver's own request body limit.
+DATA_UPLOAD_MAX_MEMORY_SIZE = 3 * 1024 * 1024
+
+# --- The aggregated API server ---------------------------------------------------------------------
+# Seconds a TokenReview or SubjectAccessReview answer is reused.
+AUTH_CACHE_TTL = env_float("GPUSTACK_AUTH_CACHE_TTL", 10.0, minimum=0.0)
+# Where the worker's objects live and who it is; the admission policies name these accounts.
+NAMESPACE = env_str("GPUSTACK_NAMESPACE", "gpustack-system")
+WORKER_SERVICE_ACCOUNT = env_str("GPUSTACK_WORKER_SERVICE_ACCOUNT", "gpustack-models-worker")
+PLUGIN_SERVICE_ACCOUNT = env_str("GPUSTACK_PLUGIN_SERVICE_ACCOUNT", "gpustack-models-plugin")
+API_SERVICE_NAME = env_str("GPUSTACK_API_SERVICE", "gpustack-models-api")
+API_PORT = env_int("GPUSTACK_API_PORT", 8443, minimum=1, maximum=65535)
+API_BIND = env_list("GPUSTACK_API_BIND", [f"127.0.0.1:{API_PORT}", f"[::1]:{API_PORT}"])
+API_WORKERS = env_int("GPUSTACK_API_WORKERS", 2, minimum=1)
+TLS_CERT_FILE = env_str("GPUSTACK_TLS_CERT_FILE", str(DATA_DIR / "worker-pki" / "serving.crt"))
+TLS_KEY_FILE = env_str("GPUSTACK_TLS_KEY_FILE", str(DATA_DIR / "worker-pki" / "serving.key"))
 
 LOGGING = {
     "version": 1,
@@ -189,5 +206,7 @@ LOGGING = {
     "loggers": {
         "kubernetes": {"level": "WARNING"},
         "urllib3": {"level": "WARNING"},
+        # Every 4xx is a Status the client reads; logging each one as a warning is noise.
+        "django.request": {"level": "ERROR"},
     },
 }

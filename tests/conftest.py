@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 import time
 import uuid
 from pathlib import Path
@@ -19,6 +20,11 @@ from gpustack_models.resources.crd import crd_files
 
 REPO = Path(__file__).resolve().parent.parent
 TEST_STATE = REPO / ".local" / "test"
+
+
+def pytest_collection_modifyitems(config, items):
+    """Tests that stop or restart shared components run last, in their collected order."""
+    items.sort(key=lambda item: item.get_closest_marker("disruptive") is not None)
 
 
 @pytest.fixture(scope="session")
@@ -131,3 +137,107 @@ def status_of(exc: k8s.ApiException) -> dict:
 
 
 __all__ = ["crd_files", "kubectl_run", "token_http", "wait_for", "status_of"]
+
+
+# --- The worker's aggregated API ------------------------------------------------------------------------
+
+
+class WorkerAPI:
+    """The worker's API server process, registered as APIService v1.worker.gpustack.ai."""
+
+    def __init__(self, launcher, port: int):
+        self.launcher = launcher
+        self.port = port
+        self.proc = None
+        self.crt, self.key, self.ca_pem = launcher.serving_pki()
+        self.ca_file = launcher.pki_dir / "ca.crt"
+        self.url = f"https://127.0.0.1:{port}"
+
+    def env(self) -> dict:
+        env = dict(os.environ)
+        env.update(KUBECONFIG=str(self.launcher.worker_kubeconfig), GPUSTACK_DATA_DIR=str(TEST_STATE))
+        return env
+
+    def start(self) -> None:
+        log = open(TEST_STATE / "worker-api.log", "ab")
+        self.proc = subprocess.Popen(
+            [sys.executable, "manage.py", "runapiserver", f"--port={self.port}", "--workers=2",
+             f"--certfile={self.crt}", f"--keyfile={self.key}"],
+            cwd=REPO, env=self.env(), stdout=log, stderr=subprocess.STDOUT,
+        )
+        session = requests.Session()
+        session.trust_env = False
+        wait_for(lambda: _healthy(session, self), timeout=60, message="the worker API to listen")
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+
+    def session(self, *, token=None, cert=None, headers=None) -> requests.Session:
+        """A client straight to the worker (not through kube-apiserver)."""
+        session = requests.Session()
+        session.trust_env = False
+        session.verify = str(self.ca_file)
+        if token:
+            session.headers["Authorization"] = f"Bearer {token}"
+        if cert:
+            session.cert = cert
+        session.headers.update(headers or {})
+        session.base = self.url
+        return session
+
+
+def _healthy(session, api) -> bool:
+    if api.proc.poll() is not None:
+        raise AssertionError(f"the worker API exited with {api.proc.returncode}; see {TEST_STATE / 'worker-api.log'}")
+    try:
+        return session.get(f"{api.url}/healthz", verify=str(api.ca_file), timeout=2).status_code == 200
+    except requests.RequestException:
+        return False
+
+
+@pytest.fixture(scope="session")
+def launcher(cluster):
+    from gpustack_models.launcher import Launcher
+
+    lc = Launcher(cluster, TEST_STATE)
+    lc.install()
+    lc.write_worker_kubeconfig()
+    return lc
+
+
+@pytest.fixture(scope="session")
+def worker_api(launcher):
+    from gpustack_models.localcluster import free_port
+
+    api = WorkerAPI(launcher, free_port())
+    api.start()
+    try:
+        launcher.register(api.port)
+        launcher.wait_available()
+        yield api
+    finally:
+        launcher.unregister()
+        api.stop()
+
+
+@pytest.fixture(scope="session")
+def worker_kube(launcher):
+    """A client with the worker's own identity (its ServiceAccount token)."""
+    from gpustack_models import kube
+
+    return kube.Kube(kube.load_configuration(str(launcher.worker_kubeconfig)))
+
+
+@pytest.fixture(scope="session")
+def storage_http(cluster, launcher):
+    """kube-apiserver with the worker's identity: what the admission policies let write v1alpha1."""
+    import yaml
+
+    token = yaml.safe_load(launcher.worker_kubeconfig.read_text())["users"][0]["user"]["token"]
+    return token_http(cluster, token)

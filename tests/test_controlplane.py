@@ -159,6 +159,7 @@ def test_it_records_audited_requests(cluster, admin_http):
     assert not [e for e in cluster.audit_events() if e.get("objectRef", {}).get("resource") == "configmaps"]
 
 
+@pytest.mark.disruptive
 def test_it_serves_the_same_data_after_kube_apiserver_restarts(cluster, core, namespace):
     core.create_namespaced_config_map(
         namespace, k8s.V1ConfigMap(metadata=k8s.V1ObjectMeta(name="survivor"), data={"k": "v"})

@@ -5,6 +5,7 @@ import uuid
 
 import pytest
 
+from gpustack_models import manifests
 from gpustack_models.resources import crd as crd_module
 from gpustack_models.resources.kinds import GROUP, KINDS, STORAGE_VERSION
 
@@ -36,18 +37,22 @@ def assert_invalid(resp, field):
     return status
 
 
-def test_it_keeps_deploy_crds_in_step_with_the_definitions():
-    assert crd_module.stale_files() == [], "run `python manage.py writecrds`"
+def test_it_keeps_deploy_in_step_with_the_definitions():
+    assert manifests.stale_files() == [], "run `python manage.py writemanifests`"
 
 
 def test_it_notices_a_stale_crd_file(tmp_path, monkeypatch):
-    monkeypatch.setattr(crd_module, "CRD_DIR", tmp_path)
-    for path, text in crd_module.crd_files().items():
+    monkeypatch.setattr(crd_module, "CRD_DIR", tmp_path / "crds")
+    monkeypatch.setattr(manifests, "DEPLOY_DIR", tmp_path)
+    for path, text in manifests.deploy_files().items():
+        path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text)
-    assert crd_module.stale_files() == []
+    assert manifests.stale_files() == []
     victim = next(iter(crd_module.crd_files()))
     victim.write_text(victim.read_text().replace("maxItems: 32", "maxItems: 33"))
-    assert crd_module.stale_files() == [victim]
+    assert manifests.stale_files() == [victim]
+    victim.unlink()
+    assert manifests.stale_files() == [victim]
 
 
 def test_it_installs_storage_crds_without_short_names_or_categories(admin_http, cluster):
@@ -77,71 +82,71 @@ def test_it_gives_the_v1_short_names_to_no_storage_resource(admin_http, cluster)
         assert "categories" not in resources[kind.plural]
 
 
-def test_it_accepts_a_valid_artifact_and_applies_defaults(admin_http, cluster, namespace):
-    resp = admin_http.post(url(cluster, namespace), json=artifact("good", allowPatterns=["*.json"], expectedDigest=DIGEST))
+def test_it_accepts_a_valid_artifact_and_applies_defaults(storage_http, cluster, namespace):
+    resp = storage_http.post(url(cluster, namespace), json=artifact("good", allowPatterns=["*.json"], expectedDigest=DIGEST))
     assert resp.status_code == 201, resp.text
     assert resp.json()["spec"]["source"]["huggingFace"]["revision"] == "main"
     claim = artifact("claim")
     claim["spec"]["source"] = {"persistentVolumeClaim": {"claimName": "models", "path": "qwen/7b"}}
-    assert admin_http.post(url(cluster, namespace), json=claim).status_code == 201
+    assert storage_http.post(url(cluster, namespace), json=claim).status_code == 201
 
 
-def test_it_refuses_two_source_members(admin_http, cluster, namespace):
+def test_it_refuses_two_source_members(storage_http, cluster, namespace):
     body = artifact()
     body["spec"]["source"]["modelScope"] = {"repository": "qwen/Qwen2.5-0.5B"}
-    status = assert_invalid(admin_http.post(url(cluster, namespace), json=body), "spec.source")
+    status = assert_invalid(storage_http.post(url(cluster, namespace), json=body), "spec.source")
     assert "exactly one" in status["message"]
 
 
-def test_it_refuses_no_source_member(admin_http, cluster, namespace):
+def test_it_refuses_no_source_member(storage_http, cluster, namespace):
     body = artifact()
     body["spec"]["source"] = {}
-    assert_invalid(admin_http.post(url(cluster, namespace), json=body), "spec.source")
+    assert_invalid(storage_http.post(url(cluster, namespace), json=body), "spec.source")
 
 
-def test_it_refuses_33_allow_patterns(admin_http, cluster, namespace):
+def test_it_refuses_33_allow_patterns(storage_http, cluster, namespace):
     body = artifact(allowPatterns=[f"*.{i}" for i in range(33)])
-    assert_invalid(admin_http.post(url(cluster, namespace), json=body), "spec.allowPatterns")
+    assert_invalid(storage_http.post(url(cluster, namespace), json=body), "spec.allowPatterns")
 
 
 @pytest.mark.parametrize("pattern", ["", "x" * 257])
-def test_it_refuses_patterns_outside_1_to_256_characters(admin_http, cluster, namespace, pattern):
+def test_it_refuses_patterns_outside_1_to_256_characters(storage_http, cluster, namespace, pattern):
     body = artifact(ignorePatterns=[pattern])
-    assert_invalid(admin_http.post(url(cluster, namespace), json=body), "spec.ignorePatterns[0]")
+    assert_invalid(storage_http.post(url(cluster, namespace), json=body), "spec.ignorePatterns[0]")
 
 
-def test_it_refuses_patterns_on_a_claim_source(admin_http, cluster, namespace):
+def test_it_refuses_patterns_on_a_claim_source(storage_http, cluster, namespace):
     body = artifact(allowPatterns=["*.json"])
     body["spec"]["source"] = {"persistentVolumeClaim": {"claimName": "models"}}
-    assert_invalid(admin_http.post(url(cluster, namespace), json=body), "spec.allowPatterns")
+    assert_invalid(storage_http.post(url(cluster, namespace), json=body), "spec.allowPatterns")
 
 
 @pytest.mark.parametrize("digest", ["sha256:abc", "sha256:" + "AB" * 32, "md5:" + "ab" * 32])
-def test_it_refuses_a_malformed_expected_digest(admin_http, cluster, namespace, digest):
+def test_it_refuses_a_malformed_expected_digest(storage_http, cluster, namespace, digest):
     body = artifact(expectedDigest=digest)
-    assert_invalid(admin_http.post(url(cluster, namespace), json=body), "spec.expectedDigest")
+    assert_invalid(storage_http.post(url(cluster, namespace), json=body), "spec.expectedDigest")
 
 
 @pytest.mark.parametrize("path", ["../etc", "a/../b", "a//b", "./a"])
-def test_it_refuses_a_claim_path_that_escapes(admin_http, cluster, namespace, path):
+def test_it_refuses_a_claim_path_that_escapes(storage_http, cluster, namespace, path):
     body = artifact()
     body["spec"]["source"] = {"persistentVolumeClaim": {"claimName": "models", "path": path}}
-    assert_invalid(admin_http.post(url(cluster, namespace), json=body), "spec.source.persistentVolumeClaim.path")
+    assert_invalid(storage_http.post(url(cluster, namespace), json=body), "spec.source.persistentVolumeClaim.path")
 
 
-def test_it_refuses_any_change_of_spec_after_creation(admin_http, cluster, namespace):
-    created = admin_http.post(url(cluster, namespace), json=artifact("frozen")).json()
+def test_it_refuses_any_change_of_spec_after_creation(storage_http, cluster, namespace):
+    created = storage_http.post(url(cluster, namespace), json=artifact("frozen")).json()
     changed = copy.deepcopy(created)
     changed["spec"]["source"]["huggingFace"]["revision"] = "v2"
-    assert_invalid(admin_http.put(url(cluster, namespace, name="frozen"), json=changed), "spec")
-    patched = admin_http.patch(
+    assert_invalid(storage_http.put(url(cluster, namespace, name="frozen"), json=changed), "spec")
+    patched = storage_http.patch(
         url(cluster, namespace, name="frozen"),
         json={"spec": {"allowPatterns": ["*.json"]}},
         headers={"Content-Type": "application/merge-patch+json"},
     )
     assert_invalid(patched, "spec")
     # Metadata stays mutable.
-    labelled = admin_http.patch(
+    labelled = storage_http.patch(
         url(cluster, namespace, name="frozen"),
         json={"metadata": {"labels": {"team": "a"}}},
         headers={"Content-Type": "application/merge-patch+json"},
@@ -149,22 +154,22 @@ def test_it_refuses_any_change_of_spec_after_creation(admin_http, cluster, names
     assert labelled.status_code == 200
 
 
-def test_it_ignores_status_in_an_update_of_the_main_resource(admin_http, cluster, namespace):
-    created = admin_http.post(url(cluster, namespace), json=artifact("st")).json()
+def test_it_ignores_status_in_an_update_of_the_main_resource(storage_http, cluster, namespace):
+    created = storage_http.post(url(cluster, namespace), json=artifact("st")).json()
     status = {"resolved": {"revision": "f" * 40, "manifestDigest": DIGEST, "fileCount": 1, "sizeBytes": 1}}
-    via_status = admin_http.put(url(cluster, namespace, name="st") + "/status", json=dict(created, status=status))
+    via_status = storage_http.put(url(cluster, namespace, name="st") + "/status", json=dict(created, status=status))
     assert via_status.status_code == 200
     stored = via_status.json()
     forged = dict(stored, status={"resolved": dict(status["resolved"], manifestDigest="sha256:" + "00" * 32)})
     forged["metadata"] = dict(stored["metadata"], labels={"x": "y"})
-    updated = admin_http.put(url(cluster, namespace, name="st"), json=forged)
+    updated = storage_http.put(url(cluster, namespace, name="st"), json=forged)
     assert updated.status_code == 200
     assert updated.json()["metadata"]["labels"] == {"x": "y"}
-    again = admin_http.get(url(cluster, namespace, name="st")).json()
+    again = storage_http.get(url(cluster, namespace, name="st")).json()
     assert again["status"]["resolved"]["manifestDigest"] == DIGEST
 
 
-def test_it_validates_node_model_stores_and_prefetches(admin_http, cluster, namespace):
+def test_it_validates_node_model_stores_and_prefetches(storage_http, cluster, namespace):
     store = {
         "apiVersion": f"{GROUP}/{STORAGE_VERSION}",
         "kind": "NodeModelStore",
@@ -172,12 +177,12 @@ def test_it_validates_node_model_stores_and_prefetches(admin_http, cluster, name
         "spec": {"models": [{"digest": DIGEST}]},
     }
     stores = f"{cluster.server}/apis/{GROUP}/{STORAGE_VERSION}/nodemodelstores"
-    created = admin_http.post(stores, json=store)
+    created = storage_http.post(stores, json=store)
     assert created.status_code == 201, created.text
     assert created.json()["spec"]["models"] == [{"digest": DIGEST, "pinned": False}]
-    admin_http.delete(f"{stores}/{store['metadata']['name']}")
+    storage_http.delete(f"{stores}/{store['metadata']['name']}")
     bad = dict(store, metadata={"name": "bad-store"}, spec={"watermarks": {"highPercent": 50, "lowPercent": 60}})
-    assert_invalid(admin_http.post(stores, json=bad), "spec.watermarks")
+    assert_invalid(storage_http.post(stores, json=bad), "spec.watermarks")
 
     prefetch = {
         "apiVersion": f"{GROUP}/{STORAGE_VERSION}",
@@ -185,10 +190,10 @@ def test_it_validates_node_model_stores_and_prefetches(admin_http, cluster, name
         "metadata": {"name": "warm"},
         "spec": {"artifactRef": {"name": "a"}, "nodeNames": ["n1", "n2"]},
     }
-    ok = admin_http.post(url(cluster, namespace, "modelprefetches"), json=prefetch)
+    ok = storage_http.post(url(cluster, namespace, "modelprefetches"), json=prefetch)
     assert ok.status_code == 201, ok.text
     assert ok.json()["spec"]["minReady"] == 0
     both = copy.deepcopy(prefetch)
     both["metadata"]["name"] = "both"
     both["spec"]["nodeSelector"] = {"matchLabels": {"gpu": "a100"}}
-    assert_invalid(admin_http.post(url(cluster, namespace, "modelprefetches"), json=both), "spec")
+    assert_invalid(storage_http.post(url(cluster, namespace, "modelprefetches"), json=both), "spec")

@@ -55,9 +55,10 @@ class Column:
         return out
 
     def to_table(self) -> dict:
+        # v1 renders every cell itself: dates arrive as kubectl-style ages, sizes as human strings.
         return {
             "name": self.name,
-            "type": self.type,
+            "type": "string" if self.type == "date" else self.type,
             "format": self.format,
             "description": self.description,
             "priority": self.priority,
@@ -380,11 +381,13 @@ _NODE_MODEL_STORE_SPEC = obj(
     watermarks=obj(
         "Disk use thresholds of the cache: no download starts past high; collection frees down to low.",
         rules=(Rule("self.lowPercent <= self.highPercent", "lowPercent must not exceed highPercent"),),
+        default={"highPercent": 80, "lowPercent": 70},
         highPercent=integer("Percent of the cache's volume that downloads may fill.", default=80, minimum=1, maximum=100),
         lowPercent=integer("Percent collection frees down to.", default=70, minimum=0, maximum=100),
     ),
     download=obj(
         "Download limits across every download of the node.",
+        default={"concurrency": 8, "bytesPerSecond": 0},
         concurrency=integer("Parallel connections across all downloads.", default=8, minimum=1, maximum=256),
         bytesPerSecond=integer("Total bandwidth cap in bytes per second; 0 for none.", int64=True, default=0, minimum=0),
     ),

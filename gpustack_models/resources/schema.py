@@ -111,8 +111,10 @@ class Schema:
             yield from self.additional.walk(f"{path}{{}}")
 
 
-def obj(description: str = "", *, required=(), rules=(), **properties: Schema) -> Schema:
-    return Schema("object", description, properties=properties, required=tuple(required), rules=tuple(rules))
+def obj(description: str = "", *, required=(), rules=(), default=None, **properties: Schema) -> Schema:
+    return Schema(
+        "object", description, properties=properties, required=tuple(required), rules=tuple(rules), default=default
+    )
 
 
 def string(description: str = "", **kw) -> Schema:

@@ -1,0 +1,144 @@
+"""Running the service next to a local control plane (``make run`` and the test stack).
+
+In a cluster the Helm chart installs these objects and the worker runs in a Pod with its ServiceAccount.
+Locally the launcher does the same by hand: it applies the CRDs, RBAC and admission policies with the
+admin credentials, gives the worker a token of its ServiceAccount (so the admission policies see the
+worker exactly as in a cluster), makes a serving certificate for ``<service>.<namespace>.svc`` and
+registers the APIService pointing at the local process.
+"""
+
+from __future__ import annotations
+
+import logging
+import subprocess
+import time
+from pathlib import Path
+
+import yaml
+from django.conf import settings
+
+from . import kube, manifests, pki
+from .localcluster import LocalCluster
+from .resources.crd import CRD_DIR
+from .resources.kinds import GROUP, PUBLIC_VERSION
+
+log = logging.getLogger(__name__)
+
+TOKEN_SECONDS = 365 * 24 * 3600
+
+
+class Launcher:
+    def __init__(self, cluster: LocalCluster, data_dir: Path):
+        self.cluster = cluster
+        self.data_dir = Path(data_dir)
+        self.pki_dir = self.data_dir / "worker-pki"
+        self.worker_kubeconfig = self.data_dir / "worker-kubeconfig"
+        self.admin = kube.Kube(kube.load_configuration(str(cluster.kubeconfig)))
+
+    # --- kubectl with the admin credentials -----------------------------------------------------------
+    def kubectl(self, *args: str, input: str | None = None) -> str:
+        proc = subprocess.run(
+            [str(self.cluster.kubectl), f"--kubeconfig={self.cluster.kubeconfig}", *args],
+            input=input, capture_output=True, text=True, timeout=120,
+        )
+        if proc.returncode != 0:
+            raise RuntimeError(f"kubectl {' '.join(args)}: {proc.stderr.strip()}")
+        return proc.stdout
+
+    def apply(self, objects: list[dict]) -> None:
+        self.kubectl("apply", "--server-side", "--force-conflicts", "--field-manager=gpustack-models-launcher",
+                     "-f", "-", input=yaml.safe_dump_all(objects))
+
+    # --- install --------------------------------------------------------------------------------------
+    def install(self) -> None:
+        """CRDs, namespace, ServiceAccounts, RBAC and the admission policies."""
+        self.kubectl("apply", "--server-side", "--force-conflicts", "--field-manager=gpustack-models-launcher",
+                     "-f", str(CRD_DIR))
+        self.kubectl("wait", "--for=condition=Established", "crd", "-l", "app.kubernetes.io/part-of=gpustack-models",
+                     "--timeout=60s")
+        self.apply(manifests.namespace_objects() + manifests.rbac_objects())
+        self.install_policies()
+
+    def install_policies(self) -> None:
+        self.apply(manifests.policy_objects())
+        # A policy is enforced once kube-apiserver has compiled it; its status says when.
+        deadline = time.monotonic() + 30
+        for policy in manifests.policy_objects():
+            if policy["kind"] != "ValidatingAdmissionPolicy":
+                continue
+            while time.monotonic() < deadline:
+                current = self.admin.get(
+                    f"/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicies/{policy['metadata']['name']}"
+                )
+                if (current.get("status") or {}).get("observedGeneration") == current["metadata"]["generation"]:
+                    problems = (current["status"].get("typeChecking") or {}).get("expressionWarnings")
+                    if problems:
+                        raise RuntimeError(f"admission policy {policy['metadata']['name']}: {problems}")
+                    break
+                time.sleep(0.2)
+
+    # --- the worker's identity ------------------------------------------------------------------------
+    def write_worker_kubeconfig(self) -> Path:
+        """A kubeconfig carrying a token of the worker's ServiceAccount."""
+        token = self.service_account_token(settings.WORKER_SERVICE_ACCOUNT)
+        config = yaml.safe_load(self.cluster.token_kubeconfig.read_text())
+        config["users"] = [{"name": "worker", "user": {"token": token}}]
+        config["contexts"] = [{"name": "local", "context": {"cluster": "local", "user": "worker"}}]
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self.worker_kubeconfig.write_text(yaml.safe_dump(config))
+        self.worker_kubeconfig.chmod(0o600)
+        return self.worker_kubeconfig
+
+    def service_account_token(self, name: str, seconds: int = TOKEN_SECONDS, bound_object: dict | None = None) -> str:
+        spec = {"expirationSeconds": seconds}
+        if bound_object:
+            spec["boundObjectRef"] = bound_object
+        review = self.admin.create(
+            f"/api/v1/namespaces/{settings.NAMESPACE}/serviceaccounts/{name}/token",
+            {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": spec},
+        )
+        return review["status"]["token"]
+
+    # --- serving certificate and registration ---------------------------------------------------------
+    def serving_pki(self) -> tuple[Path, Path, bytes]:
+        """(cert, key, CA PEM) for the worker's HTTPS endpoint; kept across runs."""
+        crt, key, ca = self.pki_dir / "serving.crt", self.pki_dir / "serving.key", self.pki_dir / "ca.crt"
+        if not (crt.exists() and key.exists() and ca.exists()):
+            authority = pki.new_ca("gpustack-models-worker-ca")
+            authority.write(self.pki_dir, "ca")
+            pki.issue(
+                authority, manifests.serving_names()[0], dns_names=manifests.serving_names(),
+                ip_addresses=("127.0.0.1", "::1"), server=True,
+            ).write(self.pki_dir, "serving")
+        return crt, key, ca.read_bytes()
+
+    def register(self, port: int) -> None:
+        _crt, _key, ca = self.serving_pki()
+        self.apply(manifests.api_service(ca, port))
+
+    def unregister(self) -> None:
+        """Remove the APIService: an unavailable one blocks namespace deletion and garbage collection."""
+        try:
+            self.admin.delete(f"/apis/apiregistration.k8s.io/v1/apiservices/{PUBLIC_VERSION}.{GROUP}")
+        except kube.KubeError as exc:
+            if exc.status != 404:
+                raise
+
+    def wait_available(self, timeout: float = 90.0) -> None:
+        """Until kube-apiserver reports the APIService Available and serves our discovery."""
+        deadline = time.monotonic() + timeout
+        last = ""
+        while time.monotonic() < deadline:
+            try:
+                svc = self.admin.get(f"/apis/apiregistration.k8s.io/v1/apiservices/{PUBLIC_VERSION}.{GROUP}")
+                conditions = {c["type"]: c for c in (svc.get("status") or {}).get("conditions", [])}
+                available = conditions.get("Available", {})
+                last = f"{available.get('reason')}: {available.get('message')}"
+                if available.get("status") == "True":
+                    listed = self.admin.get(f"/apis/{GROUP}/{PUBLIC_VERSION}")
+                    if listed.get("resources"):
+                        return
+            except kube.KubeError as exc:
+                last = str(exc)
+            time.sleep(0.5)
+        raise RuntimeError(f"APIService {PUBLIC_VERSION}.{GROUP} not available after {timeout:.0f}s ({last})")

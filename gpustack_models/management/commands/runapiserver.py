@@ -1,0 +1,58 @@
+import os
+import sys
+
+from django.conf import settings
+from django.core.management.base import BaseCommand, CommandError
+
+from gpustack_models import kube
+from gpustack_models.authn import AUTH_CONFIGMAP, RequestHeaderConfig
+
+
+class Command(BaseCommand):
+    help = (
+        "Serve the aggregated API worker.gpustack.ai/v1 over HTTPS on gunicorn's ASGI worker, extended to "
+        "pass the client certificate (front-proxy authentication)."
+    )
+
+    def add_arguments(self, parser):
+        parser.add_argument("--port", type=int, default=settings.API_PORT)
+        parser.add_argument("--bind", action="append", help="host:port (repeatable); default GPUSTACK_API_BIND")
+        parser.add_argument("--workers", type=int, default=settings.API_WORKERS)
+        parser.add_argument("--certfile", default=settings.TLS_CERT_FILE)
+        parser.add_argument("--keyfile", default=settings.TLS_KEY_FILE)
+
+    def handle(self, *args, port, bind, workers, certfile, keyfile, **options):
+        for path in (certfile, keyfile):
+            if not os.path.exists(path):
+                raise CommandError(f"serving certificate file {path} does not exist (GPUSTACK_TLS_CERT_FILE/KEY_FILE)")
+        # Trust for client certificates: the requestheader CA (front proxy) and the cluster's client CA,
+        # so a direct caller's certificate is not refused at the handshake (it is then ignored unless it
+        # chains to the requestheader CA, checked per request).
+        try:
+            config = RequestHeaderConfig.from_configmap(kube.worker().get(AUTH_CONFIGMAP))
+        except kube.KubeError as exc:
+            raise CommandError(f"reading kube-system/extension-apiserver-authentication: {exc}") from None
+        ca_dir = settings.DATA_DIR / "apiserver"
+        ca_dir.mkdir(parents=True, exist_ok=True)
+        client_ca = ca_dir / "client-ca.pem"
+        client_ca.write_text(config.requestheader_ca_pem + "\n" + config.client_ca_pem)
+        binds = bind or ([f"127.0.0.1:{port}", f"[::1]:{port}"] if port != settings.API_PORT else settings.API_BIND)
+        argv = [
+            sys.executable, "-m", "gunicorn", "config.asgi:application",
+            "--worker-class", "gpustack_models.server.TLSASGIWorker",
+            "--workers", str(workers),
+            "--worker-connections", "2000",
+            "--certfile", certfile,
+            "--keyfile", keyfile,
+            "--ca-certs", str(client_ca),
+            "--cert-reqs", "1",  # request a client certificate, do not require one
+            "--graceful-timeout", "5",
+            "--timeout", "60",
+            "--no-control-socket",
+            "--asgi-lifespan", "off",
+            "--log-level", "warning",
+        ]
+        for address in binds:
+            argv += ["--bind", address]
+        sys.stdout.flush()
+        os.execv(sys.executable, argv)

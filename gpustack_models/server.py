@@ -1,0 +1,58 @@
+"""The aggregated API server's HTTP layer: gunicorn's native ASGI worker, extended to pass the client
+certificate to the application.
+
+Why this worker: kube-apiserver's front proxy identifies the caller with a client certificate plus one
+``X-Remote-Group`` header line per group. gunicorn's WSGI layer joins repeated header lines with commas
+(a group named ``a,b`` would become two groups); its ASGI worker keeps the raw lines but does not hand the
+verified peer certificate to the application. ``TLSASGIProtocol`` adds the ASGI ``tls`` extension
+(``scope["extensions"]["tls"]["client_cert_chain"]``, PEM) to every HTTP scope on a TLS connection, and
+sends a streamed response's headers at once instead of with its first body bytes.
+One event loop serves every open watch, so watches do not hold a thread each.
+
+``tests/test_server.py`` pins this behaviour against the installed gunicorn: an upgrade that renames the
+hooks used here fails there, not in production.
+"""
+
+from __future__ import annotations
+
+import ssl
+
+from gunicorn.asgi.protocol import ASGIProtocol
+from gunicorn.workers import gasgi
+
+
+class TLSASGIProtocol(ASGIProtocol):
+    def _send_response_start(self, status, headers, request, close=False):
+        super()._send_response_start(status, headers, request, close=close)
+        # gunicorn holds the headers back to send them with the first body bytes. A watch with nothing to
+        # report yet must still start (clients wait for the status line), so a streamed (chunked)
+        # response sends its headers at once.
+        if any(name.lower() == b"transfer-encoding" for name, _ in headers if isinstance(name, bytes)):
+            buffer, self._response_buffer = self._response_buffer, None
+            if buffer and self.transport is not None and not self.transport.is_closing():
+                self.transport.write(buffer)
+
+    def _build_http_scope(self, request, sockname, peername):
+        scope = super()._build_http_scope(request, sockname, peername)
+        ssl_object = self.transport.get_extra_info("ssl_object") if self.transport else None
+        if ssl_object is not None:
+            der = ssl_object.getpeercert(binary_form=True)
+            tls = {
+                "server_cert": None,
+                "client_cert_chain": [ssl.DER_cert_to_PEM_cert(der)] if der else [],
+                "client_cert_name": None,
+                "client_cert_error": None,
+                "tls_version": None,
+                "cipher_suite": None,
+            }
+            scope.setdefault("extensions", {})["tls"] = tls
+        return scope
+
+
+class TLSASGIWorker(gasgi.ASGIWorker):
+    """gunicorn's ASGI worker serving ``TLSASGIProtocol`` connections."""
+
+    def init_process(self):
+        # The worker builds its protocol through the module-level name; rebind it in this process only.
+        gasgi.ASGIProtocol = TLSASGIProtocol
+        super().init_process()

@@ -1,0 +1,50 @@
+"""The hub side of resolution: from a repository at a revision to a commit and a manifest digest.
+
+No Django and no Kubernetes here: callers pass the endpoint, token, proxy and CA bundle explicitly.
+
+- ``huggingface.resolve`` / ``modelscope.resolve`` -> ``Resolution(commit, files)`` or ``SourceError``;
+- ``manifest``: ``ManifestFile``, ``select_files`` (the patterns, exactly as huggingface_hub applies
+  them), ``manifest_text`` / ``manifest_digest`` and ``build_manifest`` (select, refuse an empty
+  result, digest).
+"""
+
+import os
+
+# Read by huggingface_hub once, at import: set before anything here imports it.
+os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
+
+from .errors import (  # noqa: E402
+    AccessDenied,
+    EmptyManifest,
+    InvalidManifest,
+    RevisionNotFound,
+    SourceError,
+    SourceUnavailable,
+)
+from .manifest import (  # noqa: E402
+    InvalidPath,
+    ManifestFile,
+    Resolution,
+    build_manifest,
+    manifest_digest,
+    manifest_text,
+    select_files,
+    validate_path,
+)
+
+__all__ = [
+    "AccessDenied",
+    "EmptyManifest",
+    "InvalidManifest",
+    "InvalidPath",
+    "ManifestFile",
+    "Resolution",
+    "RevisionNotFound",
+    "SourceError",
+    "SourceUnavailable",
+    "build_manifest",
+    "manifest_digest",
+    "manifest_text",
+    "select_files",
+    "validate_path",
+]

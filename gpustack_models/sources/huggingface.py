@@ -1,0 +1,285 @@
+"""Resolve a Hugging Face repository at a revision to its commit and the whole file list.
+
+Uses ``huggingface_hub``'s ``HfApi`` with everything passed explicitly: the endpoint (the client
+reads ``HF_ENDPOINT`` once, at import), the token (``False`` when none, so no token saved on this
+machine or in ``HF_TOKEN`` is ever sent), and the proxy, CA bundle and timeout of this call.
+
+``huggingface_hub`` sends every request through one process-wide ``httpx2.Client``. This module
+installs (once) a client factory whose transport routes each request by a context variable: inside
+``resolve()`` requests use that call's proxy, CA bundle and timeout, never the environment's proxy
+or CA variables; outside it the transport behaves as the client's default one (environment proxies
+honoured), so other users of ``huggingface_hub`` in the process are not affected.
+
+Inside ``resolve()`` the transport also turns 5xx and 429 answers and transport errors into an
+immediate failure. Otherwise the client retries them on its own (the tree listing five times with
+1, 2, 4, 8, 8 seconds of sleep, or ``Retry-After`` + 1 second per 429), which would hold a worker
+for minutes; the caller owns retrying, with backoff, through ``SourceUnavailable``.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
+
+import contextlib  # noqa: E402
+import re  # noqa: E402
+import ssl  # noqa: E402
+import threading  # noqa: E402
+from collections import OrderedDict  # noqa: E402
+from contextvars import ContextVar  # noqa: E402
+from dataclasses import dataclass  # noqa: E402
+
+import httpx2  # noqa: E402
+from huggingface_hub import HfApi  # noqa: E402
+from huggingface_hub import constants as hf_constants  # noqa: E402
+from huggingface_hub.errors import (  # noqa: E402
+    DisabledRepoError,
+    EntryNotFoundError,
+    GatedRepoError,
+    HfHubHTTPError,
+    HFValidationError,
+    OfflineModeIsEnabled,
+    RepositoryNotFoundError,
+    RevisionNotFoundError,
+)
+from huggingface_hub.hf_api import RepoFile  # noqa: E402
+from huggingface_hub.utils import get_session, parse_ratelimit_headers, set_client_factory  # noqa: E402
+from huggingface_hub.utils._http import hf_request_event_hook  # noqa: E402
+
+from .errors import AccessDenied, InvalidManifest, RevisionNotFound, SourceUnavailable  # noqa: E402
+from .manifest import ManifestFile, Resolution  # noqa: E402
+
+hf_constants.HF_HUB_DISABLE_TELEMETRY = True
+
+DEFAULT_REVISION = "main"
+LIBRARY_NAME = "gpustack-models"
+
+_COMMIT = re.compile(r"[0-9a-f]{40}")
+
+
+# --------------------------------------------------------------------------------------------------
+# Per-call HTTP settings for huggingface_hub's shared client
+# --------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _CallSettings:
+    proxy: str | None
+    ca_bundle: str | None
+    timeout: float
+
+
+_settings: ContextVar[_CallSettings | None] = ContextVar("gpustack_models_hf_call_settings", default=None)
+
+
+class _HubUnavailable(Exception):
+    """Raised by the transport inside ``resolve()``: not an httpx error, so the client does not retry it."""
+
+    def __init__(self, message: str, retry_after: float | None = None):
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+def _retry_after(response: httpx2.Response) -> float | None:
+    """The hub's hint: ``Retry-After`` seconds, else the reset time of an exhausted ``RateLimit``."""
+    value = response.headers.get("Retry-After")
+    if value:
+        try:
+            seconds = float(value.strip())
+        except ValueError:
+            seconds = -1.0  # an HTTP date: not worth parsing, the caller backs off anyway
+        if seconds >= 0:
+            return seconds
+    if response.status_code == 429:
+        limit = parse_ratelimit_headers(response.headers)
+        if limit is not None and limit.remaining == 0:
+            return float(limit.reset_in_seconds)
+    return None
+
+
+class _RoutingTransport(httpx2.BaseTransport):
+    """Sends each request with the settings of the ``resolve()`` call it belongs to (see module doc)."""
+
+    _MAX_TRANSPORTS = 16
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._transports: OrderedDict[tuple[str | None, str | None], httpx2.HTTPTransport] = OrderedDict()
+        # Same configuration as huggingface_hub's default client: environment proxies and CA honoured.
+        self._ambient = httpx2.Client(trust_env=True)
+
+    def _transport_for(self, settings: _CallSettings) -> httpx2.HTTPTransport:
+        key = (settings.proxy, settings.ca_bundle)
+        with self._lock:
+            transport = self._transports.get(key)
+            if transport is not None:
+                self._transports.move_to_end(key)
+                return transport
+            verify: ssl.SSLContext | bool = (
+                ssl.create_default_context(cafile=settings.ca_bundle) if settings.ca_bundle else True
+            )
+            transport = httpx2.HTTPTransport(verify=verify, trust_env=False, proxy=settings.proxy)
+            self._transports[key] = transport
+            while len(self._transports) > self._MAX_TRANSPORTS:
+                # Not closed: another resolution may still be using it; its pool goes with the last reference.
+                self._transports.popitem(last=False)
+            return transport
+
+    def handle_request(self, request: httpx2.Request) -> httpx2.Response:
+        settings = _settings.get()
+        if settings is None:
+            return self._ambient._transport_for_url(request.url).handle_request(request)
+        request.extensions["timeout"] = httpx2.Timeout(settings.timeout).as_dict()
+        try:
+            response = self._transport_for(settings).handle_request(request)
+        except httpx2.TransportError as exc:
+            raise _HubUnavailable(
+                f"{request.method} {request.url.copy_with(query=None)}: {type(exc).__name__}: {exc}"
+            ) from exc
+        if response.status_code == 429 or response.status_code >= 500:
+            try:
+                response.read()
+            except httpx2.HTTPError:
+                pass
+            finally:
+                response.close()
+            raise _HubUnavailable(
+                f"{request.method} {request.url.copy_with(query=None)} answered HTTP {response.status_code}",
+                retry_after=_retry_after(response),
+            )
+        return response
+
+    def close(self) -> None:
+        with self._lock:
+            for transport in self._transports.values():
+                transport.close()
+            self._transports.clear()
+        self._ambient.close()
+
+
+_install_lock = threading.Lock()
+
+
+def _client_factory() -> httpx2.Client:
+    # As huggingface_hub's default factory, but with the routing transport (and no netrc or
+    # environment lookups by the client itself: the transport decides).
+    return httpx2.Client(
+        event_hooks={"request": [hf_request_event_hook]},
+        follow_redirects=True,
+        timeout=None,
+        transport=_RoutingTransport(),
+        trust_env=False,
+    )
+
+
+def _ensure_client_factory() -> None:
+    """Install the routing client factory, unless the shared client already uses it."""
+    if isinstance(getattr(get_session(), "_transport", None), _RoutingTransport):
+        return
+    with _install_lock:
+        if not isinstance(getattr(get_session(), "_transport", None), _RoutingTransport):
+            set_client_factory(_client_factory)
+
+
+@contextlib.contextmanager
+def _call_settings(settings: _CallSettings):
+    reset = _settings.set(settings)
+    try:
+        yield
+    finally:
+        _settings.reset(reset)
+
+
+# --------------------------------------------------------------------------------------------------
+# Resolution
+# --------------------------------------------------------------------------------------------------
+
+
+def _manifest_file(entry: RepoFile) -> ManifestFile:
+    if entry.lfs is not None:
+        return ManifestFile(entry.path, int(entry.lfs.size), "sha256", entry.lfs.sha256, lfs=True)
+    if entry.xet_hash:
+        raise ValueError(f"{entry.path}: stored without an LFS sha256, its content checksum is unknown")
+    return ManifestFile(entry.path, int(entry.size), "gitsha1", entry.blob_id, lfs=False)
+
+
+def resolve(
+    repository: str,
+    revision: str | None = DEFAULT_REVISION,
+    *,
+    endpoint: str,
+    token: str | None = None,
+    proxy: str | None = None,
+    ca_bundle: str | None = None,
+    timeout: float = 30.0,
+) -> Resolution:
+    """Turn ``revision`` (branch, tag or commit; default ``main``) into its commit and list every file.
+
+    ``endpoint`` is the hub's base URL (``https://huggingface.co`` or a mirror). ``token`` is sent as
+    a bearer token when given. ``proxy`` is a proxy URL for both schemes, ``ca_bundle`` a PEM file
+    replacing the default trust store; neither is taken from the environment. ``timeout`` bounds
+    every connect and read, in seconds.
+
+    Raises ``AccessDenied`` (unknown repository, private without access, gated without access, bad
+    token), ``RevisionNotFound``, ``SourceUnavailable`` (5xx, 429, network, timeout, proxy; retryable,
+    with ``retry_after`` when the hub gave one) or ``InvalidManifest`` (the hub listed an unusable path).
+    """
+    if not endpoint:
+        raise ValueError("endpoint is required")
+    revision = revision or DEFAULT_REVISION
+    _ensure_client_factory()
+    api = HfApi(endpoint=endpoint.rstrip("/"), token=token or False, library_name=LIBRARY_NAME)
+    where = f"{repository}@{revision}"
+    with _call_settings(_CallSettings(proxy or None, ca_bundle or None, float(timeout))):
+        try:
+            info = api.model_info(repository, revision=revision, timeout=timeout, expand=["sha", "gated"])
+            commit = info.sha
+            if not isinstance(commit, str) or not _COMMIT.fullmatch(commit):
+                raise SourceUnavailable(f"{where}: the hub answered without a commit id (sha={commit!r})")
+            if info.gated:
+                # Gated repositories list their files to anyone; only downloads are refused.
+                api.auth_check(repository)
+            files: list[ManifestFile] = []
+            for entry in api.list_repo_tree(repository, recursive=True, revision=commit):
+                if not isinstance(entry, RepoFile):
+                    continue
+                try:
+                    files.append(_manifest_file(entry))
+                except ValueError as exc:
+                    raise InvalidManifest(f"{where}: {exc}") from None
+        except _HubUnavailable as exc:
+            raise SourceUnavailable(f"{where}: {exc}", retry_after=exc.retry_after) from None
+        except GatedRepoError:
+            raise AccessDenied(f"{where}: the repository is gated and this token has not been granted access") from None
+        except DisabledRepoError:
+            raise AccessDenied(f"{where}: access to the repository is disabled") from None
+        except RepositoryNotFoundError:
+            raise AccessDenied(
+                f"{where}: repository not found, or private and this token has no access to it"
+            ) from None
+        except RevisionNotFoundError:
+            raise RevisionNotFound(f"{where}: no such branch, tag or commit") from None
+        except EntryNotFoundError:
+            raise RevisionNotFound(f"{where}: the revision has no file tree") from None
+        except HfHubHTTPError as exc:
+            status = exc.response.status_code if exc.response is not None else None
+            if status in (401, 403, 404):
+                raise AccessDenied(f"{where}: HTTP {status}: {exc.server_message or 'refused'}") from None
+            raise SourceUnavailable(f"{where}: unexpected HTTP {status}: {exc.server_message or exc}") from None
+        except HFValidationError as exc:
+            raise AccessDenied(f"{where}: invalid repository id or revision: {exc}") from None
+        except OfflineModeIsEnabled:
+            raise SourceUnavailable(f"{where}: HF_HUB_OFFLINE is set in this process") from None
+        except httpx2.HTTPError as exc:
+            raise SourceUnavailable(f"{where}: {type(exc).__name__}: {exc}") from None
+        except (ValueError, KeyError, TypeError) as exc:
+            # An answer that does not parse (JSON, missing field): treat as a broken hub or mirror.
+            raise SourceUnavailable(f"{where}: unexpected answer from the hub: {type(exc).__name__}: {exc}") from None
+
+    seen: set[str] = set()
+    for f in files:
+        if f.path in seen:
+            raise InvalidManifest(f"{where}: the hub listed {f.path!r} twice")
+        seen.add(f.path)
+    return Resolution(commit=commit, files=files)

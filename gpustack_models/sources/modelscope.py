@@ -1,0 +1,303 @@
+"""Resolve a ModelScope repository at a revision to its commit and the whole file list.
+
+Uses the ``/api/v1`` transport of ``modelscope_hub`` (the client behind ``modelscope``'s
+``snapshot_download`` and ``HubApi``), built here with the endpoint, token, proxy and CA bundle
+passed explicitly: nothing is read from ``MODELSCOPE_ENDPOINT``, ``MODELSCOPE_API_TOKEN``, saved
+credentials or the environment's proxy/CA variables, and nothing is written under the home
+directory. Each request is a single attempt (the client's adapter retries are off): a 5xx, 429 or
+network failure surfaces at once as ``SourceUnavailable`` and the caller retries with backoff.
+
+The hub calls, in order:
+
+1. ``GET /api/v1/models/{id}``: the repository exists and this token may read it;
+2. ``GET /api/v1/models/{id}/revisions``: the branch or tag exists (skipped for a 40-hex commit);
+3. ``GET /api/v1/models/{id}/repo/files?Revision=&Recursive=True``: every entry, and in
+   ``Data.LatestCommitter.Id`` the commit the revision points at; further listings ask for that
+   commit, so the file list is one consistent snapshot.
+
+``repo/files`` has no pagination: it silently truncates at 3000 entries. A listing that comes back
+with ``listing_limit`` entries is therefore treated as truncated: that directory is listed shallowly
+and each sub-directory recursively, again and again, so nothing is lost. A single directory holding
+``listing_limit`` direct entries cannot be listed completely through this API; resolution fails
+rather than produce a manifest with files missing.
+"""
+
+from __future__ import annotations
+
+import re
+import uuid
+from typing import Any
+
+import requests
+from modelscope_hub._legacy_api import LegacyClient
+from modelscope_hub.errors import (
+    APIError,
+    AuthenticationError,
+    HubError,
+    InvalidParameter,
+    NetworkError,
+    NotExistError,
+    PermissionDeniedError,
+    RateLimitError,
+    ServerError,
+)
+from modelscope_hub.utils import build_user_agent
+
+from .errors import AccessDenied, InvalidManifest, RevisionNotFound, SourceError, SourceUnavailable
+from .manifest import ManifestFile, Resolution, validate_path
+
+DEFAULT_REVISION = "master"
+# ModelScope's ``repo/files`` returns at most this many entries, whatever the directory holds.
+DEFAULT_LISTING_LIMIT = 3000
+# Bound on listing requests for one resolution (a pathological tree, or a hub ignoring ``Root``).
+DEFAULT_MAX_LISTINGS = 2000
+
+_COMMIT = re.compile(r"[0-9a-f]{40}")
+_DENIED = "repository not found, or private and this token has no access to it"
+# Stable per process, so the client's user agent never needs the credentials directory.
+_SESSION_ID = uuid.uuid4().hex
+
+
+class _Hub:
+    """One resolution's view of the ``/api/v1`` surface, errors mapped to ``SourceError``."""
+
+    def __init__(
+        self,
+        repository: str,
+        *,
+        endpoint: str,
+        token: str | None,
+        proxy: str | None,
+        ca_bundle: str | None,
+        timeout: float,
+    ) -> None:
+        self.repository = repository
+        self.timeout = (float(timeout), float(timeout))
+        self.client = LegacyClient(
+            token=token or None,
+            endpoint=endpoint.rstrip("/"),
+            max_retries=0,
+            user_agent=build_user_agent(session_id=_SESSION_ID, extra={"app": "gpustack-models"}),
+        )
+        # The client's two sessions: configure both the same, explicitly, ignoring the environment.
+        for session in (self.client._session, self.client._read_session):
+            session.trust_env = False
+            session.verify = ca_bundle or True
+            session.proxies = {"http": proxy, "https": proxy} if proxy else {}
+        self.listings = 0
+
+    def get(
+        self,
+        path: str,
+        params: dict[str, Any] | None,
+        *,
+        what: str,
+        on_missing: type[SourceError],
+        missing: str,
+    ) -> Any:
+        """GET an ``/api/v1`` path and return the envelope's ``Data``.
+
+        ``what`` names the call in messages; a 404 (or a refused envelope) raises ``on_missing``
+        saying ``missing``.
+        """
+        try:
+            response = self.client._request(
+                "GET", path, params=params, timeout=self.timeout, single_attempt=True
+            )
+            body = response.json()
+        except (RateLimitError, ServerError, NetworkError) as exc:
+            raise SourceUnavailable(f"{what}: {_first_line(exc)}", retry_after=_seconds(exc)) from None
+        except (AuthenticationError, PermissionDeniedError) as exc:
+            raise AccessDenied(f"{what}: {_DENIED} ({_first_line(exc)})") from None
+        except (NotExistError, InvalidParameter) as exc:
+            raise on_missing(f"{what}: {missing} ({_first_line(exc)})") from None
+        except APIError as exc:
+            raise SourceUnavailable(f"{what}: {_first_line(exc)}") from None
+        except (HubError, requests.RequestException, ValueError) as exc:
+            raise SourceUnavailable(f"{what}: {type(exc).__name__}: {_first_line(exc)}") from None
+        if not isinstance(body, dict):
+            raise SourceUnavailable(f"{what}: unexpected answer from the hub")
+        code = body.get("Code", 200)
+        if str(code) != "200" or body.get("Success") is False:
+            raise on_missing(f"{what}: {missing} (the hub refused: {body.get('Message') or code})")
+        return body.get("Data")
+
+    def check_readable(self) -> None:
+        self.get(
+            f"models/{self.repository}",
+            None,
+            what=f"{self.repository}: model info",
+            on_missing=AccessDenied,
+            missing=_DENIED,
+        )
+
+    def revision_names(self) -> set[str]:
+        data = self.get(
+            f"models/{self.repository}/revisions",
+            None,
+            what=f"{self.repository}: revisions",
+            on_missing=AccessDenied,
+            missing=_DENIED,
+        )
+        names: set[str] = set()
+        revision_map = data.get("RevisionMap") if isinstance(data, dict) else None
+        if not isinstance(revision_map, dict):
+            raise SourceUnavailable(f"{self.repository}: the revisions answer has no Data.RevisionMap")
+        for group in ("Branches", "Tags"):
+            for item in revision_map.get(group) or []:
+                if isinstance(item, dict) and isinstance(item.get("Revision"), str):
+                    names.add(item["Revision"])
+        return names
+
+    def listing(self, revision: str, root: str | None, *, recursive: bool) -> dict[str, Any]:
+        self.listings += 1
+        params: dict[str, Any] = {"Revision": revision, "Recursive": str(recursive)}
+        if root:
+            params["Root"] = root
+        where = f"{self.repository}@{revision}" + (f" under {root!r}" if root else "")
+        data = self.get(
+            f"models/{self.repository}/repo/files",
+            params,
+            what=f"{where}: file listing",
+            on_missing=RevisionNotFound,
+            missing="no such revision or directory",
+        )
+        if not isinstance(data, dict) or not isinstance(data.get("Files"), list):
+            raise SourceUnavailable(f"{where}: the file listing has no Data.Files")
+        for entry in data["Files"]:
+            path = _entry_path(entry)
+            if root and not (path == root or path.startswith(root.rstrip("/") + "/")):
+                raise InvalidManifest(f"{where}: the listing returned {path!r}, outside the requested directory")
+        return data
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def _seconds(exc: BaseException) -> float | None:
+    value = getattr(exc, "retry_after", None)
+    try:
+        return float(value) if value is not None and float(value) >= 0 else None
+    except (TypeError, ValueError):
+        return None
+
+
+def _entry_path(entry: Any) -> str:
+    if not isinstance(entry, dict):
+        raise InvalidManifest(f"the hub listed a non-object entry: {entry!r}")
+    path = entry.get("Path") or entry.get("Name")
+    if not isinstance(path, str) or not path:
+        raise InvalidManifest(f"the hub listed an entry without a path: {entry!r}")
+    return path
+
+
+def _is_directory(entry: dict[str, Any]) -> bool:
+    return (entry.get("Type") or "blob") == "tree"
+
+
+def _manifest_file(entry: dict[str, Any]) -> ManifestFile:
+    path = validate_path(_entry_path(entry))
+    sha256 = entry.get("Sha256")
+    if not isinstance(sha256, str) or not sha256:
+        raise ValueError(f"{path}: the hub listed no sha256")
+    size = entry.get("Size")
+    if isinstance(size, str) and size.isdigit():
+        size = int(size)
+    return ManifestFile(path, size, "sha256", sha256, lfs=bool(entry.get("IsLFS")))
+
+
+def _walk(hub: _Hub, revision: str, first: list[dict[str, Any]], limit: int, max_listings: int) -> list[dict]:
+    """Every entry of the tree, re-listing per directory wherever a listing came back full."""
+    collected: dict[str, dict[str, Any]] = {}
+
+    def absorb(entries: list[dict[str, Any]]) -> None:
+        for entry in entries:
+            collected.setdefault(_entry_path(entry), entry)
+
+    pending: list[tuple[str | None, list[dict[str, Any]]]] = [(None, first)]
+    while pending:
+        root, entries = pending.pop()
+        absorb(entries)
+        if len(entries) < limit:
+            continue
+        if hub.listings >= max_listings:
+            raise SourceUnavailable(
+                f"{hub.repository}@{revision}: gave up after {hub.listings} listings of a truncated file tree"
+            )
+        shallow = hub.listing(revision, root, recursive=False)["Files"]
+        if len(shallow) >= limit:
+            raise SourceUnavailable(
+                f"{hub.repository}@{revision}: directory {root or '/'!r} holds {limit} or more entries, more than"
+                " the hub lists in one answer; its file list cannot be complete"
+            )
+        absorb(shallow)
+        for entry in shallow:
+            if _is_directory(entry):
+                if hub.listings >= max_listings:
+                    raise SourceUnavailable(
+                        f"{hub.repository}@{revision}: gave up after {hub.listings} listings of a truncated file tree"
+                    )
+                directory = _entry_path(entry)
+                pending.append((directory, hub.listing(revision, directory, recursive=True)["Files"]))
+    return list(collected.values())
+
+
+def resolve(
+    repository: str,
+    revision: str | None = DEFAULT_REVISION,
+    *,
+    endpoint: str,
+    token: str | None = None,
+    proxy: str | None = None,
+    ca_bundle: str | None = None,
+    timeout: float = 30.0,
+    listing_limit: int = DEFAULT_LISTING_LIMIT,
+    max_listings: int = DEFAULT_MAX_LISTINGS,
+) -> Resolution:
+    """Turn ``revision`` (branch, tag or commit; default ``master``) into its commit and list every file.
+
+    ``endpoint`` is the hub's base URL (``https://modelscope.cn``, ``https://modelscope.ai`` or a
+    mirror); ``token`` is the access token; ``proxy`` a proxy URL for both schemes; ``ca_bundle`` a
+    PEM file replacing the default trust store; ``timeout`` bounds each connect and read, in seconds.
+    ``listing_limit`` is the entry count at which the hub truncates a listing.
+
+    The commit is ``Data.LatestCommitter.Id`` of the revision's listing; when the hub omits it, the
+    revision itself (already a commit when 40 hex characters) is returned instead.
+
+    Raises ``AccessDenied``, ``RevisionNotFound``, ``SourceUnavailable`` (retryable) or
+    ``InvalidManifest`` (an unusable path, a file without sha256).
+    """
+    if not endpoint:
+        raise ValueError("endpoint is required")
+    if listing_limit < 1:
+        raise ValueError("listing_limit must be positive")
+    revision = revision or DEFAULT_REVISION
+    where = f"{repository}@{revision}"
+    if repository.count("/") != 1 or not all(repository.split("/")):
+        raise AccessDenied(f"{where}: a ModelScope repository id is 'owner/name'")
+
+    hub = _Hub(repository, endpoint=endpoint, token=token, proxy=proxy, ca_bundle=ca_bundle, timeout=timeout)
+    hub.check_readable()
+    is_commit = bool(_COMMIT.fullmatch(revision))
+    if not is_commit and revision not in hub.revision_names():
+        raise RevisionNotFound(f"{where}: no such branch or tag")
+
+    first = hub.listing(revision, None, recursive=True)
+    latest = first.get("LatestCommitter")
+    commit = str(latest.get("Id") or "").lower() if isinstance(latest, dict) else ""
+    if is_commit or not _COMMIT.fullmatch(commit):
+        commit = revision
+
+    # Further listings (only when the first one was truncated) ask for the commit, not the branch.
+    entries = _walk(hub, commit, first["Files"], listing_limit, max_listings)
+    files: list[ManifestFile] = []
+    for entry in entries:
+        if _is_directory(entry):
+            continue
+        try:
+            files.append(_manifest_file(entry))
+        except ValueError as exc:
+            raise InvalidManifest(f"{where}: {exc}") from None
+    return Resolution(commit=commit, files=files)

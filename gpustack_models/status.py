@@ -1,0 +1,132 @@
+"""Errors as Kubernetes ``Status`` objects, with the reason and code kube-apiserver would give."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+from django.http import HttpResponse
+from rest_framework import exceptions as drf_exceptions
+
+log = logging.getLogger(__name__)
+
+REASONS = {
+    400: "BadRequest",
+    401: "Unauthorized",
+    403: "Forbidden",
+    404: "NotFound",
+    405: "MethodNotAllowed",
+    406: "NotAcceptable",
+    409: "Conflict",
+    410: "Expired",
+    415: "UnsupportedMediaType",
+    422: "Invalid",
+    429: "TooManyRequests",
+    500: "InternalError",
+    503: "ServiceUnavailable",
+    504: "Timeout",
+}
+
+
+def status_body(code: int, message: str, reason: str | None = None, details: dict | None = None) -> dict:
+    body = {
+        "kind": "Status",
+        "apiVersion": "v1",
+        "metadata": {},
+        "status": "Failure",
+        "message": message,
+        "reason": reason or REASONS.get(code, ""),
+        "code": code,
+    }
+    if details:
+        body["details"] = details
+    return body
+
+
+def status_response(code: int, message: str, reason: str | None = None, details: dict | None = None) -> HttpResponse:
+    return HttpResponse(
+        json.dumps(status_body(code, message, reason, details)), status=code, content_type="application/json"
+    )
+
+
+class StatusError(Exception):
+    """Raised anywhere in a request; rendered as a ``Status`` with this code."""
+
+    code = 500
+
+    def __init__(self, message: str, *, code: int | None = None, reason: str | None = None, details=None):
+        super().__init__(message)
+        self.message = message
+        if code is not None:
+            self.code = code
+        self.reason = reason or REASONS.get(self.code, "")
+        self.details = details
+
+    def response(self) -> HttpResponse:
+        return status_response(self.code, self.message, self.reason, self.details)
+
+
+class BadRequest(StatusError):
+    code = 400
+
+
+class Unauthorized(StatusError):
+    code = 401
+
+
+class Forbidden(StatusError):
+    code = 403
+
+
+class NotFound(StatusError):
+    code = 404
+
+
+class MethodNotAllowed(StatusError):
+    code = 405
+
+
+class NotAcceptable(StatusError):
+    code = 406
+
+
+class UnsupportedMediaType(StatusError):
+    code = 415
+
+
+class Invalid(StatusError):
+    code = 422
+
+
+def forbidden(user: str, verb: str, resource: str, group: str, namespace: str = "", name: str = "",
+              reason_text: str = "") -> Forbidden:
+    """Forbidden in kube-apiserver's own wording (kubectl and clients parse nothing else from it)."""
+    subject = f'"{resource}"' + (f' "{name}"' if name else "")
+    scope = f' in the namespace "{namespace}"' if namespace else " at the cluster scope"
+    message = f'{subject} is forbidden: User "{user}" cannot {verb} resource "{resource}" in API group "{group}"{scope}'
+    if reason_text:
+        message += f": {reason_text}"
+    kind = resource.split("/")[0]
+    return Forbidden(message, details={"name": name, "group": group, "kind": kind} if name else {"group": group, "kind": kind})
+
+
+def exception_handler(exc, context):
+    """DRF exception handler: every error leaves as a Status object."""
+    if isinstance(exc, StatusError):
+        return exc.response()
+    if isinstance(exc, drf_exceptions.NotAuthenticated | drf_exceptions.AuthenticationFailed):
+        return status_response(401, str(exc.detail) if exc.detail else "Unauthorized")
+    if isinstance(exc, drf_exceptions.PermissionDenied):
+        return status_response(403, str(exc.detail))
+    if isinstance(exc, drf_exceptions.MethodNotAllowed):
+        return status_response(405, str(exc.detail))
+    if isinstance(exc, drf_exceptions.UnsupportedMediaType):
+        return status_response(415, str(exc.detail))
+    if isinstance(exc, drf_exceptions.NotAcceptable):
+        return status_response(406, str(exc.detail))
+    if isinstance(exc, drf_exceptions.ParseError):
+        return status_response(400, str(exc.detail))
+    if isinstance(exc, drf_exceptions.APIException):
+        return status_response(exc.status_code, str(exc.detail))
+    log.exception("unhandled error in %s", context.get("view"))
+    return status_response(500, f"internal error: {exc.__class__.__name__}")

@@ -1,0 +1,1 @@
+from tests.fakehub.fixtures import fakehub, hub_env  # noqa: F401

@@ -1,0 +1,209 @@
+"""The public API as users meet it: kubectl through kube-apiserver's aggregation layer."""
+
+import json
+import subprocess
+import time
+import uuid
+
+import pytest
+import yaml
+
+from gpustack_models.resources.kinds import GROUP
+
+from .conftest import wait_for
+
+DIGEST = "sha256:" + "cd" * 32
+
+
+def artifact_yaml(name, namespace, label="1", revision=None):
+    source = {"repository": "Qwen/Qwen2.5-0.5B"}
+    if revision:
+        source["revision"] = revision
+    return yaml.safe_dump(
+        {
+            "apiVersion": f"{GROUP}/v1",
+            "kind": "ModelArtifact",
+            "metadata": {"name": name, "namespace": namespace, "labels": {"tier": label}},
+            "spec": {"source": {"huggingFace": source}},
+        }
+    )
+
+
+@pytest.fixture
+def api(worker_api, kubectl):
+    return kubectl
+
+
+def test_it_lists_the_v1_resources_once_with_their_short_names(api):
+    rows = [line.split() for line in api("api-resources", f"--api-group={GROUP}", "--no-headers").stdout.splitlines()]
+    by_name = {row[0]: row for row in rows}
+    assert sorted(by_name) == ["modelartifacts", "modelprefetches", "nodemodelstores"]
+    assert len(rows) == 3  # each once: the storage version is not preferred and carries no short names
+    assert by_name["modelartifacts"][1:3] == ["mart", f"{GROUP}/v1"]
+    assert by_name["nodemodelstores"][1:3] == ["nms", f"{GROUP}/v1"]
+    assert by_name["modelprefetches"][1:3] == ["mpf", f"{GROUP}/v1"]
+
+
+def test_it_lists_the_category_with_each_kind_once(api, namespace):
+    api("apply", "-f", "-", input=artifact_yaml("cat", namespace))
+    out = api("get", "gpustack", "-n", namespace, "-o", "name").stdout.split()
+    assert out.count(f"modelartifact.{GROUP}/cat") == 1
+
+
+def test_it_serves_nodemodelstores_at_v1(api, worker_kube):
+    worker_kube.create(
+        f"/apis/{GROUP}/v1alpha1/nodemodelstores",
+        {"apiVersion": f"{GROUP}/v1alpha1", "kind": "NodeModelStore", "metadata": {"name": "yaml-node"},
+         "spec": {"models": [{"digest": DIGEST}]}},
+    )
+    try:
+        doc = yaml.safe_load(api("get", "nms", "-o", "yaml").stdout)
+        items = [i for i in doc["items"] if i["metadata"]["name"] == "yaml-node"]
+        assert items and items[0]["apiVersion"] == f"{GROUP}/v1"
+        for entry in items[0]["metadata"].get("managedFields", []):
+            assert entry["apiVersion"] == f"{GROUP}/v1"
+    finally:
+        worker_kube.delete(f"/apis/{GROUP}/v1alpha1/nodemodelstores/yaml-node")
+
+
+def test_it_explains_fields_at_v1(api):
+    out = api("explain", "modelartifact.spec.source.huggingFace").stdout
+    assert "VERSION:    v1" in out
+    assert "A Hugging Face model repository at a revision." in out
+    assert "repository\t<string> -required-" in out
+
+
+def test_it_applies_client_side_with_a_merge_patch_and_server_side(api, namespace):
+    api("apply", "-f", "-", input=artifact_yaml("qwen", namespace, "1"))
+    out = api("apply", "-f", "-", "-v=8", input=artifact_yaml("qwen", namespace, "2"))
+    assert "configured" in out.stdout
+    assert "fieldManager=kubectl-client-side-apply" in out.stderr
+    assert "application/merge-patch+json" in out.stderr
+    assert "strategic-merge-patch" not in out.stderr
+    got = json.loads(api("get", "mart", "qwen", "-n", namespace, "-o", "json").stdout)
+    assert got["metadata"]["labels"] == {"tier": "2"}
+    ssa = api("apply", "--server-side", "-f", "-", input=artifact_yaml("qwen", namespace, "3"))
+    assert "serverside-applied" in ssa.stdout
+    got = json.loads(api("get", "mart", "qwen", "-n", namespace, "-o", "json", "--show-managed-fields").stdout)
+    assert got["apiVersion"] == f"{GROUP}/v1"
+    assert got["metadata"]["labels"] == {"tier": "3"}
+    managers = {f["manager"]: f["apiVersion"] for f in got["metadata"]["managedFields"]}
+    assert managers["kubectl"] == f"{GROUP}/v1"
+    last_applied = json.loads(got["metadata"]["annotations"]["kubectl.kubernetes.io/last-applied-configuration"])
+    assert last_applied["apiVersion"] == f"{GROUP}/v1"
+
+
+def test_it_prints_the_printer_columns(api, namespace, worker_kube):
+    api("apply", "-f", "-", input=artifact_yaml("cols", namespace))
+    # The worker writes status; give it a resolved one with a 40-character revision and a size.
+    path = f"/apis/{GROUP}/v1alpha1/namespaces/{namespace}/modelartifacts/cols/status"
+    current = worker_kube.get(path)
+    current["status"] = {
+        "resolved": {"revision": "0123456789abcdef0123456789abcdef01234567", "manifestDigest": DIGEST,
+                     "fileCount": 3, "sizeBytes": 145_390_000_000},
+        "nodes": {"ready": 2, "downloading": 1, "failed": 0},
+        "conditions": [{"type": "Resolved", "status": "True", "reason": "Resolved", "message": "",
+                        "lastTransitionTime": "2026-01-01T00:00:00Z"}],
+    }
+    worker_kube.json("PUT", path, body=current)
+    lines = api("get", "mart", "cols", "-n", namespace).stdout.splitlines()
+    assert lines[0].split() == ["NAME", "SOURCE", "REVISION", "SIZE", "READY", "DOWNLOADING", "RESOLVED"]
+    assert lines[1].split() == ["cols", "hf:Qwen/Qwen2.5-0.5B", "0123456789ab", "135.4Gi", "2", "1", "True"]
+    wide = api("get", "mart", "cols", "-n", namespace, "-o", "wide").stdout.splitlines()
+    assert wide[0].split() == ["NAME", "SOURCE", "REVISION", "SIZE", "READY", "DOWNLOADING", "RESOLVED", "AGE"]
+    assert wide[1].split()[-1].endswith("s") or wide[1].split()[-1].endswith("m")
+
+
+def test_it_sends_changes_over_watch_as_table_rows(api, namespace, cluster, tmp_path):
+    api("apply", "-f", "-", input=artifact_yaml("watched", namespace))
+    cmd = [str(cluster.kubectl), f"--kubeconfig={cluster.kubeconfig}", f"--cache-dir={tmp_path}/wc",
+           "get", "mart", "-n", namespace, "-w", "--request-timeout=20s"]
+    watcher = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        time.sleep(2)
+        api("label", "mart", "watched", "-n", namespace, "seen=yes")
+        api("apply", "-f", "-", input=artifact_yaml("second", namespace))
+        time.sleep(2)
+    finally:
+        watcher.terminate()
+        out, err = watcher.communicate(timeout=10)
+    lines = out.splitlines()
+    assert lines[0].split()[:2] == ["NAME", "SOURCE"], (out, err)
+    names = [line.split()[0] for line in lines[1:]]
+    assert names.count("watched") >= 2  # the initial row and the change
+    assert "second" in names
+    assert not err.strip() or "timeout" in err.lower(), err
+
+
+def test_it_describes_patches_labels_and_deletes(api, namespace):
+    api("apply", "-f", "-", input=artifact_yaml("p", namespace))
+    described = api("describe", "mart", "p", "-n", namespace).stdout
+    assert "API Version:  worker.gpustack.ai/v1" in described and "Repository:  Qwen/Qwen2.5-0.5B" in described
+    api("patch", "mart", "p", "-n", namespace, "--type", "merge", "-p", '{"metadata":{"labels":{"m":"1"}}}')
+    api("patch", "mart", "p", "-n", namespace, "--type", "json",
+        "-p", '[{"op":"add","path":"/metadata/labels/j","value":"2"}]')
+    api("label", "mart", "p", "-n", namespace, "l=3")
+    labels = json.loads(api("get", "mart", "p", "-n", namespace, "-o", "json").stdout)["metadata"]["labels"]
+    assert labels == {"tier": "1", "m": "1", "j": "2", "l": "3"}
+    default_patch = api("patch", "mart", "p", "-n", namespace, "-p", '{"metadata":{"labels":{"s":"1"}}}', check=False)
+    assert default_patch.returncode != 0
+    assert "application/strategic-merge-patch+json is not supported" in default_patch.stderr
+    assert "accepted media types include" in default_patch.stderr
+    api("delete", "mart", "p", "-n", namespace, "--timeout=30s")
+    assert api("get", "mart", "p", "-n", namespace, check=False).returncode != 0
+
+
+def _owned_configmap(api, namespace, owner_name, owner_uid, finalizers=()):
+    cm = {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {
+            "name": f"dep-{uuid.uuid4().hex[:6]}",
+            "namespace": namespace,
+            "finalizers": list(finalizers),
+            "ownerReferences": [{"apiVersion": f"{GROUP}/v1", "kind": "ModelArtifact", "name": owner_name,
+                                 "uid": owner_uid, "blockOwnerDeletion": True}],
+        },
+    }
+    api("apply", "-f", "-", input=json.dumps(cm))
+    return cm["metadata"]["name"]
+
+
+def test_it_deletes_in_the_foreground_while_a_dependent_exists(api, namespace):
+    api("apply", "-f", "-", input=artifact_yaml("fg", namespace))
+    uid = json.loads(api("get", "mart", "fg", "-n", namespace, "-o", "json").stdout)["metadata"]["uid"]
+    dependent = _owned_configmap(api, namespace, "fg", uid, finalizers=["example.com/hold"])
+    api("delete", "mart", "fg", "-n", namespace, "--cascade=foreground", "--wait=false")
+
+    def held():
+        obj = json.loads(api("get", "mart", "fg", "-n", namespace, "-o", "json").stdout)
+        return obj["metadata"].get("deletionTimestamp") and "foregroundDeletion" in obj["metadata"].get("finalizers", [])
+
+    wait_for(held, timeout=20, message="the foregroundDeletion finalizer")
+    # The garbage collector asked for the dependent's deletion; release it.
+    wait_for(lambda: "deletionTimestamp" in api("get", "cm", dependent, "-n", namespace, "-o", "json").stdout,
+             timeout=30, message="the dependent to be deleted")
+    api("patch", "cm", dependent, "-n", namespace, "--type", "merge", "-p", '{"metadata":{"finalizers":null}}')
+    wait_for(lambda: api("get", "mart", "fg", "-n", namespace, check=False).returncode != 0, timeout=30,
+             message="the foreground deletion to complete")
+
+
+def test_it_orphans_dependents(api, namespace):
+    api("apply", "-f", "-", input=artifact_yaml("orph", namespace))
+    uid = json.loads(api("get", "mart", "orph", "-n", namespace, "-o", "json").stdout)["metadata"]["uid"]
+    dependent = _owned_configmap(api, namespace, "orph", uid)
+    api("delete", "mart", "orph", "-n", namespace, "--cascade=orphan", "--timeout=30s")
+    assert api("get", "mart", "orph", "-n", namespace, check=False).returncode != 0
+    cm = json.loads(api("get", "cm", dependent, "-n", namespace, "-o", "json").stdout)
+    assert not cm["metadata"].get("ownerReferences")
+
+
+def test_it_refuses_a_delete_whose_uid_precondition_does_not_match(api, namespace, cluster, admin_http):
+    api("apply", "-f", "-", input=artifact_yaml("pre", namespace))
+    resp = admin_http.delete(
+        f"{cluster.server}/apis/{GROUP}/v1/namespaces/{namespace}/modelartifacts/pre",
+        json={"apiVersion": "v1", "kind": "DeleteOptions", "preconditions": {"uid": str(uuid.uuid4())}},
+    )
+    assert resp.status_code == 409
+    assert resp.json()["reason"] == "Conflict"
+    assert api("get", "mart", "pre", "-n", namespace, check=False).returncode == 0

@@ -1,0 +1,515 @@
+"""The hub side of resolution: manifest digests, and both resolvers against the fake hub."""
+
+from __future__ import annotations
+
+import hashlib
+import random
+import socket
+import time
+
+import pytest
+from huggingface_hub.utils import filter_repo_objects
+
+from gpustack_models.sources import (
+    AccessDenied,
+    EmptyManifest,
+    InvalidManifest,
+    InvalidPath,
+    ManifestFile,
+    RevisionNotFound,
+    SourceError,
+    SourceUnavailable,
+    build_manifest,
+    huggingface,
+    manifest_digest,
+    manifest_text,
+    modelscope,
+    select_files,
+)
+from tests.fakehub import FakeHub
+from tests.fakehub.fixtures import fakehub, hub_env  # noqa: F401
+
+# --------------------------------------------------------------------------------------------------
+# Manifest: fixed vectors
+# --------------------------------------------------------------------------------------------------
+
+# Written by hand: gitsha1 of b"{}", sha256 of b"", gitsha1 of b"hello\n", sha256 of b"hello\n",
+# gitsha1 of b"", sha256 of b"hello"; sorted by the paths' UTF-8 bytes ("B" < "a-" < "a." < "a/" <
+# "z" < "\xc3\xa9"); a space inside a path stays as it is.
+VECTOR = [
+    ManifestFile("z", 0, "gitsha1", "e69de29bb2d1d6434b8b29ae775ad8c2e48c5391"),
+    ManifestFile(
+        "\u00e9t\u00e9.json", 5, "sha256", "2cf24dba5fb0a30e26e83b2ac5b9e29e1b161e5c1fa7425e73043362938b9824", lfs=True
+    ),
+    ManifestFile(
+        "a/b c.txt", 6, "sha256", "5891b5b522d5df086d0ff0b110fbd9d21bb4fc7163af34d08286a2e846f6be03", lfs=True
+    ),
+    ManifestFile("a.b", 6, "gitsha1", "CE013625030BA8DBA906F756967F9E9CA394464A"),
+    ManifestFile("B.json", 2, "gitsha1", "9e26dfeeb6e641a33dae4961196235bdb965b21b"),
+    ManifestFile("a-b.bin", 0, "sha256", "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855", lfs=True),
+]
+VECTOR_TEXT = (
+    b"gpustack-manifest v1\n"
+    b"gitsha1:9e26dfeeb6e641a33dae4961196235bdb965b21b 2 B.json\n"
+    b"sha256:e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855 0 a-b.bin\n"
+    b"gitsha1:ce013625030ba8dba906f756967f9e9ca394464a 6 a.b\n"
+    b"sha256:5891b5b522d5df086d0ff0b110fbd9d21bb4fc7163af34d08286a2e846f6be03 6 a/b c.txt\n"
+    b"gitsha1:e69de29bb2d1d6434b8b29ae775ad8c2e48c5391 0 z\n"
+    b"sha256:2cf24dba5fb0a30e26e83b2ac5b9e29e1b161e5c1fa7425e73043362938b9824 5 \xc3\xa9t\xc3\xa9.json\n"
+)
+VECTOR_DIGEST = "sha256:0e900b195719c1be2f930a62711be50a070f2dd5c97a53cce4c107c316cfb299"
+EMPTY_DIGEST = "sha256:0bbf75042c119a8050448f446432f593ffd95151dfb489917a5e3102b4a69559"
+
+
+def test_it_writes_the_manifest_text_byte_for_byte():
+    assert manifest_text(VECTOR).encode("utf-8") == VECTOR_TEXT
+    assert manifest_text(reversed(VECTOR)) == manifest_text(VECTOR)
+
+
+def test_it_digests_the_manifest_text():
+    assert hashlib.sha256(VECTOR_TEXT).hexdigest() == VECTOR_DIGEST.removeprefix("sha256:")
+    assert manifest_digest(VECTOR) == VECTOR_DIGEST
+    assert manifest_digest([]) == EMPTY_DIGEST
+    assert manifest_digest(VECTOR[:-1]) != VECTOR_DIGEST
+    resized = [
+        ManifestFile(f.path, f.size + 1, f.algorithm, f.hexdigest, f.lfs) if f.path == "z" else f for f in VECTOR
+    ]
+    assert manifest_digest(resized) != VECTOR_DIGEST
+
+
+def test_it_normalizes_and_validates_checksums():
+    assert VECTOR[3].hexdigest == "ce013625030ba8dba906f756967f9e9ca394464a"
+    assert VECTOR[3].line == "gitsha1:ce013625030ba8dba906f756967f9e9ca394464a 6 a.b\n"
+    bad = (("sha256", "ab" * 20), ("gitsha1", "ab" * 32), ("sha256", "zz" * 32), ("md5", "ab" * 16))
+    for algorithm, hexdigest in bad:
+        with pytest.raises(ValueError):
+            ManifestFile("x", 1, algorithm, hexdigest)
+    with pytest.raises(ValueError):
+        ManifestFile("x", -1, "sha256", "ab" * 32)
+
+
+@pytest.mark.parametrize(
+    "path",
+    ["", "/etc/passwd", "a//b", "a/", "./a", "a/./b", "..", "../x", "a/../b", "a/..", "a\nb", "a\x00b", "a\rb"]
+    + ["\udcff"],  # a lone surrogate: not encodable as UTF-8
+)
+def test_it_refuses_unusable_paths(path):
+    with pytest.raises(InvalidPath):
+        ManifestFile(path, 1, "sha256", "ab" * 32)
+
+
+def test_it_refuses_duplicate_paths():
+    twice = [VECTOR[0], ManifestFile("z", 1, "sha256", "ab" * 32)]
+    with pytest.raises(ValueError):
+        manifest_text(twice)
+    with pytest.raises(InvalidManifest):
+        build_manifest(twice)
+
+
+TREE = [
+    "config.json",
+    "generation_config.json",
+    "model-00001-of-00002.safetensors",
+    "model-00002-of-00002.safetensors",
+    "model.safetensors.index.json",
+    "original/consolidated.00.pth",
+    "original/params.json",
+    "tokenizer/tokenizer.json",
+    "README.md",
+    "Config.JSON",
+]
+
+
+@pytest.mark.parametrize(
+    "allow, ignore, expected",
+    [
+        (None, None, TREE),
+        (["*.json"], None, [p for p in TREE if p.endswith(".json")]),  # "*" crosses "/", case-sensitive
+        ("*.safetensors", None, ["model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"]),
+        (None, ["original/"], [p for p in TREE if not p.startswith("original/")]),  # "dir/" = all under dir
+        (
+            ["*.json"],
+            ["original/", "tokenizer/*"],
+            ["config.json", "generation_config.json", "model.safetensors.index.json"],
+        ),
+        (["original/"], ["*.pth"], ["original/params.json"]),  # ignore wins
+        (["original"], None, []),  # no trailing slash: the directory name itself, not its files
+        ([], None, []),  # an empty allow list keeps nothing, as in huggingface_hub
+        (["*"], ["*"], []),
+    ],
+)
+def test_it_selects_files_like_huggingface_hub(allow, ignore, expected):
+    files = [ManifestFile(p, len(p), "sha256", hashlib.sha256(p.encode()).hexdigest()) for p in TREE]
+    selected = [f.path for f in select_files(files, allow, ignore)]
+    assert selected == expected
+    assert selected == list(filter_repo_objects(TREE, allow_patterns=allow, ignore_patterns=ignore))
+
+
+def test_it_refuses_an_empty_selection():
+    with pytest.raises(EmptyManifest) as nothing:
+        build_manifest(VECTOR, ["*.gguf"])
+    assert nothing.value.reason == "EmptyManifest" and "*.gguf" in str(nothing.value)
+    with pytest.raises(EmptyManifest):
+        build_manifest([])
+    files, digest = build_manifest(VECTOR, ["*.json"], ["B*"])
+    assert [f.path for f in files] == ["\u00e9t\u00e9.json"] and digest == manifest_digest(files)
+
+
+# --------------------------------------------------------------------------------------------------
+# Helpers computing what a digest must be, independently of gpustack_models.sources
+# --------------------------------------------------------------------------------------------------
+
+
+def data(n: int, seed: int) -> bytes:
+    return random.Random(seed).randbytes(n)
+
+
+def expected_digest(files: dict[str, bytes], *, lfs_threshold: int | None) -> str:
+    """The manifest digest written out by hand: ``lfs_threshold=None`` means sha256 for every file."""
+    lines = []
+    for path in sorted(files, key=lambda p: p.encode("utf-8")):
+        content = files[path]
+        if lfs_threshold is None or len(content) >= lfs_threshold:
+            checksum = "sha256:" + hashlib.sha256(content).hexdigest()
+        else:
+            checksum = "gitsha1:" + hashlib.sha1(b"blob %d\0" % len(content) + content).hexdigest()
+        lines.append(f"{checksum} {len(content)} {path}\n")
+    return "sha256:" + hashlib.sha256(("gpustack-manifest v1\n" + "".join(lines)).encode()).hexdigest()
+
+
+def model_files() -> dict[str, bytes]:
+    return {
+        "config.json": b'{"architectures": ["LlamaForCausalLM"]}',
+        "generation_config.json": b'{"do_sample": true}',
+        "model-00001-of-00002.safetensors": data(6000, 1),
+        "model-00002-of-00002.safetensors": data(4000, 2),
+        "model.safetensors.index.json": b'{"weight_map": {}}',
+        "original/consolidated.00.pth": data(3000, 3),
+        "original/params.json": b'{"dim": 4096}',
+        "tokenizer/tokenizer.json": data(1500, 4),
+        "tokenizer/special tokens.txt": b"<s>\n</s>\n",
+    }
+
+
+def hf(hub, repository, revision="main", **kwargs):
+    kwargs.setdefault("timeout", 5)
+    return huggingface.resolve(repository, revision, endpoint=hub.url, **kwargs)
+
+
+def ms(hub, repository, revision="master", **kwargs):
+    kwargs.setdefault("timeout", 5)
+    return modelscope.resolve(repository, revision, endpoint=hub.url, **kwargs)
+
+
+def closed_port_url() -> str:
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return f"http://127.0.0.1:{port}"
+
+
+# --------------------------------------------------------------------------------------------------
+# Hugging Face
+# --------------------------------------------------------------------------------------------------
+
+
+def test_it_resolves_huggingface_branches_tags_and_commits(fakehub):
+    first = fakehub.add_hf_repo("org/model", model_files(), tags=("v1",))
+    second = fakehub.add_hf_commit("org/model", {"config.json": b"{}"})
+    assert hf(fakehub, "org/model").commit == second
+    assert hf(fakehub, "org/model", None).commit == second  # default: main
+    assert hf(fakehub, "org/model", "v1").commit == first
+    old = hf(fakehub, "org/model", first)
+    assert old.commit == first
+    assert manifest_digest(old.files) == expected_digest(model_files(), lfs_threshold=fakehub.lfs_threshold)
+
+
+def test_it_lists_every_page_of_a_huggingface_tree(fakehub):
+    files = {f"shards/{i:03d}.bin": data(50 + i, i) for i in range(40)}
+    files.update(model_files())
+    fakehub.add_hf_repo("org/many", files)
+    fakehub.page_size = 7
+    resolution = hf(fakehub, "org/many")
+    assert sorted(f.path for f in resolution.files) == sorted(files)
+    assert len(fakehub.requests_matching("/tree/")) == 8  # 49 files + 3 directories, 7 a page
+    assert manifest_digest(resolution.files) == expected_digest(files, lfs_threshold=fakehub.lfs_threshold)
+
+
+def test_it_checksums_lfs_files_by_sha256_and_others_by_git_blob_id(fakehub):
+    fakehub.add_hf_repo("org/model", model_files())
+    by_path = {f.path: f for f in hf(fakehub, "org/model").files}
+    for path, content in model_files().items():
+        f = by_path[path]
+        assert f.size == len(content)
+        if len(content) >= fakehub.lfs_threshold:
+            assert (f.algorithm, f.hexdigest, f.lfs) == ("sha256", hashlib.sha256(content).hexdigest(), True)
+        else:
+            git_id = fakehub.file_info("org/model", path).blob.gitsha1
+            assert (f.algorithm, f.hexdigest, f.lfs) == ("gitsha1", git_id, False)
+
+
+def test_it_denies_what_the_huggingface_hub_refuses(fakehub):
+    fakehub.add_hf_repo("org/private", {"config.json": b"{}"}, private=True, token="hf_owner")
+    fakehub.add_hf_repo("org/gated", {"config.json": b"{}"}, gated=True)
+    fakehub.add_token("hf_stranger")
+
+    cases = [
+        ("org/never-created", None),
+        ("org/private", None),
+        ("org/private", "hf_stranger"),
+        ("org/private", "hf_forged"),
+        ("org/gated", None),
+        ("org/gated", "hf_stranger"),
+        ("not a valid/repo/id", None),
+    ]
+    for repository, token in cases:
+        with pytest.raises(AccessDenied) as denied:
+            hf(fakehub, repository, token=token)
+        assert denied.value.reason == "AccessDenied" and not denied.value.retryable, (repository, token)
+
+    assert hf(fakehub, "org/private", token="hf_owner").commit == fakehub.commit_id("org/private")
+    fakehub.grant("org/gated", "hf_stranger")
+    assert hf(fakehub, "org/gated", token="hf_stranger").commit == fakehub.commit_id("org/gated")
+    assert [r.status for r in fakehub.requests_matching("auth-check")][-1] == 200
+
+
+def test_it_reports_unknown_huggingface_revisions(fakehub):
+    fakehub.add_hf_repo("org/model", {"config.json": b"{}"})
+    for revision in ("v9", "refs/pr/7", "0" * 40):
+        with pytest.raises(RevisionNotFound) as missing:
+            hf(fakehub, "org/model", revision)
+        assert missing.value.reason == "RevisionNotFound"
+
+
+def test_it_fails_fast_when_the_huggingface_hub_is_unavailable(fakehub):
+    fakehub.add_hf_repo("org/model", {f"f{i}.txt": b"%d" % i for i in range(5)})
+    fakehub.page_size = 2
+
+    fakehub.faults.fail("/api/models/org/model/revision", 503)
+    started = time.monotonic()
+    with pytest.raises(SourceUnavailable) as unavailable:
+        hf(fakehub, "org/model")
+    assert unavailable.value.retryable and unavailable.value.reason == "SourceUnavailable"
+    assert "503" in str(unavailable.value) and time.monotonic() - started < 1
+
+    fakehub.clear_requests()
+    fakehub.faults.fail("cursor=", 502, times=None)  # the second page of the tree
+    with pytest.raises(SourceUnavailable):
+        hf(fakehub, "org/model")
+    assert [r.status for r in fakehub.requests_matching("/tree/")] == [200, 502]  # no retries of its own
+
+    fakehub.faults.clear()
+    fakehub.faults.fail("/tree/", 429, retry_after=7)
+    with pytest.raises(SourceUnavailable) as limited:
+        hf(fakehub, "org/model")
+    assert limited.value.retry_after == 7
+    assert hf(fakehub, "org/model").commit == fakehub.commit_id("org/model")
+
+
+def test_it_reports_huggingface_network_failures_and_timeouts(fakehub):
+    with pytest.raises(SourceUnavailable):
+        huggingface.resolve("org/model", endpoint=closed_port_url(), timeout=2)
+
+    fakehub.add_hf_repo("org/model", {"config.json": b"{}"})
+    fakehub.faults.hang("/tree/")
+    started = time.monotonic()
+    with pytest.raises(SourceUnavailable) as timed_out:
+        hf(fakehub, "org/model", timeout=0.5)
+    assert "Timeout" in str(timed_out.value) and time.monotonic() - started < 3
+
+
+def test_it_sends_huggingface_requests_through_the_given_proxy_only(fakehub, hub_env):
+    fakehub.add_hf_repo("org/model", model_files())
+    fakehub.page_size = 3
+    # The fake hub answers absolute-form requests too, so it can play the proxy of a host that does not exist.
+    resolution = huggingface.resolve("org/model", endpoint="http://hub.invalid", proxy=fakehub.url, timeout=5)
+    assert resolution.commit == fakehub.commit_id("org/model")
+    assert fakehub.requests[0].host == "hub.invalid"
+    with pytest.raises(SourceUnavailable):
+        huggingface.resolve("org/model", endpoint="http://hub.invalid", timeout=5)
+
+    # A proxy in the environment is not used by resolution.
+    for name in ("NO_PROXY", "no_proxy"):
+        hub_env.delenv(name, raising=False)
+    hub_env.setenv("HTTP_PROXY", closed_port_url())
+    hub_env.setenv("http_proxy", closed_port_url())
+    assert hf(fakehub, "org/model").commit == resolution.commit
+
+
+def test_it_trusts_the_given_ca_bundle_only(hub_env, tmp_path):
+    from gpustack_models import pki
+
+    ca = pki.new_ca("fake hub CA")
+    ca_file, _ = ca.write(tmp_path, "ca")
+    crt, key = pki.issue(ca, "fakehub", ip_addresses=("127.0.0.1", "127.0.0.2"), server=True).write(tmp_path, "hub")
+    with FakeHub(tls=(crt, key)) as hub:
+        hub.add_hf_repo("org/model", {"config.json": b"{}"})
+        hub.add_ms_repo("owner/model", {"config.json": b"{}"})
+        assert hf(hub, "org/model", ca_bundle=str(ca_file)).commit == hub.commit_id("org/model")
+        assert ms(hub, "owner/model", ca_bundle=str(ca_file)).commit == hub.commit_id("owner/model", kind="ms")
+        with pytest.raises(SourceUnavailable):
+            hf(hub, "org/model")
+        with pytest.raises(SourceUnavailable):
+            ms(hub, "owner/model")
+        # The variables of this environment do not count either.
+        hub_env.setenv("SSL_CERT_FILE", str(ca_file))
+        hub_env.setenv("REQUESTS_CA_BUNDLE", str(ca_file))
+        with pytest.raises(SourceUnavailable):
+            hf(hub, "org/model")
+        with pytest.raises(SourceUnavailable):
+            ms(hub, "owner/model")
+
+
+# --------------------------------------------------------------------------------------------------
+# ModelScope
+# --------------------------------------------------------------------------------------------------
+
+
+def test_it_resolves_modelscope_branches_tags_and_commits(fakehub):
+    first = fakehub.add_ms_repo("owner/model", model_files(), tags=("v1.0",))
+    second = fakehub.add_ms_commit("owner/model", {"config.json": b"{}"})
+    assert ms(fakehub, "owner/model").commit == second
+    assert ms(fakehub, "owner/model", None).commit == second  # default: master
+    tagged = ms(fakehub, "owner/model", "v1.0")
+    assert tagged.commit == first
+    assert ms(fakehub, "owner/model", first).commit == first
+    assert all(f.algorithm == "sha256" for f in tagged.files)
+    assert manifest_digest(tagged.files) == expected_digest(model_files(), lfs_threshold=None)
+    assert {f.path for f in tagged.files if f.lfs} == {p for p, c in model_files().items() if len(c) >= 1024}
+
+
+def test_it_recovers_truncated_modelscope_listings_directory_by_directory(fakehub):
+    files = {f"layers/{i}/w{j}.bin": b"%d.%d" % (i, j) for i in range(4) for j in range(3)}
+    files.update({f"extra/{j}.txt": b"x%d" % j for j in range(3)})
+    files.update({"config.json": b"{}", "README.md": b"# m"})
+    commit = fakehub.add_ms_repo("owner/deep", files)
+    fakehub.ms_page_size = 5
+    resolution = ms(fakehub, "owner/deep", listing_limit=5)
+    assert sorted(f.path for f in resolution.files) == sorted(files)
+    assert manifest_digest(resolution.files) == expected_digest(files, lfs_threshold=None)
+    listings = fakehub.requests_matching("/repo/files")
+    assert len(listings) > 1
+    assert all(r.query["Revision"] == [commit] for r in listings[1:])  # pinned to the commit
+
+    # Told the wrong limit, the resolver cannot know the listing was cut short: the limit matters.
+    short = ms(fakehub, "owner/deep", listing_limit=3000)
+    assert len(short.files) < len(files)
+
+
+def test_it_refuses_a_modelscope_directory_too_large_to_list(fakehub):
+    fakehub.add_ms_repo("owner/flat", {f"w{i}.bin": b"%d" % i for i in range(8)})
+    fakehub.ms_page_size = 5
+    with pytest.raises(SourceUnavailable) as incomplete:
+        ms(fakehub, "owner/flat", listing_limit=5)
+    assert "cannot be complete" in str(incomplete.value)
+
+
+def test_it_denies_what_modelscope_refuses(fakehub):
+    fakehub.add_ms_repo("owner/private", {"config.json": b"{}"}, private=True, token="ms-owner")
+    fakehub.add_ms_repo("owner/model", {"config.json": b"{}"})
+    fakehub.add_token("ms-stranger")
+    for repository, token in (
+        ("owner/never-created", None),
+        ("owner/private", None),
+        ("owner/private", "ms-stranger"),
+        ("owner/model", "ms-forged"),
+        ("not-an-owner-slash-name", None),
+    ):
+        with pytest.raises(AccessDenied):
+            ms(fakehub, repository, token=token)
+    assert ms(fakehub, "owner/private", token="ms-owner").commit == fakehub.commit_id("owner/private", kind="ms")
+    for revision in ("v9", "f" * 40):
+        with pytest.raises(RevisionNotFound):
+            ms(fakehub, "owner/model", revision)
+
+
+def test_it_fails_fast_when_modelscope_is_unavailable(fakehub):
+    fakehub.add_ms_repo("owner/model", {"config.json": b"{}"})
+    started = time.monotonic()
+    fakehub.faults.fail("/repo/files", 503)
+    with pytest.raises(SourceUnavailable):
+        ms(fakehub, "owner/model")
+    assert time.monotonic() - started < 1
+    assert [r.status for r in fakehub.requests_matching("/repo/files")] == [503]
+
+    fakehub.faults.fail("/revisions", 429, retry_after=11)
+    with pytest.raises(SourceUnavailable) as limited:
+        ms(fakehub, "owner/model")
+    assert limited.value.retry_after == 11
+
+    fakehub.faults.hang("/api/v1/models/owner/model", times=1)
+    with pytest.raises(SourceUnavailable):
+        ms(fakehub, "owner/model", timeout=0.5)
+    with pytest.raises(SourceUnavailable):
+        modelscope.resolve("owner/model", endpoint=closed_port_url(), timeout=2)
+    assert ms(fakehub, "owner/model").commit == fakehub.commit_id("owner/model", kind="ms")
+
+
+def test_it_sends_modelscope_requests_through_the_given_proxy_only(fakehub, hub_env):
+    fakehub.add_ms_repo("owner/model", model_files())
+    resolution = modelscope.resolve("owner/model", endpoint="http://hub.invalid", proxy=fakehub.url, timeout=5)
+    assert resolution.commit == fakehub.commit_id("owner/model", kind="ms")
+    assert {r.host for r in fakehub.requests} == {"hub.invalid"}
+    for name in ("NO_PROXY", "no_proxy"):
+        hub_env.delenv(name, raising=False)
+    hub_env.setenv("HTTP_PROXY", closed_port_url())
+    hub_env.setenv("http_proxy", closed_port_url())
+    assert ms(fakehub, "owner/model").commit == resolution.commit
+
+
+# --------------------------------------------------------------------------------------------------
+# What a digest names
+# --------------------------------------------------------------------------------------------------
+
+
+def test_it_gives_the_same_files_the_same_digest_wherever_they_are(fakehub):
+    files = model_files()
+    a = fakehub.add_hf_repo("org/a", files)
+    b = fakehub.add_hf_repo("other-org/b", files, branch="release")
+    ra, rb = hf(fakehub, "org/a"), hf(fakehub, "other-org/b", "release")
+    assert a != b and (ra.commit, rb.commit) == (a, b)
+    assert build_manifest(ra.files)[1] == build_manifest(rb.files)[1]
+    fakehub.add_hf_commit("other-org/b", {"config.json": b"{}"}, branch="release")
+    assert build_manifest(hf(fakehub, "other-org/b", "release").files)[1] != build_manifest(ra.files)[1]
+
+    # Only LFS files carry a sha256 on Hugging Face: when every file is LFS, a ModelScope copy matches.
+    fakehub.lfs_threshold = 0
+    fakehub.add_hf_repo("org/all-lfs", files)
+    fakehub.add_ms_repo("owner/copy", files)
+    hf_digest = build_manifest(hf(fakehub, "org/all-lfs").files)[1]
+    assert hf_digest == build_manifest(ms(fakehub, "owner/copy").files)[1] == expected_digest(files, lfs_threshold=None)
+
+
+@pytest.mark.parametrize(
+    "allow, ignore, kept",
+    [
+        (None, None, None),
+        (
+            ["*.safetensors", "*.json"],
+            ["original/"],
+            lambda p: p.endswith((".safetensors", ".json")) and not p.startswith("original/"),
+        ),
+        (["*.json"], None, lambda p: p.endswith(".json")),
+        (["tokenizer/"], None, lambda p: p.startswith("tokenizer/")),
+        (["tokenizer/*"], ["*.txt"], lambda p: p == "tokenizer/tokenizer.json"),
+        (None, ["*.pth", "*.safetensors"], lambda p: not p.endswith((".pth", ".safetensors"))),
+    ],
+)
+def test_it_changes_the_digest_exactly_as_the_patterns_select(fakehub, allow, ignore, kept):
+    files = model_files()
+    fakehub.add_hf_repo("org/model", files)
+    fakehub.add_ms_repo("owner/model", files)
+    subset = {p: c for p, c in files.items() if kept is None or kept(p)}
+    resolutions = ((hf(fakehub, "org/model"), fakehub.lfs_threshold), (ms(fakehub, "owner/model"), None))
+    for resolution, threshold in resolutions:
+        selected, digest = build_manifest(resolution.files, allow, ignore)
+        assert sorted(f.path for f in selected) == sorted(subset)
+        assert digest == expected_digest(subset, lfs_threshold=threshold)
+
+
+def test_it_reports_patterns_that_keep_nothing(fakehub):
+    fakehub.add_hf_repo("org/model", model_files())
+    with pytest.raises(EmptyManifest) as empty:
+        build_manifest(hf(fakehub, "org/model").files, ["*.gguf"])
+    assert isinstance(empty.value, SourceError) and empty.value.reason == "EmptyManifest"
