@@ -94,7 +94,14 @@ INSTALLED_APPS = [
     "gpustack_models",
 ]
 
-MIDDLEWARE = [
+# Which server this process is: "api" (the aggregated API on gunicorn's ASGI worker) runs no middleware:
+# each sync middleware costs the ASGI handler a thread hop per request, and the API authenticates and
+# authorizes in its views. "console" is the admin console (sessions, CSRF, messages).
+SERVER_ROLE = env_str("GPUSTACK_SERVER_ROLE", "console")
+if SERVER_ROLE not in ("console", "api"):
+    raise ImproperlyConfigured(f"GPUSTACK_SERVER_ROLE={SERVER_ROLE!r}: expected console or api")
+
+MIDDLEWARE = [] if SERVER_ROLE == "api" else [
     "django.middleware.security.SecurityMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
@@ -194,6 +201,8 @@ API_SERVICE_NAME = env_str("GPUSTACK_API_SERVICE", "gpustack-models-api")
 API_PORT = env_int("GPUSTACK_API_PORT", 8443, minimum=1, maximum=65535)
 API_BIND = env_list("GPUSTACK_API_BIND", [f"127.0.0.1:{API_PORT}", f"[::1]:{API_PORT}"])
 API_WORKERS = env_int("GPUSTACK_API_WORKERS", 2, minimum=1)
+# Threads per API worker process for request handling (an open watch holds none).
+API_THREADS = env_int("GPUSTACK_API_THREADS", 64, minimum=1)
 TLS_CERT_FILE = env_str("GPUSTACK_TLS_CERT_FILE", str(DATA_DIR / "worker-pki" / "serving.crt"))
 TLS_KEY_FILE = env_str("GPUSTACK_TLS_KEY_FILE", str(DATA_DIR / "worker-pki" / "serving.key"))
 

@@ -17,11 +17,12 @@ from __future__ import annotations
 
 import asyncio
 import copy
-import json
 import logging
 from urllib.parse import parse_qs, urlencode
 
+import aiohttp
 import jsonpatch
+import orjson
 import yaml
 from asgiref.sync import async_to_sync
 from django.http import HttpResponse, StreamingHttpResponse
@@ -165,30 +166,34 @@ class ResourceView(KubeAPIView):
     def read(self, request, verb: str):
         allowed = (TABLE, PARTIAL_LIST) if verb == "list" else (TABLE, PARTIAL)
         representation_kind = choose(request.META.get("HTTP_ACCEPT"), allowed)
+        headers = self.forwarded_headers(request)
+        upstream_table = representation_kind == TABLE and self.kind.table_from_fields
+        if upstream_table:
+            # kube-apiserver renders the raw cells; we only turn them into the v1 columns.
+            headers["Accept"] = representation.TABLE_ACCEPT
         resp = kube.worker().request("GET", self.upstream_path(), query=request.META.get("QUERY_STRING", ""),
-                                     headers=self.forwarded_headers(request))
+                                     headers=headers)
         if resp.status != 200:
             return self.passthrough(resp)
-        obj = resp.json()
-        if representation_kind == TABLE:
-            items = obj.get("items", []) if verb == "list" else [obj]
-            metadata = obj.get("metadata", {}) if verb == "list" else {
-                "resourceVersion": obj.get("metadata", {}).get("resourceVersion", "")}
-            out = representation.table(self.kind, items, metadata, representation.include_object_policy(self.query))
+        if upstream_table:
+            body = representation.TableConverter(self.kind).table(resp.data)
+        elif representation_kind == TABLE:
+            body = representation.table_from_objects(self.kind, resp.data, is_list=verb == "list",
+                                                     include_object=representation.include_object_policy(self.query))
         elif representation_kind == PARTIAL_LIST:
-            out = representation.partial_list(obj)
+            body = representation.partial_list_bytes(resp.data)
         elif representation_kind == PARTIAL:
-            out = representation.partial(obj)
+            body = representation.partial_bytes(resp.data)
         else:
-            out = representation.to_public(obj)
-        return self.json_response(out, resp)
+            body = representation.public_bytes(resp.data)
+        return self.bytes_response(body, resp)
 
     # --- writes --------------------------------------------------------------------------------------
     def body_object(self, request) -> dict:
         media = check_body_type(request.content_type)
         raw = request.body
         try:
-            obj = yaml.safe_load(raw) if media == "application/yaml" else json.loads(raw or b"null")
+            obj = yaml.safe_load(raw) if media == "application/yaml" else orjson.loads(raw or b"null")
         except (ValueError, yaml.YAMLError) as exc:
             raise BadRequest(f"the body of the request could not be decoded: {exc}") from None
         if not isinstance(obj, dict):
@@ -210,7 +215,7 @@ class ResourceView(KubeAPIView):
         if method == "POST":
             self.check_secret_access(request, obj)
         name = None if method == "POST" else self.name
-        return self.forward(request, method, json.dumps(obj).encode(), "application/json", name=name)
+        return self.forward(request, method, orjson.dumps(obj), "application/json", name=name)
 
     def check_secret_access(self, request, obj: dict) -> None:
         """A create runs as the worker, which may read every Secret: the caller must be able to read the
@@ -240,7 +245,7 @@ class ResourceView(KubeAPIView):
             if kind == "apply":
                 body = yaml.safe_load(raw)
             else:
-                body = json.loads(raw or b"null")
+                body = orjson.loads(raw or b"null")
         except (ValueError, yaml.YAMLError) as exc:
             raise BadRequest(f"the body of the request could not be decoded: {exc}") from None
         if kind in ("merge", "apply"):
@@ -261,7 +266,7 @@ class ResourceView(KubeAPIView):
             return self.patch_node_model_store(request, kind, body)
         content_type = {"json": "application/json-patch+json", "merge": "application/merge-patch+json",
                         "apply": "application/apply-patch+yaml"}[kind]
-        return self.forward(request, "PATCH", json.dumps(body).encode(), content_type)
+        return self.forward(request, "PATCH", orjson.dumps(body), content_type)
 
     def patch_node_model_store(self, request, kind: str, patch):
         """NodeModelStores take only what the garbage collector writes: finalizers and ownerReferences.
@@ -290,7 +295,7 @@ class ResourceView(KubeAPIView):
         guarded = {"metadata": {"resourceVersion": before["metadata"]["resourceVersion"]}}
         for key in NMS_PATCHABLE_METADATA:
             guarded["metadata"][key] = meta_after.get(key)
-        return self.forward(request, "PATCH", json.dumps(guarded).encode(), "application/merge-patch+json")
+        return self.forward(request, "PATCH", orjson.dumps(guarded), "application/merge-patch+json")
 
     # --- forwarding ----------------------------------------------------------------------------------
     def forwarded_headers(self, request) -> dict:
@@ -308,11 +313,10 @@ class ResourceView(KubeAPIView):
                                      body=body, headers=headers)
         if resp.status >= 300:
             return self.passthrough(resp)
-        return self.json_response(representation.to_public(resp.json()), resp)
+        return self.bytes_response(representation.public_bytes(resp.data), resp)
 
-    def json_response(self, obj: dict, upstream: kube.Response) -> HttpResponse:
-        response = HttpResponse(json.dumps(obj, separators=(",", ":")), status=upstream.status,
-                                content_type="application/json")
+    def bytes_response(self, body: bytes, upstream: kube.Response) -> HttpResponse:
+        response = HttpResponse(body, status=upstream.status, content_type="application/json")
         self.copy_headers(upstream.headers, response)
         return response
 
@@ -323,18 +327,10 @@ class ResourceView(KubeAPIView):
                 response[key] = value
 
     def passthrough(self, resp: kube.Response) -> HttpResponse:
-        """An error from the storage, rewritten to speak of v1 where it names the version."""
-        data = resp.data
-        try:
-            obj = json.loads(data)
-            if obj.get("kind") != "Status":
-                obj = representation.to_public(obj)
-            data = json.dumps(obj).encode()
-        except ValueError:
-            return status_response(resp.status if resp.status >= 400 else 502, data.decode(errors="replace")[:500])
-        response = HttpResponse(data, status=resp.status, content_type="application/json")
-        self.copy_headers(resp.headers, response)
-        return response
+        """An answer from the storage as it came (a Status, usually), at v1 where it names the version."""
+        if not resp.data.lstrip().startswith(b"{"):
+            return status_response(resp.status if resp.status >= 400 else 502, resp.data.decode(errors="replace")[:500])
+        return self.bytes_response(representation.public_bytes(resp.data), resp)
 
     # --- watch ---------------------------------------------------------------------------------------
     def watch(self, request):
@@ -343,7 +339,10 @@ class ResourceView(KubeAPIView):
         if self.name:
             query["fieldSelector"] = f"metadata.name={self.name}"
         path = self.upstream_path(name="")
-        upstream = async_to_sync(open_watch)(path, urlencode(query), self.forwarded_headers(request))
+        headers = self.forwarded_headers(request)
+        if representation_kind == TABLE and self.kind.table_from_fields:
+            headers["Accept"] = representation.TABLE_ACCEPT
+        upstream = async_to_sync(open_watch)(path, urlencode(query), headers)
         if upstream.status != 200:
             body = async_to_sync(read_and_close)(upstream)
             return self.passthrough(kube.Response(upstream.status, dict(upstream.headers), body))
@@ -382,11 +381,9 @@ def strip_patchable(obj: dict) -> dict:
 async def open_watch(path: str, query: str, headers: dict):
     client = kube.worker()
     session = client.async_session()
-    import aiohttp
-
     return await session.get(
         client.url(path, query),
-        headers={"Accept": "application/json", **client.auth_headers(), **headers},
+        headers={"Accept": "application/json", **client.auth_headers(), **headers},  # headers may ask for a Table
         timeout=aiohttp.ClientTimeout(total=None, sock_connect=10, sock_read=None),
     )
 
@@ -399,30 +396,26 @@ async def read_and_close(upstream) -> bytes:
 
 
 class WatchTransform:
+    """Turns one upstream watch event line into the line the client asked for."""
+
     def __init__(self, kind, representation_kind: str, include_object: str):
         self.kind = kind
         self.representation_kind = representation_kind
         self.include_object = include_object
         self.first = True
+        self.converter = representation.TableConverter(kind) if kind.table_from_fields else None
 
-    def __call__(self, event: dict) -> dict:
-        obj = event.get("object")
-        if event.get("type") == "ERROR" or not isinstance(obj, dict):
-            return event
+    def __call__(self, line: bytes) -> bytes:
         if self.representation_kind == TABLE:
-            if event.get("type") == "BOOKMARK":
-                rows = []
+            if self.converter is not None:
+                out = self.converter.event(line, with_columns=self.first)
             else:
-                rows = [obj]
-            metadata = {"resourceVersion": (obj.get("metadata") or {}).get("resourceVersion", "")}
-            event["object"] = representation.table(self.kind, rows, metadata, self.include_object,
-                                                   with_columns=self.first)
+                out = representation.object_table_event(self.kind, line, self.include_object, with_columns=self.first)
             self.first = False
-        elif self.representation_kind == PARTIAL:
-            event["object"] = representation.partial(obj)
-        else:
-            event["object"] = representation.to_public(obj)
-        return event
+            return out
+        if self.representation_kind == PARTIAL:
+            return representation.partial_event_bytes(line)
+        return representation.public_bytes(line)
 
 
 async def stream_events(upstream, transform: WatchTransform):
@@ -434,13 +427,16 @@ async def stream_events(upstream, transform: WatchTransform):
             while b"\n" in buffer:
                 line, buffer = buffer.split(b"\n", 1)
                 if line.strip():
-                    yield json.dumps(transform(json.loads(line)), separators=(",", ":")).encode() + b"\n"
+                    yield transform(line) + b"\n"
         if buffer.strip():
-            yield json.dumps(transform(json.loads(buffer)), separators=(",", ":")).encode() + b"\n"
+            yield transform(buffer) + b"\n"
     except (asyncio.CancelledError, GeneratorExit):
         raise
-    except Exception:  # the upstream connection broke: end the watch; the client re-watches
-        log.info("watch stream ended", exc_info=True)
+    except (aiohttp.ClientError, asyncio.TimeoutError, ConnectionError) as exc:
+        # The upstream connection broke: end the watch; the client watches again from its last version.
+        log.info("watch stream from kube-apiserver ended: %s", exc)
+    except Exception:
+        log.exception("watch stream failed")
     finally:
         upstream.release()
         upstream.close()

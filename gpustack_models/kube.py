@@ -15,6 +15,7 @@ import threading
 from dataclasses import dataclass
 from urllib.parse import urlencode
 
+import orjson
 import urllib3
 from django.conf import settings
 from kubernetes import client as k8s_client
@@ -46,7 +47,7 @@ class Response:
     data: bytes
 
     def json(self):
-        return json.loads(self.data)
+        return orjson.loads(self.data)
 
 
 def load_configuration(kubeconfig: str | None = None) -> k8s_client.Configuration:
@@ -108,7 +109,7 @@ class Kube:
         """Send one request; returns a ``Response`` (or the raw urllib3 response when ``stream``)."""
         all_headers = {"Accept": "application/json", **self.auth_headers(), **(headers or {})}
         if body is not None and not isinstance(body, (bytes, bytearray)):
-            body = json.dumps(body).encode()
+            body = orjson.dumps(body)
         if body is not None:
             all_headers.setdefault("Content-Type", content_type)
         timeout = timeout or settings.KUBE_REQUEST_TIMEOUT

@@ -54,5 +54,5 @@ class OpenAPIV3View(KubeAPIView):
         raise NotFound("the server could not find the requested resource")
 
 
-def health(request):
+async def health(request):
     return HttpResponse("ok", content_type="text/plain")

@@ -38,7 +38,7 @@ def crd_for(kind: ResourceKind) -> dict:
                     "storage": True,
                     "schema": {"openAPIV3Schema": kind.object_schema().to_openapi()},
                     "subresources": {"status": {}},
-                    "additionalPrinterColumns": [c.to_crd() for c in kind.columns if c.json_path],
+                    "additionalPrinterColumns": [f.to_crd() for f in kind.fields],
                 }
             ],
         },

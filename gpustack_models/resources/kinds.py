@@ -32,37 +32,47 @@ CATEGORY = "gpustack"
 
 
 @dataclass(frozen=True)
-class Column:
-    """A printer column. ``json_path`` feeds the CRD; ``render`` (object -> cell) feeds the v1 Table.
+class Field:
+    """A raw value kube-apiserver reads with JSONPath: one printer column of the storage CRD.
 
-    A column without ``json_path`` cannot be expressed as a JSONPath and appears only in v1.
+    The v1 Table is rendered from these raw cells (kube-apiserver's own Table of the CRD), so a list never
+    has to be decoded object by object in Python.
+    """
+
+    name: str
+    json_path: str
+    type: str = "string"
+    description: str = ""
+    priority: int = 1
+
+    def to_crd(self) -> dict:
+        out = {"name": self.name, "type": self.type, "jsonPath": self.json_path,
+               "description": self.description or f"Raw {self.json_path} for the v1 columns."}
+        if self.priority:
+            out["priority"] = self.priority
+        return out
+
+
+@dataclass(frozen=True)
+class Column:
+    """A v1 printer column.
+
+    ``fields`` are the raw values it needs and ``render`` turns them (a dict by field name) into the
+    cell. A column JSONPath cannot feed (counting list entries) has ``object_render`` instead, taking the
+    whole object; a kind with such a column renders its Tables from full objects.
     """
 
     name: str
     type: str
     description: str
-    json_path: str = ""
+    fields: tuple[Field, ...] = ()
     render: Callable[[dict], object] | None = None
-    format: str = ""
+    object_render: Callable[[dict], object] | None = None
     priority: int = 0
 
-    def to_crd(self) -> dict:
-        out = {"name": self.name, "type": self.type, "jsonPath": self.json_path, "description": self.description}
-        if self.format:
-            out["format"] = self.format
-        if self.priority:
-            out["priority"] = self.priority
-        return out
-
     def to_table(self) -> dict:
-        # v1 renders every cell itself: dates arrive as kubectl-style ages, sizes as human strings.
-        return {
-            "name": self.name,
-            "type": "string" if self.type == "date" else self.type,
-            "format": self.format,
-            "description": self.description,
-            "priority": self.priority,
-        }
+        return {"name": self.name, "type": self.type, "format": "", "description": self.description,
+                "priority": self.priority}
 
 
 @dataclass(frozen=True)
@@ -84,6 +94,19 @@ class ResourceKind:
     @property
     def list_kind(self) -> str:
         return f"{self.kind}List"
+
+    @property
+    def fields(self) -> tuple[Field, ...]:
+        """The storage CRD's printer columns: every raw field of the v1 columns, once, in order."""
+        seen: dict[str, Field] = {}
+        for column in self.columns:
+            for f in column.fields:
+                seen.setdefault(f.name, f)
+        return tuple(seen.values())
+
+    @property
+    def table_from_fields(self) -> bool:
+        return all(c.object_render is None for c in self.columns)
 
     @property
     def scope(self) -> str:
@@ -116,44 +139,29 @@ def _get(obj_: dict, *path, default=None):
     return cur
 
 
-def _condition(obj_: dict, type_: str) -> dict | None:
-    for cond in _get(obj_, "status", "conditions", default=None) or []:
-        if cond.get("type") == type_:
-            return cond
-    return None
-
-
-def artifact_source(obj_: dict) -> str:
-    source = _get(obj_, "spec", "source", default={}) or {}
-    if "huggingFace" in source:
-        return f"hf:{source['huggingFace'].get('repository', '')}"
-    if "modelScope" in source:
-        return f"ms:{source['modelScope'].get('repository', '')}"
-    if "persistentVolumeClaim" in source:
-        claim = source["persistentVolumeClaim"]
-        path = claim.get("path", "")
-        return f"pvc:{claim.get('claimName', '')}" + (f"/{path}" if path else "")
+def artifact_source(v: dict) -> str:
+    if v.get("HF Repository"):
+        return f"hf:{v['HF Repository']}"
+    if v.get("MS Repository"):
+        return f"ms:{v['MS Repository']}"
+    if v.get("Claim"):
+        return f"pvc:{v['Claim']}" + (f"/{v['Claim Path']}" if v.get("Claim Path") else "")
     return ""
 
 
-def artifact_revision(obj_: dict) -> str:
-    resolved = _get(obj_, "status", "resolved", "revision")
-    if resolved:
-        return resolved[:12]
-    source = _get(obj_, "spec", "source", default={}) or {}
-    for member in ("huggingFace", "modelScope"):
-        if member in source:
-            return (source[member].get("revision") or "")[:12]
-    return ""
+def artifact_revision(v: dict) -> str:
+    return (v.get("Revision") or v.get("HF Revision") or v.get("MS Revision") or "")[:12]
 
 
-def artifact_resolved(obj_: dict) -> str:
-    cond = _condition(obj_, "Resolved")
-    if cond is None:
+def artifact_resolved(v: dict) -> str:
+    status = v.get("Resolved")
+    if status is None:
         return "Unknown"
-    if cond.get("status") == "True":
-        return "True"
-    return cond.get("reason") or cond.get("status", "False")
+    return "True" if status == "True" else (v.get("Resolved Reason") or status)
+
+
+def _count(name: str) -> Callable[[dict], int]:
+    return lambda v: v.get(name) or 0
 
 
 def store_models(obj_: dict, state: str | None = None) -> int:
@@ -161,23 +169,13 @@ def store_models(obj_: dict, state: str | None = None) -> int:
     return sum(1 for m in models if state is None or m.get("state") == state)
 
 
-def condition_status(type_: str) -> Callable[[dict], str]:
-    def render(obj_: dict) -> str:
-        cond = _condition(obj_, type_)
-        return cond.get("status", "Unknown") if cond else "Unknown"
-
-    return render
+AGE = Field("Age", ".metadata.creationTimestamp", "date", "Time since the object was created.")
 
 
 def age_column() -> Column:
-    # Age only with -o wide on v1 (priority 1); the CRD column keeps the same priority.
-    return Column(
-        "Age",
-        "date",
-        "Time since the object was created.",
-        json_path=".metadata.creationTimestamp",
-        priority=1,
-    )
+    # kube-apiserver renders date columns as kubectl-style ages; v1 shows Age only with -o wide.
+    return Column("Age", "string", "Time since the object was created.", fields=(AGE,),
+                  render=lambda v: v.get("Age") or "<unknown>", priority=1)
 
 
 # --- ModelArtifact -----------------------------------------------------------------------------------
@@ -321,40 +319,58 @@ MODEL_ARTIFACT = ResourceKind(
     spec=_MODEL_ARTIFACT_SPEC,
     status=_MODEL_ARTIFACT_STATUS,
     columns=(
-        Column("Source", "string", "Where the files come from.", render=artifact_source),
+        Column(
+            "Source",
+            "string",
+            "Where the files come from.",
+            fields=(
+                Field("HF Repository", ".spec.source.huggingFace.repository"),
+                Field("MS Repository", ".spec.source.modelScope.repository"),
+                Field("Claim", ".spec.source.persistentVolumeClaim.claimName"),
+                Field("Claim Path", ".spec.source.persistentVolumeClaim.path"),
+            ),
+            render=artifact_source,
+        ),
         Column(
             "Revision",
             "string",
-            "The resolved commit (first 12 characters).",
-            json_path=".status.resolved.revision",
+            "The resolved commit (first 12 characters), or the requested revision until resolved.",
+            fields=(
+                Field("Revision", ".status.resolved.revision", description="The resolved commit.", priority=0),
+                Field("HF Revision", ".spec.source.huggingFace.revision"),
+                Field("MS Revision", ".spec.source.modelScope.revision"),
+            ),
             render=artifact_revision,
         ),
         Column(
             "Size",
             "string",
             "Total size of the selected files.",
-            json_path=".status.resolved.sizeBytes",
-            render=lambda o: human_bytes(_get(o, "status", "resolved", "sizeBytes")),
+            fields=(Field("Size", ".status.resolved.sizeBytes", "integer", "Bytes of the selected files.", 0),),
+            render=lambda v: human_bytes(v.get("Size")),
         ),
         Column(
             "Ready",
             "integer",
             "Nodes holding the content.",
-            json_path=".status.nodes.ready",
-            render=lambda o: _get(o, "status", "nodes", "ready", default=0),
+            fields=(Field("Ready", ".status.nodes.ready", "integer", "Nodes holding the content.", 0),),
+            render=_count("Ready"),
         ),
         Column(
             "Downloading",
             "integer",
             "Nodes downloading the content.",
-            json_path=".status.nodes.downloading",
-            render=lambda o: _get(o, "status", "nodes", "downloading", default=0),
+            fields=(Field("Downloading", ".status.nodes.downloading", "integer", "Nodes downloading it.", 0),),
+            render=_count("Downloading"),
         ),
         Column(
             "Resolved",
             "string",
             "True once resolved, else the reason.",
-            json_path='.status.conditions[?(@.type=="Resolved")].status',
+            fields=(
+                Field("Resolved", '.status.conditions[?(@.type=="Resolved")].status', description="Resolved.", priority=0),
+                Field("Resolved Reason", '.status.conditions[?(@.type=="Resolved")].reason'),
+            ),
             render=artifact_resolved,
         ),
         age_column(),
@@ -453,20 +469,20 @@ NODE_MODEL_STORE = ResourceKind(
     spec=_NODE_MODEL_STORE_SPEC,
     status=_NODE_MODEL_STORE_STATUS,
     columns=(
-        Column("Ready", "integer", "Models published on the node.", render=lambda o: store_models(o, "Ready")),
+        Column("Ready", "integer", "Models published on the node.", object_render=lambda o: store_models(o, "Ready")),
         Column(
             "Used",
             "string",
             "Bytes the cache holds.",
-            json_path=".status.capacity.storedBytes",
-            render=lambda o: human_bytes(_get(o, "status", "capacity", "storedBytes", default=0)),
+            fields=(Field("Stored", ".status.capacity.storedBytes", "integer", "Bytes the cache holds.", 0),),
+            render=lambda v: human_bytes(v.get("Stored") or 0),
         ),
-        Column("Models", "integer", "Models on the node.", render=store_models),
+        Column("Models", "integer", "Models on the node.", object_render=store_models),
         Column(
             "Downloading",
             "integer",
             "Models downloading.",
-            render=lambda o: store_models(o, "Downloading"),
+            object_render=lambda o: store_models(o, "Downloading"),
         ),
         age_column(),
     ),
@@ -533,36 +549,37 @@ MODEL_PREFETCH = ResourceKind(
             "Artifact",
             "string",
             "The ModelArtifact.",
-            json_path=".spec.artifactRef.name",
-            render=lambda o: _get(o, "spec", "artifactRef", "name", default=""),
+            fields=(Field("Artifact", ".spec.artifactRef.name", description="The ModelArtifact.", priority=0),),
+            render=lambda v: v.get("Artifact") or "",
         ),
         Column(
             "Desired",
             "integer",
             "Nodes selected.",
-            json_path=".status.desiredNodes",
-            render=lambda o: _get(o, "status", "desiredNodes", default=0),
+            fields=(Field("Desired", ".status.desiredNodes", "integer", "Nodes selected.", 0),),
+            render=_count("Desired"),
         ),
         Column(
             "Ready",
             "integer",
             "Nodes holding the content.",
-            json_path=".status.readyNodes",
-            render=lambda o: _get(o, "status", "readyNodes", default=0),
+            fields=(Field("Ready", ".status.readyNodes", "integer", "Nodes holding the content.", 0),),
+            render=_count("Ready"),
         ),
         Column(
             "Downloading",
             "integer",
             "Nodes downloading it.",
-            json_path=".status.downloadingNodes",
-            render=lambda o: _get(o, "status", "downloadingNodes", default=0),
+            fields=(Field("Downloading", ".status.downloadingNodes", "integer", "Nodes downloading it.", 0),),
+            render=_count("Downloading"),
         ),
         Column(
             "Available",
             "string",
             "Whether enough nodes are ready.",
-            json_path='.status.conditions[?(@.type=="Available")].status',
-            render=condition_status("Available"),
+            fields=(Field("Available", '.status.conditions[?(@.type=="Available")].status', description="Available.",
+                          priority=0),),
+            render=lambda v: v.get("Available") or "Unknown",
         ),
         age_column(),
     ),

@@ -55,4 +55,5 @@ class Command(BaseCommand):
         for address in binds:
             argv += ["--bind", address]
         sys.stdout.flush()
+        os.environ["GPUSTACK_SERVER_ROLE"] = "api"
         os.execv(sys.executable, argv)

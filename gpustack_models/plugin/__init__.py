@@ -1,0 +1,60 @@
+"""The node plugin's download engine: a node-local, content-addressed cache filled from the hubs.
+
+No Django and no Kubernetes here: the plugin's glue (watching the node's NodeModelStore, writing its
+status, fetching tickets from the worker, serving live progress) drives an ``Engine``.
+
+- ``ticket``: ``FetchTicket``, what to download and how each hub names a file's bytes;
+- ``cache``: the layout on disk (published trees, partial work, per-digest records), capacity;
+- ``download``: the resumable, parallel range downloader that hashes while it writes and publishes
+  a verified tree with one rename;
+- ``hashing``: sha256 / git blob sha1 whose running state can be checkpointed;
+- ``limits``: node-wide connection slots and rate limiter;
+- ``engine``: ``Engine``, the API for the glue;
+- ``metrics``: Prometheus metrics (no tenant or digest in any label);
+- ``failures``: the failure reasons and the retry backoff.
+"""
+
+from .cache import Cache
+from .download import Download, DownloadSettings, Limits
+from .engine import DOWNLOADING, FAILED, READY, Engine, Entry
+from .failures import (
+    ACCESS_DENIED,
+    CANCELED,
+    INSUFFICIENT_CAPACITY,
+    INTEGRITY_MISMATCH,
+    INVALID_REQUEST,
+    REASONS,
+    SOURCE_UNAVAILABLE,
+    DownloadFailed,
+    backoff_seconds,
+)
+from .hashing import FileHash, resumable_available
+from .metrics import Metrics
+from .ticket import HUGGING_FACE, MODEL_SCOPE, FetchTicket
+
+__all__ = [
+    "ACCESS_DENIED",
+    "CANCELED",
+    "DOWNLOADING",
+    "FAILED",
+    "HUGGING_FACE",
+    "INSUFFICIENT_CAPACITY",
+    "INTEGRITY_MISMATCH",
+    "INVALID_REQUEST",
+    "MODEL_SCOPE",
+    "READY",
+    "REASONS",
+    "SOURCE_UNAVAILABLE",
+    "Cache",
+    "Download",
+    "DownloadFailed",
+    "DownloadSettings",
+    "Engine",
+    "Entry",
+    "FetchTicket",
+    "FileHash",
+    "Limits",
+    "Metrics",
+    "backoff_seconds",
+    "resumable_available",
+]

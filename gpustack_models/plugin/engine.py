@@ -1,0 +1,621 @@
+"""The node's download engine: what the plugin's Kubernetes glue talks to.
+
+One ``Engine`` per node holds the cache and runs at most one ``Download`` per digest, all sharing
+the node-wide limits. The glue:
+
+- calls ``ensure(ticket)`` for every digest the node's store asks for that is not ``Ready`` (the
+  engine keeps a running download, refuses to start one before its ``retryTime`` unless forced, and
+  answers ``Ready`` for a published tree without any request);
+- writes ``entries()`` / ``capacity()`` to the store's status (``Entry.status()`` is the status
+  item), at once when ``on_change`` fires and on its progress thresholds otherwise;
+- serves ``running()`` as the live-bytes endpoint;
+- calls ``collect(spec digests, grace)`` periodically, ``set_limits`` / ``set_watermarks`` when the
+  store's spec changes, and ``close()`` at shutdown (running downloads stay resumable).
+
+Everything the engine knows survives a restart: published trees are found on disk (``Ready``
+without a request), interrupted downloads resume from their checkpoints, failure counts, retry
+times, last use and "absent since" times are persisted per digest.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+
+from .cache import Cache, read_json
+from .download import CHECKPOINT_VERSION, Download, DownloadSettings, Limits
+from .failures import (
+    CANCELED,
+    INSUFFICIENT_CAPACITY,
+    INVALID_REQUEST,
+    SOURCE_UNAVAILABLE,
+    DownloadFailed,
+    backoff_seconds,
+)
+from .ticket import FetchTicket, digest_hex
+
+log = logging.getLogger(__name__)
+
+DOWNLOADING = "Downloading"
+READY = "Ready"
+FAILED = "Failed"
+SOURCE_HUB = "Hub"
+_TOUCH_PERSIST_SECONDS = 60.0
+
+
+def rfc3339(epoch: float | None) -> str | None:
+    if epoch is None:
+        return None
+    return datetime.fromtimestamp(int(epoch), tz=timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+@dataclass
+class Entry:
+    """What the node holds or works on for one digest (a NodeModelStore ``status.models`` item)."""
+
+    digest: str
+    state: str  # Downloading | Ready | Failed
+    size_bytes: int
+    downloaded_bytes: int
+    reason: str | None = None
+    message: str | None = None
+    retry_time: float | None = None  # epoch seconds
+    last_used_time: float | None = None  # epoch seconds
+    source: str = SOURCE_HUB
+
+    def status(self) -> dict:
+        """The status item: camelCase keys, RFC 3339 times, absent fields left out."""
+        out = {
+            "digest": self.digest,
+            "state": self.state,
+            "sizeBytes": self.size_bytes,
+            "downloadedBytes": self.downloaded_bytes,
+            "reason": self.reason,
+            "message": self.message,
+            "retryTime": rfc3339(self.retry_time),
+            "lastUsedTime": rfc3339(self.last_used_time),
+            "source": self.source,
+        }
+        return {k: v for k, v in out.items() if v is not None}
+
+
+@dataclass
+class _Item:
+    """The engine's knowledge of one digest; ``record()`` is what is persisted."""
+
+    digest: str
+    state: str | None = None
+    size: int = 0
+    downloaded: int = 0
+    failures: int = 0
+    reason: str | None = None
+    message: str | None = None
+    retry_time: float | None = None
+    last_used: float | None = None
+    last_used_saved: float | None = None
+    absent_since: float | None = None
+
+    def record(self) -> dict:
+        return {
+            "digest": self.digest,
+            "state": self.state,
+            "sizeBytes": self.size,
+            "downloadedBytes": self.downloaded,
+            "failures": self.failures,
+            "reason": self.reason,
+            "message": self.message,
+            "retryTime": self.retry_time,
+            "lastUsedTime": self.last_used,
+            "absentSince": self.absent_since,
+        }
+
+    @classmethod
+    def from_record(cls, digest: str, record: dict) -> _Item:
+        def number(key):
+            value = record.get(key)
+            return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+        def integer(key):
+            value = record.get(key)
+            return int(value) if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 0
+
+        def text(key):
+            value = record.get(key)
+            return value if isinstance(value, str) else None
+
+        item = cls(digest)
+        item.state = text("state") if record.get("state") in (DOWNLOADING, READY, FAILED) else None
+        item.size = integer("sizeBytes")
+        item.downloaded = integer("downloadedBytes")
+        item.failures = integer("failures")
+        item.reason, item.message = text("reason"), text("message")
+        item.retry_time = number("retryTime")
+        item.last_used = item.last_used_saved = number("lastUsedTime")
+        item.absent_since = number("absentSince")
+        return item
+
+
+@dataclass
+class _Job:
+    download: Download
+    thread: threading.Thread | None = None
+    reserved: bool = False
+    shutdown: bool = False
+    done: threading.Event = field(default_factory=threading.Event)
+
+
+class Engine:
+    """The node's cache and downloads. Thread-safe; every method returns quickly.
+
+    ``root``: the cache directory. ``concurrency`` / ``bytes_per_second``: the node-wide limits
+    (``0`` = unlimited rate). ``high_percent`` / ``low_percent``: the volume watermarks; a download
+    starts only if the volume stays under ``high_percent`` with every running download's remaining
+    bytes reserved. ``capacity_bytes``: treat the volume as this big (the cache's own bytes count as
+    used). ``on_change(digest, entry_or_None)`` is called (from engine threads, outside its locks)
+    when a digest's state changes or it is removed. ``clock``: epoch seconds, for tests.
+    """
+
+    def __init__(
+        self,
+        root,
+        *,
+        settings: DownloadSettings | None = None,
+        concurrency: int = 8,
+        bytes_per_second: int = 0,
+        high_percent: float = 80,
+        low_percent: float = 70,
+        capacity_bytes: int | None = None,
+        on_change: Callable[[str, Entry | None], None] | None = None,
+        metrics=None,
+        clock: Callable[[], float] = time.time,
+    ):
+        self.cache = Cache(root, capacity_bytes=capacity_bytes)
+        self.settings = settings or DownloadSettings()
+        self.limits = Limits(concurrency, bytes_per_second)
+        self._high = float(high_percent)
+        self._low = float(low_percent)
+        self._check_watermarks(self._high, self._low)
+        self._capacity_low = False
+        self._on_change = on_change
+        self._metrics = metrics
+        self._clock = clock
+        self._lock = threading.RLock()
+        self._items: dict[str, _Item] = {}
+        self._jobs: dict[str, _Job] = {}
+        self._idle_partial: dict[str, int] = {}  # bytes on disk of partial work not running now
+        self._last_stats: dict[str, dict] = {}  # counters of each digest's last download
+        self._closed = False
+        self._load()
+        if metrics is not None:
+            metrics.attach(self)
+
+    # ---------------------------------------------------------------- start-up
+
+    def _load(self) -> None:
+        cache = self.cache
+        published = set(cache.published_digests())
+        partial = set(cache.partial_digests())
+        for digest in partial & published:
+            cache.remove_partial(digest)  # left over from a crash right after publishing
+        partial -= published
+        for digest in sorted(set(cache.recorded_digests()) | published | partial):
+            record = cache.load_record(digest)
+            item = _Item.from_record(digest, record) if record else _Item(digest)
+            if digest in published:
+                if item.state != READY or not item.size:
+                    item.size = cache.tree_size(digest)
+                item.state, item.downloaded = READY, item.size
+                item.reason = item.message = None
+                item.retry_time, item.failures = None, 0
+            elif digest in partial:
+                size, downloaded = self._checkpoint_progress(digest)
+                item.size = size or item.size
+                item.downloaded = downloaded
+                if item.state not in (DOWNLOADING, FAILED):
+                    item.state = DOWNLOADING
+                self._idle_partial[digest] = cache.partial_bytes(digest)
+            elif item.state == READY or item.state is None:
+                cache.delete_record(digest)  # the tree is gone: nothing left to report
+                continue
+            else:
+                item.downloaded = 0
+            self._items[digest] = item
+            if record != item.record():
+                self._persist(item)
+
+    def _checkpoint_progress(self, digest: str) -> tuple[int, int]:
+        document = read_json(self.cache.checkpoint_path(digest))
+        if not isinstance(document, dict) or document.get("version") != CHECKPOINT_VERSION:
+            return 0, 0
+        size = downloaded = 0
+        for entry in (document.get("files") or {}).values():
+            if not isinstance(entry, dict):
+                continue
+            file_size = entry.get("size") if isinstance(entry.get("size"), int) else 0
+            size += file_size
+            if entry.get("verified"):
+                downloaded += file_size
+            elif isinstance(entry.get("hashed"), int):
+                downloaded += entry["hashed"]
+        return size, downloaded
+
+    # ---------------------------------------------------------------- persistence and events
+
+    def _persist(self, item: _Item) -> None:
+        try:
+            self.cache.save_record(item.digest, item.record())
+            item.last_used_saved = item.last_used
+        except OSError:
+            log.exception("cannot save the state of %s", item.digest)
+
+    def _emit(self, digest: str) -> None:
+        if self._on_change is None:
+            return
+        entry = self.entry(digest)
+        try:
+            self._on_change(digest, entry)
+        except Exception:
+            log.exception("state-change callback failed for %s", digest)
+
+    def _entry(self, item: _Item) -> Entry:
+        job = self._jobs.get(item.digest)
+        downloaded = job.download.downloaded_bytes if job is not None else item.downloaded
+        state = DOWNLOADING if job is not None else item.state
+        failed = state == FAILED
+        return Entry(
+            digest=item.digest,
+            state=state,
+            size_bytes=item.size,
+            downloaded_bytes=min(downloaded, item.size) if item.size else downloaded,
+            reason=item.reason if failed else None,
+            message=item.message if failed else None,
+            retry_time=item.retry_time if failed else None,
+            last_used_time=item.last_used,
+        )
+
+    # ---------------------------------------------------------------- queries
+
+    def entry(self, digest: str) -> Entry | None:
+        with self._lock:
+            item = self._items.get(digest)
+            return self._entry(item) if item is not None else None
+
+    def entries(self) -> list[Entry]:
+        """One entry per digest the node holds or works on, sorted by digest."""
+        with self._lock:
+            return [self._entry(item) for _, item in sorted(self._items.items())]
+
+    def running(self) -> list[dict]:
+        """The downloads in progress: ``digest, downloadedBytes, sizeBytes, source``."""
+        with self._lock:
+            jobs = list(self._jobs.items())
+        return [
+            {
+                "digest": digest,
+                "downloadedBytes": job.download.downloaded_bytes,
+                "sizeBytes": job.download.size,
+                "source": SOURCE_HUB,
+            }
+            for digest, job in sorted(jobs)
+        ]
+
+    def stats(self, digest: str) -> dict | None:
+        """Counters of the running or last download of ``digest`` in this process: ``requests``,
+        ``network_bytes``, ``resumed_bytes`` (found on disk from an earlier attempt),
+        ``reread_bytes`` (read back from disk to hash), ``retries``, ``seconds``."""
+        with self._lock:
+            job = self._jobs.get(digest)
+            if job is not None:
+                return dict(job.download.stats)
+            stats = self._last_stats.get(digest)
+            return dict(stats) if stats is not None else None
+
+    def path(self, digest: str) -> Path | None:
+        """The published tree of ``digest``, or ``None``."""
+        tree = self.cache.tree(digest)
+        return tree if tree.is_dir() else None
+
+    def _stored_bytes(self) -> int:
+        stored = sum(item.size for item in self._items.values() if item.state == READY and item.digest not in self._jobs)
+        stored += sum(self._idle_partial.values())
+        stored += sum(job.download.size - job.download.remaining_bytes for job in self._jobs.values())
+        return stored
+
+    def capacity(self) -> dict:
+        """``totalBytes`` of the volume, ``storedBytes`` of the cache, ``usedPercent`` of the volume."""
+        with self._lock:
+            stored = self._stored_bytes()
+        total, used = self.cache.volume(stored)
+        percent = round(100.0 * used / total) if total else 100
+        if percent >= self._high:
+            self._capacity_low = True
+        elif percent <= self._low:
+            self._capacity_low = False
+        return {"totalBytes": total, "storedBytes": stored, "usedPercent": percent}
+
+    def capacity_low(self) -> bool:
+        """True from the moment the volume reaches the high watermark until it is back at the low one."""
+        self.capacity()
+        return self._capacity_low
+
+    # ---------------------------------------------------------------- settings
+
+    def set_limits(self, concurrency: int | None = None, bytes_per_second: int | None = None) -> None:
+        """Node-wide parallel connections and bytes per second (0 = unlimited), effective at once."""
+        self.limits.set(concurrency, bytes_per_second)
+
+    @staticmethod
+    def _check_watermarks(high: float, low: float) -> None:
+        if not (0 < low <= high <= 100):
+            raise ValueError("watermarks must satisfy 0 < low <= high <= 100")
+
+    def set_watermarks(self, high: float, low: float) -> None:
+        self._check_watermarks(float(high), float(low))
+        with self._lock:
+            self._high, self._low = float(high), float(low)
+
+    # ---------------------------------------------------------------- downloads
+
+    def ensure(self, ticket: FetchTicket, *, force: bool = False) -> Entry:
+        """Make sure ``ticket.digest`` is on the node: ``Ready`` if published (no request made), the
+        running download if there is one, else start one, unless the digest failed and its
+        ``retryTime`` has not come (``force`` overrides). Returns the digest's entry.
+
+        A ticket whose digest is not ``sha256:<hex>`` raises ``DownloadFailed(InvalidRequest)``;
+        any other problem with the ticket is recorded as a ``Failed`` entry."""
+        digest = ticket.digest
+        try:
+            digest_hex(digest)
+        except ValueError:
+            raise DownloadFailed(INVALID_REQUEST, f"not a manifest digest: {digest!r}") from None
+        now = self._clock()
+        changed = False
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("the engine is closed")
+            item = self._items.get(digest)
+            if item is None:
+                item = self._items[digest] = _Item(digest)
+            if item.absent_since is not None:
+                item.absent_since = None
+                changed = True
+            if self.cache.published(digest) and digest not in self._jobs:
+                if item.state != READY:
+                    item.state, item.size = READY, self.cache.tree_size(digest)
+                    item.downloaded = item.size
+                    changed = True
+                self._touch(item, now, persist=changed)
+                entry = self._entry(item)
+            elif digest in self._jobs:
+                if changed:
+                    self._persist(item)
+                return self._entry(item)
+            elif item.state == FAILED and item.retry_time is not None and now < item.retry_time and not force:
+                if changed:
+                    self._persist(item)
+                return self._entry(item)
+            else:
+                try:
+                    ticket.validate()
+                except DownloadFailed as failure:
+                    self._record_failure(item, failure, now)
+                    entry = None
+                else:
+                    self._start(item, ticket)
+                    entry = None
+                changed = True
+        if entry is not None and not changed:
+            return entry
+        self._emit(digest)
+        return self.entry(digest)
+
+    def _start(self, item: _Item, ticket: FetchTicket) -> None:
+        """Caller holds the lock."""
+        download = Download(ticket, self.cache, self.limits, self.settings, on_bytes=self._count_bytes)
+        job = _Job(download)
+        self._jobs[item.digest] = job
+        self._idle_partial.pop(item.digest, None)
+        item.state, item.size = DOWNLOADING, ticket.size
+        item.reason = item.message = None
+        self._persist(item)
+        job.thread = threading.Thread(target=self._run, args=(item.digest, job), name=f"fetch-{ticket.hex[:12]}", daemon=True)
+        job.thread.start()
+
+    def _count_bytes(self, n: int) -> None:
+        if self._metrics is not None:
+            self._metrics.bytes_downloaded(n)
+
+    def _reserve(self, digest: str, job: _Job) -> None:
+        """Refuse the download unless the volume takes its remaining bytes under the high watermark,
+        counting what every other running download still has to write."""
+        with self._lock:
+            remaining = job.download.remaining_bytes
+            others = sum(j.download.remaining_bytes for d, j in self._jobs.items() if d != digest and j.reserved)
+            total, used = self.cache.volume(self._stored_bytes())
+            limit = total * self._high / 100.0
+            if used + others + remaining > limit:
+                raise DownloadFailed(
+                    INSUFFICIENT_CAPACITY,
+                    f"{remaining} more bytes would fill the volume past its {self._high:g}% watermark"
+                    f" ({used} of {total} bytes used, {others} reserved by other downloads)",
+                )
+            job.reserved = True
+
+    def _run(self, digest: str, job: _Job) -> None:
+        failure: DownloadFailed | None = None
+        started = time.monotonic()
+        try:
+            try:
+                job.download.prepare()
+            except OSError as exc:
+                raise job.download._local_error(exc) from None
+            self._reserve(digest, job)
+            job.download.run()
+        except DownloadFailed as exc:
+            failure = exc
+        except Exception as exc:  # never leave a digest stuck in Downloading
+            log.exception("download of %s crashed", digest)
+            failure = DownloadFailed(SOURCE_UNAVAILABLE, f"unexpected error: {type(exc).__name__}: {exc}")
+        now = self._clock()
+        seconds = time.monotonic() - started
+        stats = dict(job.download.stats, seconds=round(seconds, 3))
+        log.info(
+            "download %s %s: %d bytes fetched in %.1f s (%.1f MB/s), %d requests, %d retries, %d bytes resumed",
+            digest[:19],
+            "ready" if failure is None else f"failed ({failure})",
+            stats["network_bytes"],
+            seconds,
+            stats["network_bytes"] / max(seconds, 1e-6) / 1e6,
+            stats["requests"],
+            stats["retries"],
+            stats["resumed_bytes"],
+        )
+        with self._lock:
+            self._last_stats[digest] = stats
+            item = self._items.get(digest)
+            self._jobs.pop(digest, None)
+            if item is not None:
+                item.downloaded = job.download.downloaded_bytes
+                if failure is None:
+                    item.state, item.downloaded = READY, item.size
+                    item.failures, item.reason, item.message, item.retry_time = 0, None, None, None
+                    self._touch(item, now, persist=True)
+                    if self._metrics is not None:
+                        self._metrics.download_finished(READY, None)
+                elif job.shutdown:
+                    self._persist(item)  # stays Downloading: resumed when asked again
+                else:
+                    self._record_failure(item, failure, now)
+                if item.state != READY and self.cache.partial(digest).exists():
+                    self._idle_partial[digest] = self.cache.partial_bytes(digest)
+        job.done.set()
+        if not job.shutdown:
+            self._emit(digest)
+
+    def _record_failure(self, item: _Item, failure: DownloadFailed, now: float) -> None:
+        """Caller holds the lock."""
+        item.state, item.reason, item.message = FAILED, failure.reason, failure.message[:1024]
+        if failure.reason == CANCELED:
+            item.retry_time = None  # the caller's decision, not the hub's fault: no backoff
+        else:
+            item.failures += 1
+            item.retry_time = now + backoff_seconds(item.failures, failure.retry_after)
+        self._persist(item)
+        if self._metrics is not None:
+            self._metrics.download_finished(FAILED, failure.reason)
+
+    def cancel(self, digest: str, *, wait: float | None = None) -> bool:
+        """Stop the running download of ``digest`` (recorded ``Failed``/``Canceled``, its partial
+        work kept for a later ``ensure``); True if one was running. ``wait``: seconds to wait for it."""
+        with self._lock:
+            job = self._jobs.get(digest)
+        if job is None:
+            return False
+        job.download.cancel("cancelled by the node's plugin")
+        if wait:
+            job.done.wait(wait)
+        return True
+
+    def wait(self, digest: str, timeout: float | None = None) -> Entry | None:
+        """Wait until ``digest`` is not downloading any more (or ``timeout``); its entry."""
+        with self._lock:
+            job = self._jobs.get(digest)
+        if job is not None:
+            job.done.wait(timeout)
+        return self.entry(digest)
+
+    def touch(self, digest: str) -> None:
+        """Note that the published tree of ``digest`` was used now (persisted at most once a minute)."""
+        with self._lock:
+            item = self._items.get(digest)
+            if item is not None and item.state == READY:
+                self._touch(item, self._clock())
+
+    def _touch(self, item: _Item, now: float, *, persist: bool = False) -> None:
+        item.last_used = now
+        if persist or item.last_used_saved is None or now - item.last_used_saved >= _TOUCH_PERSIST_SECONDS:
+            self._persist(item)
+
+    # ---------------------------------------------------------------- collection
+
+    def collect(self, wanted_digests: Iterable[str], grace_seconds: float) -> list[str]:
+        """Remove what the node was not asked for during ``grace_seconds``: published trees,
+        partial work and failure records of digests absent from ``wanted_digests``. The time a
+        digest went missing is persisted, so a restart neither resets nor skips the grace.
+        Returns the digests removed."""
+        wanted = set(wanted_digests)
+        now = self._clock()
+        removed: list[str] = []
+        to_cancel: list[tuple[str, _Job]] = []
+        with self._lock:
+            for digest, item in list(self._items.items()):
+                if digest in wanted:
+                    if item.absent_since is not None:
+                        item.absent_since = None
+                        self._persist(item)
+                    continue
+                if item.absent_since is None or item.absent_since > now:
+                    item.absent_since = now
+                    self._persist(item)
+                    continue
+                if now - item.absent_since < grace_seconds:
+                    continue
+                job = self._jobs.get(digest)
+                if job is not None:
+                    to_cancel.append((digest, job))
+                    continue
+                self._remove(digest)
+                removed.append(digest)
+        for digest, job in to_cancel:
+            job.shutdown = True  # no failure record: the digest is going away
+            job.download.cancel("no longer wanted on this node")
+            job.done.wait(30)
+            with self._lock:
+                if digest not in self._jobs and digest in self._items:
+                    self._remove(digest)
+                    removed.append(digest)
+        for digest in removed:
+            self._emit(digest)
+        return removed
+
+    def _remove(self, digest: str) -> None:
+        """Caller holds the lock."""
+        self.cache.remove(digest)
+        self.cache.delete_record(digest)
+        self._items.pop(digest, None)
+        self._idle_partial.pop(digest, None)
+        self._last_stats.pop(digest, None)
+
+    def remove(self, digest: str) -> bool:
+        """Delete ``digest`` from the node now (a running download is stopped first)."""
+        with self._lock:
+            job = self._jobs.get(digest)
+        if job is not None:
+            job.shutdown = True
+            job.download.cancel("removed from this node")
+            job.done.wait(30)
+        with self._lock:
+            known = digest in self._items or self.cache.published(digest)
+            self._remove(digest)
+        if known:
+            self._emit(digest)
+        return known
+
+    # ---------------------------------------------------------------- shutdown
+
+    def close(self, timeout: float = 30.0) -> None:
+        """Stop every running download, keeping it resumable (it stays ``Downloading`` on disk)."""
+        with self._lock:
+            self._closed = True
+            jobs = list(self._jobs.values())
+        for job in jobs:
+            job.shutdown = True
+            job.download.cancel("the plugin is stopping")
+        deadline = time.monotonic() + timeout
+        for job in jobs:
+            job.done.wait(max(0.0, deadline - time.monotonic()))

@@ -1,0 +1,64 @@
+"""Why a download on a node failed, and when it may be tried again.
+
+The reasons are the ones a NodeModelStore reports for a model on its node:
+
+- ``InvalidRequest``: the fetch ticket is unusable (bad digest, manifest not matching its digest,
+  unknown source, bad endpoint);
+- ``AccessDenied``: the hub refused the files (401, 403, 404);
+- ``SourceUnavailable``: the hub did not answer usefully (5xx, 429, network errors, stalls past the
+  retries);
+- ``IntegrityMismatch``: a file's size or hash, or the manifest digest recomputed from the
+  verified files, differs from what the ticket promised;
+- ``InsufficientCapacity``: the volume cannot take the remaining bytes under the high watermark;
+- ``Canceled``: the caller cancelled the download.
+
+Every failure but ``Canceled`` backs off: the first failure may be retried after 1 minute, each
+further consecutive failure doubles the wait, up to 1 hour; a success resets the count.
+"""
+
+from __future__ import annotations
+
+INVALID_REQUEST = "InvalidRequest"
+ACCESS_DENIED = "AccessDenied"
+SOURCE_UNAVAILABLE = "SourceUnavailable"
+INTEGRITY_MISMATCH = "IntegrityMismatch"
+INSUFFICIENT_CAPACITY = "InsufficientCapacity"
+CANCELED = "Canceled"
+
+REASONS = (INVALID_REQUEST, ACCESS_DENIED, SOURCE_UNAVAILABLE, INTEGRITY_MISMATCH, INSUFFICIENT_CAPACITY, CANCELED)
+
+BACKOFF_INITIAL_SECONDS = 60.0
+BACKOFF_MAX_SECONDS = 3600.0
+
+
+class DownloadFailed(Exception):
+    """A download stopped for ``reason`` (one of ``REASONS``); ``message`` is for humans.
+
+    ``retry_after`` carries the hub's own ``Retry-After`` hint (seconds) when it gave one; the
+    backoff never retries earlier than that hint.
+    """
+
+    def __init__(self, reason: str, message: str, *, retry_after: float | None = None):
+        if reason not in REASONS:
+            raise ValueError(f"unknown failure reason {reason!r}")
+        super().__init__(message)
+        self.reason = reason
+        self.message = message
+        self.retry_after = retry_after
+
+    def __str__(self) -> str:
+        return f"{self.reason}: {self.message}"
+
+    def __repr__(self) -> str:
+        return f"DownloadFailed({self.reason!r}, {self.message!r})"
+
+
+def backoff_seconds(failures: int, retry_after: float | None = None) -> float:
+    """The wait after the ``failures``-th consecutive failure (1 min, 2, 4, ... capped at 1 h),
+    never shorter than the hub's ``retry_after`` hint (itself capped at 1 h)."""
+    if failures <= 0:
+        return 0.0
+    delay = min(BACKOFF_MAX_SECONDS, BACKOFF_INITIAL_SECONDS * (2 ** min(failures - 1, 16)))
+    if retry_after is not None and retry_after > delay:
+        delay = min(BACKOFF_MAX_SECONDS, float(retry_after))
+    return delay

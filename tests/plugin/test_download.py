@@ -1,0 +1,311 @@
+"""The range downloader against the fake hub, through the real HTTP path (hub, redirects, CDN)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from gpustack_models.plugin import FAILED, READY, Cache, Download, FetchTicket, Limits
+from gpustack_models.plugin.cache import read_json
+from gpustack_models.sources.manifest import ManifestFile, manifest_digest
+
+from .conftest import (
+    KiB,
+    MiB,
+    file_requests,
+    random_bytes,
+    range_start_end,
+    settings,
+    ticket_for,
+    tree_files,
+    wait_for,
+)
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+def repo_files():
+    return {
+        "config.json": b'{"model_type": "llama"}',
+        "tokenizer/vocab.txt": random_bytes(700, seed=9),  # under the LFS threshold: a git blob
+        "model-00001.safetensors": random_bytes(3 * MiB + 123, seed=1),
+        "model-00002.safetensors": random_bytes(600 * KiB, seed=2),
+        "empty.txt": b"",
+    }
+
+
+def test_it_publishes_files_byte_identical_to_the_hub(fakehub, make_engine):
+    commit = fakehub.add_hf_repo("org/model", repo_files())
+    ticket = ticket_for(fakehub, "org/model", commit)
+    changes = []
+    engine = make_engine(on_change=lambda digest, entry: changes.append(entry and entry.state))
+
+    engine.ensure(ticket)
+    entry = engine.wait(ticket.digest, timeout=30)
+
+    assert entry.state == READY and entry.reason is None
+    assert entry.size_bytes == entry.downloaded_bytes == ticket.size
+    tree = engine.path(ticket.digest)
+    assert tree == engine.cache.root / "models" / ticket.hex
+    assert tree_files(tree) == fakehub.files("org/model", commit)
+    assert not (engine.cache.root / "partial" / ticket.hex).exists()
+    assert changes[0] == "Downloading" and changes[-1] == "Ready"
+    # LFS files were redirected to the CDN and fetched there.
+    assert any(r.listener == "cdn" and r.status == 206 for r in fakehub.requests)
+
+
+def test_it_fetches_a_big_file_as_parallel_ranges(fakehub, make_engine):
+    data = random_bytes(4 * MiB, seed=3)
+    commit = fakehub.add_hf_repo("org/big", {"model.safetensors": data})
+    fakehub.faults.throttle("model.safetensors", 2 * MiB, listener="cdn")  # per connection
+    ticket = ticket_for(fakehub, "org/big", commit)
+    engine = make_engine(concurrency=4)
+
+    started = time.monotonic()
+    engine.ensure(ticket)
+    entry = engine.wait(ticket.digest, timeout=30)
+    elapsed = time.monotonic() - started
+
+    assert entry.state == READY
+    assert (engine.path(ticket.digest) / "model.safetensors").read_bytes() == data
+    cdn = [r for r in fakehub.requests if r.listener == "cdn" and r.status == 206]
+    ranges = sorted(range_start_end(r.range, len(data)) for r in cdn)
+    assert len(ranges) == 16  # 4 MiB in 256 KiB parts
+    assert ranges[0][0] == 0 and ranges[-1][1] == len(data)
+    assert all(a[1] == b[0] for a, b in zip(ranges, ranges[1:]))  # each byte asked for once
+    assert sum(r.bytes_sent for r in cdn) == len(data)
+    # At 2 MiB/s per connection one connection would need 2 s; four need about 0.5 s.
+    assert elapsed < 1.6
+
+
+def test_it_resumes_a_dropped_connection_without_refetching_finished_ranges(fakehub, make_engine):
+    data = random_bytes(3 * MiB, seed=4)
+    commit = fakehub.add_hf_repo("org/drop", {"model.safetensors": data})
+    fakehub.faults.drop("model.safetensors", after_bytes=200_000, listener="cdn")  # once
+    ticket = ticket_for(fakehub, "org/drop", commit)
+    engine = make_engine(concurrency=2)
+
+    engine.ensure(ticket)
+    entry = engine.wait(ticket.digest, timeout=30)
+
+    assert entry.state == READY
+    assert (engine.path(ticket.digest) / "model.safetensors").read_bytes() == data
+    cdn = [r for r in fakehub.requests if r.listener == "cdn"]
+    dropped = [r for r in cdn if r.fault == "drop"]
+    assert len(dropped) == 1
+    start, end = range_start_end(dropped[0].range, len(data))
+    assert dropped[0].bytes_sent == 200_000
+    # The retry asks for exactly what was missing of that range, from the first byte not written.
+    retry = [r for r in cdn if r.fault is None and range_start_end(r.range, len(data))[1] == end]
+    assert [range_start_end(r.range, len(data)) for r in retry] == [(start + 200_000, end)]
+    # Nothing was sent twice: the bytes the hub sent add up to the file.
+    assert sum(r.bytes_sent for r in cdn) == len(data)
+    assert engine.stats(ticket.digest)["retries"] == 1
+
+
+def test_it_retries_a_stalled_range_from_its_last_byte(fakehub, make_engine):
+    data = random_bytes(2 * MiB, seed=5)
+    commit = fakehub.add_hf_repo("org/stall", {"model.safetensors": data})
+    fakehub.faults.hang("model.safetensors", seconds=3, listener="cdn")
+    ticket = ticket_for(fakehub, "org/stall", commit)
+    engine = make_engine(concurrency=2, settings=settings(stall_timeout=0.5))
+
+    engine.ensure(ticket)
+    entry = engine.wait(ticket.digest, timeout=30)
+
+    assert entry.state == READY
+    assert (engine.path(ticket.digest) / "model.safetensors").read_bytes() == data
+    hung = [r for r in fakehub.requests if r.fault == "hang"]
+    assert len(hung) == 1
+    again = [r for r in fakehub.requests if r.listener == "cdn" and r.range == hung[0].range and r.status == 206]
+    assert len(again) == 1
+
+
+_CHILD = r"""
+import json, sys, time
+from gpustack_models.plugin import Engine, FetchTicket, DownloadSettings
+spec = json.loads(sys.argv[1])
+ticket = FetchTicket.from_dict(spec["ticket"])
+engine = Engine(spec["root"], settings=DownloadSettings(**spec["settings"]), concurrency=2)
+engine.ensure(ticket)
+entry = engine.wait(ticket.digest, timeout=120)
+print(json.dumps({"state": entry.state, "reason": entry.reason, "stats": engine.stats(ticket.digest)}), flush=True)
+"""
+
+
+def _child(ticket: FetchTicket, root: Path, **settings_overrides) -> subprocess.Popen:
+    spec = {
+        "ticket": ticket.to_dict(),
+        "root": str(root),
+        "settings": {**settings().__dict__, **settings_overrides},
+    }
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+    return subprocess.Popen(
+        [sys.executable, "-c", _CHILD, json.dumps(spec)], cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, text=True
+    )
+
+
+def test_it_resumes_after_sigkill_from_the_checkpoint(fakehub, cache_root):
+    data = random_bytes(6 * MiB, seed=6)
+    commit = fakehub.add_hf_repo("org/kill", {"config.json": b"{}", "model.safetensors": data})
+    ticket = ticket_for(fakehub, "org/kill", commit)
+    fakehub.faults.throttle("model.safetensors", 1 * MiB, listener="cdn")  # ~2 MiB/s with 2 connections
+    checkpoint_path = cache_root / "partial" / ticket.hex / "checkpoint.json"
+
+    first = _child(ticket, cache_root)
+    try:
+
+        def progressed():
+            doc = read_json(checkpoint_path)
+            entry = (doc or {}).get("files", {}).get("model.safetensors") or {}
+            return entry if entry.get("hashed", 0) >= 2 * MiB else None
+
+        wait_for(progressed, timeout=20)
+        first.send_signal(signal.SIGKILL)
+        first.wait(timeout=10)
+    finally:
+        if first.poll() is None:
+            first.kill()
+    assert first.returncode == -signal.SIGKILL
+    saved = read_json(checkpoint_path)["files"]["model.safetensors"]
+    written = [tuple(r) for r in saved["written"]]
+    hashed = saved["hashed"]
+    assert saved["hash"] and hashed >= 2 * MiB
+    assert written[0][0] == 0 and written[0][1] >= hashed
+    before = len(fakehub.requests)
+    fakehub.faults.clear()
+
+    second = _child(ticket, cache_root)
+    out, _ = second.communicate(timeout=60)
+    result = json.loads(out.strip().splitlines()[-1])
+
+    assert result["state"] == READY, result
+    assert tree_files(cache_root / "models" / ticket.hex) == fakehub.files("org/kill", commit)
+    after = [r for r in fakehub.requests[before:] if r.listener == "cdn" and r.status in (200, 206)]
+    asked = [range_start_end(r.range, len(data)) for r in after]
+    assert asked, "the restarted process fetched nothing"
+    for start, end in asked:  # only what the checkpoint did not hold
+        assert all(end <= s or start >= e for s, e in written), (start, end, written)
+    on_disk = sum(e - s for s, e in written)
+    assert sum(e - s for s, e in asked) == len(data) - on_disk
+    # The hash went on from the saved state: the hashed prefix was neither fetched nor read again.
+    stats = result["stats"]
+    assert stats["resumed_bytes"] == on_disk + 2  # and config.json, verified before the kill
+    assert stats["resumed_hash_bytes"] == hashed + 2
+    assert stats["reread_bytes"] <= len(data) - hashed
+
+
+def test_it_fails_with_integrity_mismatch_on_a_corrupted_byte_and_publishes_nothing(fakehub, make_engine, clock):
+    data = random_bytes(2 * MiB, seed=7)
+    commit = fakehub.add_hf_repo("org/bad", {"config.json": b"{}", "model.safetensors": data})
+    fakehub.faults.corrupt("model.safetensors", offset=1000, listener="cdn")
+    ticket = ticket_for(fakehub, "org/bad", commit)
+    engine = make_engine(clock=clock)
+
+    engine.ensure(ticket)
+    entry = engine.wait(ticket.digest, timeout=30)
+
+    assert entry.state == FAILED and entry.reason == "IntegrityMismatch"
+    assert "model.safetensors" in entry.message and "sha256" in entry.message
+    assert entry.retry_time == clock.now + 60
+    assert engine.path(ticket.digest) is None
+    assert os.listdir(engine.cache.root / "models") == []
+    partial = engine.cache.root / "partial" / ticket.hex
+    assert not (partial / "tree" / "model.safetensors").exists()  # the bad file's data is gone
+    saved = read_json(partial / "checkpoint.json")["files"]
+    assert saved["model.safetensors"]["written"] == [] and saved["config.json"]["verified"] is True
+
+    # Once the hub serves the right bytes, the next attempt publishes, fetching only that file.
+    clock.advance(61)
+    before = len(fakehub.requests)
+    engine.ensure(ticket)
+    assert engine.wait(ticket.digest, timeout=30).state == READY
+    assert all("config.json" not in r.path for r in fakehub.requests[before:])
+    assert (engine.path(ticket.digest) / "model.safetensors").read_bytes() == data
+
+
+def test_it_downloads_from_modelscope(fakehub, make_engine):
+    files = {
+        "configuration.json": b'{"framework": "pytorch"}',
+        "weights/model.safetensors": random_bytes(2 * MiB + 5, seed=8),
+        "README.md": random_bytes(900, seed=10),
+    }
+    commit = fakehub.add_ms_repo("owner/model", files)
+    ticket = ticket_for(fakehub, "owner/model", commit, kind="ms")
+    assert all(f.algorithm == "sha256" for f in ticket.files)
+    engine = make_engine()
+
+    engine.ensure(ticket)
+    entry = engine.wait(ticket.digest, timeout=30)
+
+    assert entry.state == READY, entry
+    assert tree_files(engine.path(ticket.digest)) == fakehub.files("owner/model", commit, kind="ms")
+    hub_gets = [r for r in fakehub.requests if r.listener == "hub"]
+    assert {r.path for r in hub_gets} == {"/api/v1/models/owner/model/repo"}
+    assert {r.query["FilePath"][0] for r in hub_gets} == set(files)
+    assert all(r.query["Revision"] == [commit] for r in hub_gets)
+    assert any(r.listener == "cdn" for r in fakehub.requests)  # LFS went through the CDN
+
+
+def test_it_sends_the_token_to_the_hub_only(fakehub, make_engine):
+    token = "hf_secret_token_0123456789"
+    commit = fakehub.add_hf_repo("org/private", repo_files(), private=True, token=token)
+    ticket = ticket_for(fakehub, "org/private", commit, token=token)
+    engine = make_engine()
+
+    engine.ensure(ticket)
+    assert engine.wait(ticket.digest, timeout=30).state == READY
+
+    assert {r.token for r in fakehub.requests if r.listener == "hub"} == {token}
+    assert {r.token for r in fakehub.requests if r.listener == "cdn"} == {None}
+    assert token not in repr(ticket) and token not in str(ticket)
+    for dirpath, _, names in os.walk(engine.cache.root):  # nothing on disk carries it
+        for name in names:
+            assert token.encode() not in Path(dirpath, name).read_bytes()
+
+
+@pytest.mark.parametrize("private", [True, False], ids=["private-no-token", "missing-file"])
+def test_it_maps_refusals_to_access_denied(fakehub, make_engine, private):
+    commit = fakehub.add_hf_repo("org/closed", {"config.json": b"{}"}, private=private, token="t" if private else None)
+    files = [ManifestFile("config.json", 2, "gitsha1", fakehub.file_info("org/closed", "config.json", commit).blob.gitsha1)]
+    if not private:
+        files.append(ManifestFile("missing.bin", 4, "sha256", "0" * 64, True))
+    ticket = FetchTicket(manifest_digest(files), "huggingFace", fakehub.url, "org/closed", commit, files)
+    engine = make_engine()
+
+    engine.ensure(ticket)
+    entry = engine.wait(ticket.digest, timeout=30)
+
+    assert entry.state == FAILED and entry.reason == "AccessDenied", entry
+    assert "HTTP 401" in entry.message or "HTTP 404" in entry.message
+
+
+def test_it_refuses_a_ticket_whose_files_do_not_match_its_digest(fakehub, make_engine):
+    commit = fakehub.add_hf_repo("org/m", {"config.json": b"{}"})
+    good = ticket_for(fakehub, "org/m", commit)
+    forged = FetchTicket("sha256:" + "a" * 64, "huggingFace", fakehub.url, "org/m", commit, good.files)
+    engine = make_engine()
+
+    entry = engine.ensure(forged)
+
+    assert entry.state == FAILED and entry.reason == "InvalidRequest"
+    assert not fakehub.requests
+
+
+def test_it_downloads_with_the_downloader_alone(fakehub, tmp_path):
+    commit = fakehub.add_hf_repo("org/solo", repo_files())
+    ticket = ticket_for(fakehub, "org/solo", commit)
+    download = Download(ticket, Cache(tmp_path / "c"), Limits(4), settings())
+
+    tree = download.run()
+
+    assert tree_files(tree) == fakehub.files("org/solo", commit)
+    assert download.downloaded_bytes == download.size == ticket.size
+    assert download.remaining_bytes == 0

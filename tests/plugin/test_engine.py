@@ -1,0 +1,356 @@
+"""The engine the plugin's glue drives: backoff, capacity, limits, collection, restarts, metrics."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+
+import pytest
+from prometheus_client import generate_latest
+
+from gpustack_models.plugin import DOWNLOADING, FAILED, READY, Metrics, backoff_seconds
+from gpustack_models.plugin.cache import read_json
+
+from .conftest import MiB, random_bytes, settings, ticket_for, tree_files, wait_for
+
+
+def test_it_backs_off_from_one_minute_doubling_to_one_hour():
+    assert [backoff_seconds(n) for n in range(1, 9)] == [60, 120, 240, 480, 960, 1920, 3600, 3600]
+    assert backoff_seconds(1, retry_after=300) == 300
+    assert backoff_seconds(1, retry_after=86400) == 3600
+
+
+@pytest.mark.parametrize("status", [503, 429])
+def test_it_reports_source_unavailable_with_a_retry_time_that_survives_a_restart(
+    fakehub, make_engine, clock, status
+):
+    data = random_bytes(1 * MiB, seed=11)
+    commit = fakehub.add_hf_repo("org/flaky", {"config.json": b"{}", "model.safetensors": data})
+    fakehub.faults.fail("model.safetensors", status, times=None, retry_after=5 if status == 429 else None)
+    ticket = ticket_for(fakehub, "org/flaky", commit)
+    engine = make_engine(clock=clock)
+
+    engine.ensure(ticket)
+    entry = engine.wait(ticket.digest, timeout=30)
+    assert entry.state == FAILED and entry.reason == "SourceUnavailable", entry
+    assert f"HTTP {status}" in entry.message
+    assert entry.retry_time == clock.now + 60
+    assert entry.status()["retryTime"].endswith("Z")
+
+    # A second failure doubles the wait.
+    clock.advance(60)
+    engine.ensure(ticket)
+    assert engine.wait(ticket.digest, timeout=30).retry_time == clock.now + 120
+    retry_time = clock.now + 120
+    engine.close()
+
+    # A restarted engine knows the failure and does not try before retryTime, even when asked.
+    restarted = make_engine(clock=clock)
+    entry = restarted.entry(ticket.digest)
+    assert entry.state == FAILED and entry.reason == "SourceUnavailable" and entry.retry_time == retry_time
+    before = len(fakehub.requests)
+    clock.advance(100)
+    assert restarted.ensure(ticket).state == FAILED
+    assert len(fakehub.requests) == before
+
+    # After retryTime a download starts again; success resets the count.
+    fakehub.faults.clear()
+    clock.advance(21)
+    restarted.ensure(ticket)
+    entry = restarted.wait(ticket.digest, timeout=30)
+    assert entry.state == READY and entry.retry_time is None and entry.reason is None
+    assert read_json(restarted.cache.record_path(ticket.digest))["failures"] == 0
+    assert (restarted.path(ticket.digest) / "model.safetensors").read_bytes() == data
+
+
+def test_it_starts_before_retry_time_only_when_forced(fakehub, make_engine, clock):
+    commit = fakehub.add_hf_repo("org/force", {"config.json": b"{}"})
+    fakehub.faults.fail("config.json", 500, times=1)
+    ticket = ticket_for(fakehub, "org/force", commit)
+    engine = make_engine(clock=clock)
+    engine.ensure(ticket)
+    assert engine.wait(ticket.digest, timeout=30).state == FAILED
+
+    assert engine.ensure(ticket).state == FAILED
+    engine.ensure(ticket, force=True)
+    assert engine.wait(ticket.digest, timeout=30).state == READY
+
+
+def test_it_refuses_a_download_the_watermark_cannot_hold(fakehub, make_engine):
+    commit = fakehub.add_hf_repo("org/huge", {"model.safetensors": random_bytes(3 * MiB, seed=12)})
+    ticket = ticket_for(fakehub, "org/huge", commit)
+    # A 10 MiB volume with its high watermark at 25 %: 2.5 MiB may be used.
+    engine = make_engine(capacity_bytes=10 * MiB, high_percent=25, low_percent=20)
+
+    engine.ensure(ticket)
+    entry = engine.wait(ticket.digest, timeout=30)
+
+    assert entry.state == FAILED and entry.reason == "InsufficientCapacity", entry
+    assert not fakehub.requests
+    assert engine.capacity() == {"totalBytes": 10 * MiB, "storedBytes": 0, "usedPercent": 0}
+
+    engine.set_watermarks(80, 70)
+    engine.ensure(ticket, force=True)
+    assert engine.wait(ticket.digest, timeout=30).state == READY
+    assert engine.capacity() == {"totalBytes": 10 * MiB, "storedBytes": 3 * MiB, "usedPercent": 30}
+
+
+def test_it_counts_running_downloads_against_the_watermark(fakehub, make_engine):
+    first = fakehub.add_hf_repo("org/one", {"model.safetensors": random_bytes(3 * MiB, seed=13)})
+    second = fakehub.add_hf_repo("org/two", {"model.safetensors": random_bytes(3 * MiB, seed=14)})
+    fakehub.faults.throttle("model.safetensors", 1 * MiB, listener="cdn")
+    one, two = ticket_for(fakehub, "org/one", first), ticket_for(fakehub, "org/two", second)
+    engine = make_engine(capacity_bytes=10 * MiB, high_percent=50, low_percent=40)  # 5 MiB
+
+    engine.ensure(one)
+    wait_for(lambda: engine.running() and engine.running()[0]["downloadedBytes"] > 0)
+    engine.ensure(two)  # 3 MiB reserved by the first + 3 MiB > 5 MiB
+    entry = engine.wait(two.digest, timeout=30)
+
+    assert entry.state == FAILED and entry.reason == "InsufficientCapacity"
+    assert "reserved by other downloads" in entry.message
+    assert engine.wait(one.digest, timeout=30).state == READY
+
+
+def test_it_holds_the_node_rate_limit(fakehub, make_engine):
+    first = fakehub.add_hf_repo("org/r1", {"model.safetensors": random_bytes(4 * MiB, seed=15)})
+    second = fakehub.add_hf_repo("org/r2", {"model.safetensors": random_bytes(2 * MiB, seed=16)})
+    tickets = [ticket_for(fakehub, "org/r1", first), ticket_for(fakehub, "org/r2", second)]
+    rate = 2 * MiB
+    engine = make_engine(concurrency=6, bytes_per_second=rate)
+
+    started = time.monotonic()
+    for ticket in tickets:  # two downloads at once share the node's rate
+        engine.ensure(ticket)
+    for ticket in tickets:
+        assert engine.wait(ticket.digest, timeout=30).state == READY
+    elapsed = time.monotonic() - started
+
+    measured = 6 * MiB / elapsed
+    assert 0.9 * rate <= measured <= 1.1 * rate, measured / rate
+
+
+def test_it_changes_the_rate_limit_while_downloading(fakehub, make_engine):
+    commit = fakehub.add_hf_repo("org/slow", {"model.safetensors": random_bytes(4 * MiB, seed=17)})
+    ticket = ticket_for(fakehub, "org/slow", commit)
+    engine = make_engine(bytes_per_second=256 * 1024)
+    engine.ensure(ticket)
+    wait_for(lambda: engine.running() and engine.running()[0]["downloadedBytes"] > 0)
+
+    engine.set_limits(concurrency=8, bytes_per_second=0)
+    assert engine.wait(ticket.digest, timeout=5).state == READY
+
+
+def _max_overlap(requests) -> int:
+    events = []
+    for r in requests:
+        events.append((r.started, 1))
+        events.append((r.started + r.duration, -1))
+    events.sort(key=lambda e: (e[0], e[1]))
+    current = peak = 0
+    for _, delta in events:
+        current += delta
+        peak = max(peak, current)
+    return peak
+
+
+def test_it_never_exceeds_the_node_concurrency(fakehub, make_engine):
+    repos = {}
+    for n in range(2):
+        files = {f"shard-{i}.safetensors": random_bytes(384 * 1024, seed=100 * n + i) for i in range(4)}
+        files["big.safetensors"] = random_bytes(2 * MiB, seed=100 * n + 50)
+        repos[f"org/c{n}"] = fakehub.add_hf_repo(f"org/c{n}", files)
+    fakehub.faults.throttle(".safetensors", 2 * MiB, listener="cdn")  # each request lasts a while
+    tickets = [ticket_for(fakehub, repo, commit) for repo, commit in repos.items()]
+    engine = make_engine(concurrency=3)
+
+    for ticket in tickets:
+        engine.ensure(ticket)
+    for ticket in tickets:
+        assert engine.wait(ticket.digest, timeout=30).state == READY
+
+    file_gets = [r for r in fakehub.requests if r.method == "GET" and r.status in (200, 206, 302)]
+    assert _max_overlap(file_gets) == 3
+    assert engine.limits.slots.peak == 3
+
+
+def test_it_reports_progress_while_downloading(fakehub, make_engine):
+    data = random_bytes(3 * MiB, seed=18)
+    commit = fakehub.add_hf_repo("org/progress", {"model.safetensors": data})
+    ticket = ticket_for(fakehub, "org/progress", commit)
+    events = []
+    engine = make_engine(bytes_per_second=3 * MiB, on_change=lambda d, e: events.append((d, e.state)))
+
+    engine.ensure(ticket)
+    seen = []
+    while True:
+        running = engine.running()
+        if not running:
+            break
+        assert running[0]["digest"] == ticket.digest and running[0]["sizeBytes"] == len(data)
+        assert running[0]["source"] == "Hub"
+        seen.append(running[0]["downloadedBytes"])
+        time.sleep(0.05)
+    assert seen == sorted(seen) and 0 < max(seen) < len(data)
+    assert engine.entry(ticket.digest).state == READY
+    assert events == [(ticket.digest, DOWNLOADING), (ticket.digest, READY)]
+    status = engine.entry(ticket.digest).status()
+    assert set(status) == {"digest", "state", "sizeBytes", "downloadedBytes", "lastUsedTime", "source"}
+
+
+def test_it_cancels_a_download_and_resumes_it_later(fakehub, make_engine, clock):
+    data = random_bytes(3 * MiB, seed=19)
+    commit = fakehub.add_hf_repo("org/cancel", {"model.safetensors": data})
+    fakehub.faults.throttle("model.safetensors", 1 * MiB, listener="cdn")
+    ticket = ticket_for(fakehub, "org/cancel", commit)
+    engine = make_engine(clock=clock)
+
+    engine.ensure(ticket)
+    wait_for(lambda: engine.running() and engine.running()[0]["downloadedBytes"] >= 1 * MiB)
+    assert engine.cancel(ticket.digest, wait=10)
+
+    entry = engine.entry(ticket.digest)
+    assert entry.state == FAILED and entry.reason == "Canceled" and entry.retry_time is None
+    kept = entry.downloaded_bytes
+    assert kept >= 1 * MiB
+    fakehub.faults.clear()
+    engine.ensure(ticket)  # no backoff after a cancel
+    assert engine.wait(ticket.digest, timeout=30).state == READY
+    assert engine.stats(ticket.digest)["resumed_hash_bytes"] >= kept - 256 * 1024
+    assert (engine.path(ticket.digest) / "model.safetensors").read_bytes() == data
+
+
+def test_it_finds_published_trees_after_restart_without_hub_requests(fakehub, make_engine, clock):
+    commit = fakehub.add_hf_repo("org/keep", {"config.json": b"{}", "model.safetensors": random_bytes(MiB, seed=20)})
+    ticket = ticket_for(fakehub, "org/keep", commit)
+    engine = make_engine(clock=clock)
+    engine.ensure(ticket)
+    assert engine.wait(ticket.digest, timeout=30).state == READY
+    engine.close()
+    fakehub.clear_requests()
+
+    clock.advance(3600)
+    restarted = make_engine(clock=clock)
+    [entry] = restarted.entries()
+    assert entry.digest == ticket.digest and entry.state == READY
+    assert entry.size_bytes == entry.downloaded_bytes == ticket.size
+    assert restarted.ensure(ticket).state == READY
+    assert restarted.entry(ticket.digest).last_used_time == clock.now
+    assert not restarted.running()
+    assert fakehub.requests == []
+    assert tree_files(restarted.path(ticket.digest)) == fakehub.files("org/keep", commit)
+
+
+def test_it_resumes_an_interrupted_download_after_restart(fakehub, make_engine):
+    data = random_bytes(3 * MiB, seed=21)
+    commit = fakehub.add_hf_repo("org/resume", {"model.safetensors": data})
+    fakehub.faults.throttle("model.safetensors", 1 * MiB, listener="cdn")
+    ticket = ticket_for(fakehub, "org/resume", commit)
+    engine = make_engine()
+    engine.ensure(ticket)
+    wait_for(lambda: engine.running() and engine.running()[0]["downloadedBytes"] >= 1 * MiB)
+    engine.close()  # the plugin stops: the download stays resumable
+
+    restarted = make_engine()
+    entry = restarted.entry(ticket.digest)
+    assert entry.state == DOWNLOADING and entry.downloaded_bytes >= 1 * MiB and not restarted.running()
+    fakehub.faults.clear()
+    restarted.ensure(ticket)
+    assert restarted.wait(ticket.digest, timeout=30).state == READY
+    assert restarted.stats(ticket.digest)["resumed_hash_bytes"] >= 1 * MiB
+
+
+def test_it_collects_a_tree_only_after_the_grace(fakehub, make_engine, clock):
+    kept_commit = fakehub.add_hf_repo("org/kept", {"config.json": b'{"a": 1}'})
+    gone_commit = fakehub.add_hf_repo("org/gone", {"config.json": b'{"b": 2}'})
+    kept, gone = ticket_for(fakehub, "org/kept", kept_commit), ticket_for(fakehub, "org/gone", gone_commit)
+    removed_events = []
+    engine = make_engine(clock=clock, on_change=lambda d, e: e is None and removed_events.append(d))
+    for ticket in (kept, gone):
+        engine.ensure(ticket)
+        assert engine.wait(ticket.digest, timeout=30).state == READY
+    grace = 600
+
+    assert engine.collect([kept.digest, gone.digest], grace) == []
+    assert engine.collect([kept.digest], grace) == []  # gone is absent from now on
+    clock.advance(grace - 1)
+    assert engine.collect([kept.digest], grace) == []
+    engine.close()
+
+    # A restart neither resets the absence clock nor deletes early.
+    restarted = make_engine(clock=clock)
+    assert restarted.collect([kept.digest], grace) == []
+    assert restarted.path(gone.digest) is not None
+    clock.advance(1)
+    assert restarted.collect([kept.digest], grace) == [gone.digest]
+    assert restarted.path(gone.digest) is None and restarted.entry(gone.digest) is None
+    assert not restarted.cache.record_path(gone.digest).exists()
+    assert [e.digest for e in restarted.entries()] == [kept.digest]
+
+    # Wanted again resets the clock.
+    clock.advance(10 * grace)
+    assert restarted.collect([], grace) == []
+    clock.advance(grace - 1)
+    assert restarted.collect([kept.digest], grace) == []
+    clock.advance(grace)
+    assert restarted.collect([kept.digest], grace) == []
+    assert restarted.path(kept.digest) is not None
+    assert removed_events == []  # the first engine removed nothing
+
+
+def test_it_reports_capacity_of_the_real_volume(make_engine):
+    engine = make_engine()
+    capacity = engine.capacity()
+    st = os.statvfs(engine.cache.root)
+    assert capacity["totalBytes"] == st.f_blocks * st.f_frsize
+    assert capacity["storedBytes"] == 0
+    assert 0 <= capacity["usedPercent"] <= 100
+
+
+def test_it_exports_metrics_without_digests_in_labels(fakehub, make_engine, clock):
+    ok = fakehub.add_hf_repo("org/ok", {"config.json": b"{}", "model.safetensors": random_bytes(MiB, seed=22)})
+    bad = fakehub.add_hf_repo("org/broken", {"config.json": b'{"x": 1}'})
+    fakehub.faults.fail("org/broken", 502, times=None)
+    metrics = Metrics()
+    engine = make_engine(metrics=metrics, clock=clock)
+    good_ticket, bad_ticket = ticket_for(fakehub, "org/ok", ok), ticket_for(fakehub, "org/broken", bad)
+    for ticket in (good_ticket, bad_ticket):
+        engine.ensure(ticket)
+        engine.wait(ticket.digest, timeout=30)
+
+    text = generate_latest(metrics.registry).decode()
+    assert "gpustack_models_plugin_downloaded_bytes_total " in text
+    value = float(text.split("gpustack_models_plugin_downloaded_bytes_total ")[1].split()[0])
+    assert value >= MiB
+    assert 'gpustack_models_plugin_download_failures_total{reason="SourceUnavailable"} 1.0' in text
+    assert 'gpustack_models_plugin_models{state="Ready"} 1.0' in text
+    assert 'gpustack_models_plugin_models{state="Failed"} 1.0' in text
+    assert "gpustack_models_plugin_capacity_bytes" in text
+    for ticket in (good_ticket, bad_ticket):
+        assert ticket.hex[:12] not in text and ticket.repository not in text
+
+
+def test_it_serves_state_reads_while_downloads_run(fakehub, make_engine):
+    """Reads from other threads (the status writer, the live endpoint) never block on a download."""
+    commit = fakehub.add_hf_repo("org/busy", {"model.safetensors": random_bytes(2 * MiB, seed=23)})
+    fakehub.faults.throttle("model.safetensors", 2 * MiB, listener="cdn")
+    ticket = ticket_for(fakehub, "org/busy", commit)
+    engine = make_engine()
+    engine.ensure(ticket)
+    slowest = 0.0
+    stop = threading.Event()
+
+    def reader():
+        nonlocal slowest
+        while not stop.is_set():
+            t0 = time.perf_counter()
+            engine.entries(), engine.running(), engine.capacity()
+            slowest = max(slowest, time.perf_counter() - t0)
+
+    thread = threading.Thread(target=reader)
+    thread.start()
+    engine.wait(ticket.digest, timeout=30)
+    stop.set()
+    thread.join()
+    assert slowest < 0.2

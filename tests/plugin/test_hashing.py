@@ -1,0 +1,59 @@
+import hashlib
+import pickle
+
+import pytest
+
+from gpustack_models.plugin.hashing import FileHash, resumable_available
+
+from .conftest import random_bytes
+
+
+def git_blob(data: bytes) -> str:
+    return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
+
+
+def test_it_has_resumable_hashes_here():
+    # The node image ships OpenSSL; without it downloads still work but re-read on resume.
+    assert resumable_available()
+
+
+@pytest.mark.parametrize("algorithm", ["sha256", "gitsha1"])
+def test_it_continues_a_hash_from_a_saved_state(algorithm):
+    data = random_bytes(3 * 1024 * 1024 + 17, seed=1)
+    expected = hashlib.sha256(data).hexdigest() if algorithm == "sha256" else git_blob(data)
+    for cut in (0, 1, 63, 64, 65, 1_000_003, len(data)):
+        h = FileHash(algorithm, len(data))
+        h.update(data[:cut])
+        state = h.state()
+        assert isinstance(state, str) and state.isascii()
+        # Through a pickle and a fresh object, as across processes.
+        restored = FileHash.restore(algorithm, len(data), pickle.loads(pickle.dumps(state)))
+        restored.update(bytearray(data[cut:]))
+        assert restored.hexdigest() == expected, cut
+
+
+def test_it_hashes_bytes_bytearrays_and_memoryviews_alike():
+    data = random_bytes(200_000, seed=2)
+    buf = bytearray(data)
+    h = FileHash("sha256", len(data))
+    h.update(data[:1000])
+    h.update(memoryview(buf)[1000:150_000])
+    h.update(memoryview(data)[150_000:])  # read-only view
+    assert h.hexdigest() == hashlib.sha256(data).hexdigest()
+    assert h.hexdigest() == h.hexdigest()  # reading the digest leaves the state alone
+
+
+def test_it_refuses_a_state_of_another_algorithm():
+    h = FileHash("sha256", 10)
+    h.update(b"abc")
+    assert FileHash.restore("gitsha1", 10, h.state()) is None
+    assert FileHash.restore("sha256", 10, "garbage") is None
+    assert FileHash.restore("sha256", 10, None) is None
+
+
+def test_it_falls_back_to_hashlib_without_resumable_state():
+    data = random_bytes(5000, seed=3)
+    h = FileHash("gitsha1", len(data), _resumable=False)
+    h.update(data)
+    assert h.state() is None
+    assert h.hexdigest() == git_blob(data)
