@@ -23,6 +23,10 @@ run: venv controlplane
 test: venv controlplane
 	$(PY) -m tests.services -- $(PY) -m pytest $(PYTEST_ARGS)
 
+# Benchmarks at full size, results printed together at the end.
+bench: venv controlplane
+	GPUSTACK_BENCH=full $(PY) -m tests.services -- $(PY) -m pytest tests/benchmarks -q $(PYTEST_ARGS)
+
 manifests: venv
 	$(PY) manage.py writemanifests
 
