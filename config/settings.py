@@ -141,6 +141,8 @@ if _database["ENGINE"] not in ("django.db.backends.sqlite3", "django.db.backends
 if _database["ENGINE"] == "django.db.backends.sqlite3":
     # The informers and Celery write concurrently; wait for the lock instead of failing at once.
     _database.setdefault("OPTIONS", {})["timeout"] = 20
+    # A test database other processes (the Celery worker) can open too.
+    _database["TEST"] = {"NAME": str(DATA_DIR / "test.sqlite3")}
 DATABASES = {"default": _database}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
@@ -174,6 +176,31 @@ KUBE_REQUEST_TIMEOUT = env_float("KUBE_REQUEST_TIMEOUT", 30.0, minimum=1.0)
 KUBE_VERSION_FILE = BASE_DIR / "deploy" / "controlplane" / "go.mod"
 # Compaction interval passed to the local kube-apiserver (Go duration); short values exercise 410 Expired.
 ETCD_COMPACTION_INTERVAL = env_str("GPUSTACK_ETCD_COMPACTION_INTERVAL", "5m")
+
+# --- The worker's reconcilers ----------------------------------------------------------------------
+# Label of the node plugin's Pods (the DaemonSet's, or those the local launcher registers).
+PLUGIN_SELECTOR = env_str("GPUSTACK_PLUGIN_SELECTOR", "app.kubernetes.io/name=gpustack-models-plugin")
+# Hubs: the variables the hubs' own clients read, passed to them explicitly.
+HF_ENDPOINT = env_url("HF_ENDPOINT", "https://huggingface.co", {"http", "https"}).rstrip("/")
+MODELSCOPE_ENDPOINT = env_url("MODELSCOPE_ENDPOINT", "https://www.modelscope.cn", {"http", "https"}).rstrip("/")
+HUB_PROXY = env_str("GPUSTACK_HUB_PROXY", "")
+HUB_CA_BUNDLE = env_str("GPUSTACK_HUB_CA_BUNDLE", "")
+HUB_TIMEOUT = env_float("GPUSTACK_HUB_TIMEOUT", 30.0, minimum=1.0)
+# Backoff of a resolution that failed for a reason that may pass (hub down, Secret or claim missing).
+RESOLVE_RETRY_BASE = env_float("GPUSTACK_RESOLVE_RETRY_BASE", 5.0, minimum=0.1)
+RESOLVE_RETRY_MAX = env_float("GPUSTACK_RESOLVE_RETRY_MAX", 300.0, minimum=0.1)
+# What every NodeModelStore's spec asks of its node.
+STORE_HIGH_PERCENT = env_int("GPUSTACK_STORE_HIGH_PERCENT", 80, minimum=1, maximum=100)
+STORE_LOW_PERCENT = env_int("GPUSTACK_STORE_LOW_PERCENT", 70, minimum=0, maximum=100)
+DOWNLOAD_CONCURRENCY = env_int("GPUSTACK_DOWNLOAD_CONCURRENCY", 8, minimum=1, maximum=256)
+DOWNLOAD_BYTES_PER_SECOND = env_int("GPUSTACK_DOWNLOAD_BYTES_PER_SECOND", 0, minimum=0)
+
+CELERY_BEAT_SCHEDULE = {
+    "revalidate-unresolved-every-5m": {"task": "gpustack_models.revalidate_unresolved", "schedule": 300.0},
+    "resync-node-stores-every-1m": {"task": "gpustack_models.resync_node_stores", "schedule": 60.0},
+    "purge-tombstones-every-10m": {"task": "gpustack_models.purge_tombstones", "schedule": 600.0},
+}
+CELERY_BEAT_SCHEDULE_FILENAME = str(DATA_DIR / "celery" / "beat-schedule")
 
 # --- Web -------------------------------------------------------------------------------------------
 LANGUAGE_CODE = "en-us"

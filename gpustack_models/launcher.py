@@ -25,6 +25,7 @@ from .resources.kinds import GROUP, PUBLIC_VERSION
 log = logging.getLogger(__name__)
 
 TOKEN_SECONDS = 365 * 24 * 3600
+PLUGIN_LABELS = {"app.kubernetes.io/name": "gpustack-models-plugin"}
 
 
 class Launcher:
@@ -142,3 +143,67 @@ class Launcher:
                 last = str(exc)
             time.sleep(0.5)
         raise RuntimeError(f"APIService {PUBLIC_VERSION}.{GROUP} not available after {timeout:.0f}s ({last})")
+
+
+    # --- nodes and plugin Pods, as a kubelet would report them ------------------------------------------
+    def plugin_pod_name(self, node: str) -> str:
+        return f"gpustack-models-plugin-{node}"[:253]
+
+    def register_node(self, node: str, plugin_ip: str, labels: dict | None = None) -> dict:
+        """Create ``node`` (Ready) and its plugin Pod, bound to it and Running at ``plugin_ip``.
+
+        Where no kubelet runs Pods (local runs, tests) this is what the kubelet and the DaemonSet
+        controller would have written; the worker reads these objects exactly as in a cluster."""
+        now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        try:
+            node_obj = self.admin.create("/api/v1/nodes", {
+                "apiVersion": "v1", "kind": "Node", "metadata": {"name": node, "labels": labels or {}}})
+        except kube.KubeError as exc:
+            if exc.status != 409:
+                raise
+            node_obj = self.admin.get(f"/api/v1/nodes/{node}")
+        node_obj["status"] = {
+            "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady", "message": "local",
+                            "lastHeartbeatTime": now, "lastTransitionTime": now}],
+            "addresses": [{"type": "InternalIP", "address": plugin_ip}, {"type": "Hostname", "address": node}],
+        }
+        self.admin.json("PUT", f"/api/v1/nodes/{node}/status", body=node_obj)
+        name = self.plugin_pod_name(node)
+        pods = f"/api/v1/namespaces/{settings.NAMESPACE}/pods"
+        pod = {
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "labels": dict(PLUGIN_LABELS)},
+            "spec": {"nodeName": node, "serviceAccountName": settings.PLUGIN_SERVICE_ACCOUNT,
+                     "containers": [{"name": "plugin", "image": "gpustack/gpustack-models:local",
+                                     "args": ["runplugin", f"--node={node}"]}]},
+        }
+        try:
+            created = self.admin.create(pods, pod)
+        except kube.KubeError as exc:
+            if exc.status != 409:
+                raise
+            created = self.admin.get(f"{pods}/{name}")
+        self.set_plugin_ready(node, plugin_ip, True, pod=created)
+        return created
+
+    def set_plugin_ready(self, node: str, plugin_ip: str, ready: bool, pod: dict | None = None) -> None:
+        path = f"/api/v1/namespaces/{settings.NAMESPACE}/pods/{self.plugin_pod_name(node)}"
+        pod = pod or self.admin.get(path)
+        now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        state = "True" if ready else "False"
+        pod["status"] = {
+            "phase": "Running", "podIP": plugin_ip, "podIPs": [{"ip": plugin_ip}], "hostIP": plugin_ip,
+            "startTime": now,
+            "conditions": [{"type": t, "status": state, "lastTransitionTime": now}
+                           for t in ("Initialized", "Ready", "ContainersReady", "PodScheduled")],
+        }
+        self.admin.json("PUT", f"{path}/status", body=pod)
+
+    def unregister_node(self, node: str) -> None:
+        for path in (f"/api/v1/namespaces/{settings.NAMESPACE}/pods/{self.plugin_pod_name(node)}",
+                     f"/api/v1/nodes/{node}"):
+            try:
+                self.admin.delete(path, query={"gracePeriodSeconds": "0"})
+            except kube.KubeError as exc:
+                if exc.status != 404:
+                    raise

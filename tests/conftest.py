@@ -23,8 +23,12 @@ TEST_STATE = REPO / ".local" / "test"
 
 
 def pytest_collection_modifyitems(config, items):
-    """Tests that stop or restart shared components run last, in their collected order."""
+    """Tests that stop or restart shared components run last, in their collected order. Tests of the
+    worker's background processes get the test database (pytest-django creates it only when asked)."""
     items.sort(key=lambda item: item.get_closest_marker("disruptive") is not None)
+    for item in items:
+        if "worker_stack" in getattr(item, "fixturenames", ()) and not item.get_closest_marker("django_db"):
+            item.add_marker(pytest.mark.django_db)
 
 
 @pytest.fixture(scope="session")
@@ -241,3 +245,91 @@ def storage_http(cluster, launcher):
 
     token = yaml.safe_load(launcher.worker_kubeconfig.read_text())["users"][0]["user"]["token"]
     return token_http(cluster, token)
+
+
+# --- The worker's background processes -----------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def hub():
+    """A fake Hugging Face / ModelScope hub for the whole session (the worker resolves against it)."""
+    from tests.fakehub import FakeHub
+
+    with FakeHub() as fake:
+        yield fake
+
+
+def database_url() -> str:
+    """The test database as a URL, for processes the suite starts."""
+    from django.db import connection
+
+    s = connection.settings_dict
+    if connection.vendor == "sqlite":
+        return f"sqlite:///{s['NAME']}"
+    return f"postgres://{s['USER']}:{s.get('PASSWORD') or ''}@{s['HOST']}:{s['PORT']}/{s['NAME']}"
+
+
+class WorkerStack:
+    """The worker's informers and a Celery worker (with beat), as ``make run`` starts them."""
+
+    def __init__(self, launcher, hub, db_url):
+        self.launcher = launcher
+        self.hub = hub
+        self.db_url = db_url
+        self.procs: dict[str, subprocess.Popen] = {}
+
+    def env(self) -> dict:
+        env = dict(os.environ)
+        env.update(
+            KUBECONFIG=str(self.launcher.worker_kubeconfig), GPUSTACK_DATA_DIR=str(TEST_STATE),
+            DATABASE_URL=self.db_url, HF_ENDPOINT=self.hub.url, MODELSCOPE_ENDPOINT=self.hub.url,
+            GPUSTACK_RESOLVE_RETRY_BASE="0.5", GPUSTACK_RESOLVE_RETRY_MAX="3",
+            NO_PROXY="127.0.0.1,127.0.0.2,localhost", no_proxy="127.0.0.1,127.0.0.2,localhost",
+            HF_HOME=str(TEST_STATE / "hf-home"), MODELSCOPE_HOME=str(TEST_STATE / "modelscope-home"),
+        )
+        return env
+
+    def start(self, name: str) -> None:
+        argv = {
+            "informers": [sys.executable, "manage.py", "runinformers"],
+            "celery": [sys.executable, "-m", "celery", "-A", "config", "worker", "--pool=threads",
+                       "--concurrency=8", "--beat", f"--schedule={TEST_STATE / 'beat-schedule'}",
+                       "--without-gossip", "--without-mingle", "--loglevel=INFO"],
+        }[name]
+        log = open(TEST_STATE / f"{name}.log", "ab")
+        self.procs[name] = subprocess.Popen(argv, cwd=REPO, env=self.env(), stdout=log, stderr=subprocess.STDOUT)
+
+    def stop(self, name: str, kill: bool = False) -> None:
+        proc = self.procs.pop(name, None)
+        if proc is None or proc.poll() is not None:
+            return
+        proc.kill() if kill else proc.terminate()
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(5)
+
+
+@pytest.fixture(scope="session")
+def worker_stack(launcher, hub, django_db_setup, django_db_blocker):
+    with django_db_blocker.unblock():
+        url = database_url()
+    stack = WorkerStack(launcher, hub, url)
+    stack.start("celery")
+    stack.start("informers")
+    try:
+        yield stack
+    finally:
+        stack.stop("informers")
+        stack.stop("celery")
+
+
+@pytest.fixture
+def mirror_db(django_db_blocker):
+    """Read the mirror the worker writes (no per-test transaction, nothing flushed)."""
+    from django.db import connection
+
+    with django_db_blocker.unblock():
+        yield
+        connection.close()

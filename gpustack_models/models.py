@@ -1,0 +1,167 @@
+"""The mirror: what the informers last saw of the cluster, plus what resolution learned.
+
+Kubernetes is the store of record; these rows are rebuilt from it at any time. Each mirrored row keeps the
+resourceVersion it was written from and only ever moves forward, so the tasks that write it may run twice
+or out of order. A deleted object leaves a tombstone (``deleted``) carrying the deletion's
+resourceVersion, so an older event arriving late cannot bring it back; tombstones are purged later.
+"""
+
+from __future__ import annotations
+
+from django.db import models
+
+
+class MirroredQuerySet(models.QuerySet):
+    def live(self):
+        return self.filter(deleted=False)
+
+
+class Mirrored(models.Model):
+    resource_version = models.BigIntegerField()
+    uid = models.CharField(max_length=64, blank=True)
+    deleted = models.BooleanField(default=False)
+    body = models.JSONField(default=dict, help_text="The object as last seen, without managedFields.")
+    updated_at = models.DateTimeField(auto_now=True)
+
+    objects = MirroredQuerySet.as_manager()
+
+    class Meta:
+        abstract = True
+
+
+class Artifact(Mirrored):
+    namespace = models.CharField(max_length=253)
+    name = models.CharField(max_length=253)
+    generation = models.BigIntegerField(default=0)
+    source = models.CharField(max_length=32, blank=True, help_text="huggingFace, modelScope or persistentVolumeClaim")
+    repository = models.CharField(max_length=1024, blank=True)
+    revision = models.CharField(max_length=256, blank=True)
+    digest = models.CharField(max_length=71, blank=True, db_index=True, help_text="status.resolved.manifestDigest")
+    resolved_revision = models.CharField(max_length=256, blank=True)
+    size_bytes = models.BigIntegerField(null=True, blank=True)
+    file_count = models.IntegerField(null=True, blank=True)
+    resolved_status = models.CharField(max_length=16, blank=True, help_text="The Resolved condition's status")
+    resolved_reason = models.CharField(max_length=64, blank=True)
+    nodes = models.JSONField(default=dict, blank=True, help_text="status.nodes as last written")
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["namespace", "name"], name="artifact_namespace_name")]
+        indexes = [models.Index(fields=["namespace", "resolved_status"])]
+
+    def __str__(self):
+        return f"{self.namespace}/{self.name}"
+
+
+class Manifest(models.Model):
+    """A resolved file list, shared by every artifact whose content has this digest."""
+
+    digest = models.CharField(max_length=71, primary_key=True)
+    files = models.JSONField(help_text="[{path, size, algorithm, hexdigest, lfs}] sorted by path")
+    file_count = models.IntegerField()
+    size_bytes = models.BigIntegerField()
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    def __str__(self):
+        return self.digest
+
+
+class Resolution(models.Model):
+    """Where an artifact's content comes from: enough for the node plugin's fetch ticket."""
+
+    artifact = models.OneToOneField(Artifact, on_delete=models.CASCADE, related_name="resolution")
+    generation = models.BigIntegerField()
+    manifest = models.ForeignKey(Manifest, on_delete=models.PROTECT, related_name="resolutions")
+    source = models.CharField(max_length=32)
+    endpoint = models.CharField(max_length=2048)
+    repository = models.CharField(max_length=1024)
+    commit = models.CharField(max_length=256)
+    secret_name = models.CharField(max_length=253, blank=True)
+    resolved_at = models.DateTimeField(auto_now=True)
+
+
+class NodeStore(Mirrored):
+    name = models.CharField(max_length=253, unique=True)
+    spec_models = models.JSONField(default=list, blank=True, help_text="spec.models")
+    total_bytes = models.BigIntegerField(default=0)
+    stored_bytes = models.BigIntegerField(default=0)
+    used_percent = models.IntegerField(default=0)
+
+    def __str__(self):
+        return self.name
+
+
+class StoreEntry(models.Model):
+    """One digest on one node, from that node's NodeModelStore status."""
+
+    store = models.ForeignKey(NodeStore, on_delete=models.CASCADE, related_name="entries")
+    node = models.CharField(max_length=253)
+    digest = models.CharField(max_length=71)
+    state = models.CharField(max_length=16)
+    size_bytes = models.BigIntegerField(default=0)
+    downloaded_bytes = models.BigIntegerField(default=0)
+    reason = models.CharField(max_length=64, blank=True)
+    message = models.TextField(blank=True)
+    retry_time = models.DateTimeField(null=True, blank=True)
+    last_used_time = models.DateTimeField(null=True, blank=True)
+    source = models.CharField(max_length=8, blank=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["store", "digest"], name="entry_store_digest")]
+        indexes = [models.Index(fields=["digest", "state"], name="entry_digest_state")]
+        verbose_name_plural = "store entries"
+
+    def __str__(self):
+        return f"{self.node}: {self.digest[:19]} {self.state}"
+
+
+class Prefetch(Mirrored):
+    namespace = models.CharField(max_length=253)
+    name = models.CharField(max_length=253)
+    artifact_name = models.CharField(max_length=253)
+    node_names = models.JSONField(default=list, blank=True)
+    node_selector = models.JSONField(null=True, blank=True)
+    pinned = models.BooleanField(default=False)
+    min_ready = models.IntegerField(default=0)
+    status = models.JSONField(default=dict, blank=True, help_text="status as last written")
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["namespace", "name"], name="prefetch_namespace_name")]
+        indexes = [models.Index(fields=["namespace", "artifact_name"])]
+        verbose_name_plural = "prefetches"
+
+    def __str__(self):
+        return f"{self.namespace}/{self.name}"
+
+
+class Node(Mirrored):
+    name = models.CharField(max_length=253, unique=True)
+    labels = models.JSONField(default=dict, blank=True)
+
+    def __str__(self):
+        return self.name
+
+
+class PluginPod(Mirrored):
+    """A node plugin's Pod: which node runs the plugin, and where to reach it."""
+
+    namespace = models.CharField(max_length=253)
+    name = models.CharField(max_length=253)
+    node = models.CharField(max_length=253, blank=True, db_index=True)
+    pod_ip = models.CharField(max_length=64, blank=True)
+    ready = models.BooleanField(default=False)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["namespace", "name"], name="pluginpod_namespace_name")]
+
+    def __str__(self):
+        return f"{self.namespace}/{self.name}"
+
+
+class InformerState(models.Model):
+    """Where each informer is (for the console and for tests): its last resourceVersion and relists."""
+
+    resource = models.CharField(max_length=64, primary_key=True)
+    resource_version = models.CharField(max_length=64, blank=True)
+    relists = models.IntegerField(default=0)
+    expired = models.IntegerField(default=0, help_text="relists caused by 410 Expired")
+    updated_at = models.DateTimeField(auto_now=True)

@@ -1,0 +1,209 @@
+"""The worker resolves artifacts against the (fake) hubs with the real clients, through a real Celery worker."""
+
+import base64
+import hashlib
+import uuid
+
+import pytest
+from kubernetes import client as k8s
+
+from gpustack_models.resources.kinds import GROUP
+from gpustack_models.sources import ManifestFile, manifest_digest
+
+from .conftest import wait_for
+
+LFS_THRESHOLD = 1024
+
+
+def repo_files(seed: str) -> dict[str, bytes]:
+    return {
+        "config.json": f'{{"model": "{seed}"}}'.encode(),
+        "tokenizer.json": (seed * 40).encode(),
+        "model-00001.safetensors": hashlib.sha256(seed.encode()).digest() * 200,
+        "model-00002.safetensors": hashlib.sha256((seed + "2").encode()).digest() * 150,
+        "original/consolidated.pth": b"x" * 3000,
+        "README.md": b"# readme\n",
+    }
+
+
+def expected_digest(files: dict[str, bytes], *, all_sha256=False) -> str:
+    entries = []
+    for path, data in files.items():
+        if all_sha256 or len(data) >= LFS_THRESHOLD:
+            entries.append(ManifestFile(path, len(data), "sha256", hashlib.sha256(data).hexdigest(), lfs=True))
+        else:
+            blob = hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
+            entries.append(ManifestFile(path, len(data), "gitsha1", blob))
+    return manifest_digest(entries)
+
+
+@pytest.fixture
+def artifacts(worker_stack, worker_api, cluster, admin_http, namespace):
+    """Create v1 ModelArtifacts and wait for the worker's answer."""
+
+    base = f"{cluster.server}/apis/{GROUP}/v1/namespaces/{namespace}/modelartifacts"
+
+    class Artifacts:
+        ns = namespace
+
+        def create(self, name, source, ns=None, **spec):
+            url = base.replace(namespace, ns) if ns else base
+            body = {"apiVersion": f"{GROUP}/v1", "kind": "ModelArtifact", "metadata": {"name": name},
+                    "spec": {"source": source, **spec}}
+            resp = admin_http.post(url, json=body)
+            assert resp.status_code == 201, resp.text
+            return resp.json()
+
+        def get(self, name, ns=None):
+            url = base.replace(namespace, ns) if ns else base
+            return admin_http.get(f"{url}/{name}").json()
+
+        def answered(self, name, ns=None, timeout=60, reason=None):
+            def done():
+                obj = self.get(name, ns)
+                cond = next((c for c in obj.get("status", {}).get("conditions", []) if c["type"] == "Resolved"), None)
+                if cond and (cond["reason"] == reason if reason else cond["status"] == "True"):
+                    return obj
+                return None
+
+            return wait_for(done, timeout=timeout, message=f"{name} to be {reason or 'Resolved'}")
+
+    return Artifacts()
+
+
+def hf(repository, revision=None, secret=None):
+    source = {"repository": repository}
+    if revision:
+        source["revision"] = revision
+    if secret:
+        source["secretRef"] = {"name": secret}
+    return {"huggingFace": source}
+
+
+def test_it_resolves_a_hugging_face_branch_to_its_commit_and_digest(artifacts, hub):
+    files = repo_files("main-" + uuid.uuid4().hex)
+    repo = f"org/m-{uuid.uuid4().hex[:6]}"
+    commit = hub.add_hf_repo(repo, files, tags=("v1.0",))
+    artifacts.create("a", hf(repo))
+    obj = artifacts.answered("a")
+    resolved = obj["status"]["resolved"]
+    assert resolved["revision"] == commit and len(commit) == 40
+    assert resolved["fileCount"] == len(files)
+    assert resolved["sizeBytes"] == sum(len(d) for d in files.values())
+    assert resolved["manifestDigest"] == expected_digest(files)
+    assert obj["status"]["observedGeneration"] == obj["metadata"]["generation"]
+    # A tag and the full commit name the same content.
+    artifacts.create("by-tag", hf(repo, "v1.0"))
+    artifacts.create("by-commit", hf(repo, commit))
+    for name in ("by-tag", "by-commit"):
+        assert artifacts.answered(name)["status"]["resolved"] == resolved
+
+
+def test_it_resolves_a_modelscope_master(artifacts, hub):
+    files = repo_files("ms-" + uuid.uuid4().hex)
+    repo = f"org/ms-{uuid.uuid4().hex[:6]}"
+    commit = hub.add_ms_repo(repo, files)
+    artifacts.create("ms", {"modelScope": {"repository": repo}})
+    resolved = artifacts.answered("ms")["status"]["resolved"]
+    assert resolved["revision"] == commit
+    assert resolved["manifestDigest"] == expected_digest(files, all_sha256=True)
+    assert resolved["fileCount"] == len(files)
+
+
+def test_it_selects_files_with_patterns_exactly(artifacts, hub):
+    files = repo_files("pat-" + uuid.uuid4().hex)
+    repo = f"org/p-{uuid.uuid4().hex[:6]}"
+    hub.add_hf_repo(repo, files)
+    artifacts.create("weights", hf(repo), allowPatterns=["*.safetensors", "*.json"], ignorePatterns=["tokenizer*"])
+    artifacts.create("no-original", hf(repo), ignorePatterns=["original/"])
+    weights = {p: d for p, d in files.items() if p.endswith((".safetensors", ".json")) and not p.startswith("tokenizer")}
+    no_original = {p: d for p, d in files.items() if not p.startswith("original/")}
+    assert artifacts.answered("weights")["status"]["resolved"]["manifestDigest"] == expected_digest(weights)
+    assert artifacts.answered("no-original")["status"]["resolved"]["manifestDigest"] == expected_digest(no_original)
+    assert expected_digest(weights) != expected_digest(no_original)
+
+
+def test_it_gives_the_same_files_the_same_digest_across_namespaces(artifacts, hub, core):
+    files = repo_files("shared-" + uuid.uuid4().hex)
+    first, second = f"org/s1-{uuid.uuid4().hex[:6]}", f"other/s2-{uuid.uuid4().hex[:6]}"
+    hub.add_hf_repo(first, files)
+    hub.add_hf_repo(second, files)
+    other_ns = f"t-{uuid.uuid4().hex[:8]}"
+    core.create_namespace(k8s.V1Namespace(metadata=k8s.V1ObjectMeta(name=other_ns)))
+    try:
+        artifacts.create("one", hf(first))
+        artifacts.create("two", hf(second), ns=other_ns)
+        one = artifacts.answered("one")["status"]["resolved"]["manifestDigest"]
+        two = artifacts.answered("two", ns=other_ns)["status"]["resolved"]["manifestDigest"]
+        assert one == two == expected_digest(files)
+    finally:
+        core.delete_namespace(other_ns)
+
+
+def test_it_reports_access_denied_for_an_unknown_or_private_repo(artifacts, hub):
+    private = f"org/private-{uuid.uuid4().hex[:6]}"
+    hub.add_hf_repo(private, {"config.json": b"{}"}, private=True, token="hf_secret_token")
+    artifacts.create("unknown", hf(f"org/none-{uuid.uuid4().hex[:6]}"))
+    artifacts.create("private", hf(private))
+    for name in ("unknown", "private"):
+        obj = artifacts.answered(name, reason="AccessDenied")
+        assert "resolved" not in obj["status"]
+
+
+def test_it_sends_the_secret_token_and_waits_for_a_missing_secret(artifacts, hub, core):
+    private = f"org/private-{uuid.uuid4().hex[:6]}"
+    files = {"config.json": b'{"private": true}'}
+    hub.add_hf_repo(private, files, private=True, token="hf_good_token")
+    artifacts.create("tokened", hf(private, secret="hf-token"))
+    artifacts.answered("tokened", reason="SecretNotFound")
+    core.create_namespaced_secret(artifacts.ns, k8s.V1Secret(
+        metadata=k8s.V1ObjectMeta(name="hf-token"), data={"token": base64.b64encode(b"hf_good_token").decode()}))
+    resolved = artifacts.answered("tokened", timeout=60)["status"]["resolved"]
+    assert resolved["manifestDigest"] == expected_digest(files)
+    authorized = [r for r in hub.requests if private in r.path and r.token == "hf_good_token" and r.status == 200]
+    assert authorized, "the hub saw no successful request for the private repository"
+
+
+def test_it_reports_an_unknown_revision(artifacts, hub):
+    repo = f"org/r-{uuid.uuid4().hex[:6]}"
+    hub.add_hf_repo(repo, {"config.json": b"{}"})
+    artifacts.create("norev", hf(repo, "no-such-branch"))
+    artifacts.answered("norev", reason="RevisionNotFound")
+
+
+def test_it_retries_through_hub_errors(artifacts, hub):
+    repo = f"org/flaky-{uuid.uuid4().hex[:6]}"
+    files = {"config.json": b'{"flaky": 1}'}
+    hub.add_hf_repo(repo, files)
+    hub.faults.fail(repo, 503, times=2)
+    artifacts.create("flaky", hf(repo))
+    obj = artifacts.answered("flaky", timeout=60)
+    assert obj["status"]["resolved"]["manifestDigest"] == expected_digest(files)
+    failed = [r for r in hub.requests if repo in r.path and r.status == 503]
+    assert len(failed) == 2
+
+
+def test_it_reports_an_empty_manifest(artifacts, hub):
+    repo = f"org/e-{uuid.uuid4().hex[:6]}"
+    hub.add_hf_repo(repo, {"config.json": b"{}"})
+    artifacts.create("empty", hf(repo), allowPatterns=["*.gguf"])
+    artifacts.answered("empty", reason="EmptyManifest")
+
+
+def test_it_reports_a_digest_mismatch(artifacts, hub):
+    repo = f"org/d-{uuid.uuid4().hex[:6]}"
+    hub.add_hf_repo(repo, {"config.json": b"{}"})
+    artifacts.create("mismatch", hf(repo), expectedDigest="sha256:" + "0" * 64)
+    obj = artifacts.answered("mismatch", reason="DigestMismatch")
+    assert "resolved" not in obj["status"]
+
+
+def test_it_resolves_a_claim_by_its_existence(artifacts, core):
+    artifacts.create("claim", {"persistentVolumeClaim": {"claimName": "models", "path": "qwen"}})
+    artifacts.answered("claim", reason="ClaimNotFound")
+    core.create_namespaced_persistent_volume_claim(artifacts.ns, k8s.V1PersistentVolumeClaim(
+        metadata=k8s.V1ObjectMeta(name="models"),
+        spec=k8s.V1PersistentVolumeClaimSpec(access_modes=["ReadOnlyMany"],
+                                             resources=k8s.V1VolumeResourceRequirements(requests={"storage": "1Gi"}))))
+    obj = artifacts.answered("claim", timeout=60)
+    assert "manifestDigest" not in obj["status"].get("resolved", {})
