@@ -103,6 +103,7 @@ if SERVER_ROLE not in ("console", "api"):
 
 MIDDLEWARE = [] if SERVER_ROLE == "api" else [
     "django.middleware.security.SecurityMiddleware",
+    "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
@@ -209,6 +210,8 @@ USE_I18N = False
 USE_TZ = True
 STATIC_URL = "static/"
 STATIC_ROOT = DATA_DIR / "static"
+# The console's few static files are served by WhiteNoise straight from the apps (no collectstatic step).
+WHITENOISE_USE_FINDERS = True
 
 REST_FRAMEWORK = {
     "UNAUTHENTICATED_USER": None,

@@ -43,6 +43,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -131,9 +132,10 @@ def _retry_after(response: Response) -> float | None:
 
 
 def _where(url: str) -> str:
-    """A URL for messages: no query (signed CDN links carry signatures there)."""
+    """A URL for messages: the origin only. Messages end up in the node's status, which must not
+    name a repository; signed CDN links also carry signatures in their query."""
     parts = urlsplit(url)
-    return f"{parts.scheme}://{parts.netloc}{parts.path}"
+    return f"{parts.scheme}://{parts.netloc}"
 
 
 class _File:
@@ -156,6 +158,7 @@ class _File:
         self.url: str | None = None  # where a redirect led last time (the CDN), reused by later parts
         self.dirty = False
         self.bad = False  # failed verification: its data is discarded
+        self.closing = False  # complete, being synced and closed
 
     # ---------------------------------------------------------------- written ranges
 
@@ -424,20 +427,28 @@ class Download:
             return self._parts.popleft() if self._parts else None
 
     def _coordinate(self, workers: list[threading.Thread]) -> None:
-        """Close finished files, write checkpoints, until the workers are done or something failed."""
+        """Close finished files, write checkpoints, until the workers are done or something failed.
+
+        Finished files are made durable by a few syncing threads, so flushing to disk overlaps the
+        download instead of trailing it (a file counts as verified once it is on disk)."""
         interval = self.settings.checkpoint_interval
         last = time.monotonic()
-        while not self._stop.is_set():
-            alive = any(t.is_alive() for t in workers)
-            self._close_completed()
-            if not alive:
-                break
-            with self._events:
-                self._events.wait(timeout=min(0.2, interval))
-            if time.monotonic() - last >= interval:
-                self.checkpoint()
-                last = time.monotonic()
-        self._close_completed()
+        syncer = ThreadPoolExecutor(max_workers=4, thread_name_prefix="sync") if self.settings.durable else None
+        try:
+            while not self._stop.is_set():
+                alive = any(t.is_alive() for t in workers)
+                self._close_completed(syncer)
+                if not alive:
+                    break
+                with self._events:
+                    self._events.wait(timeout=min(0.2, interval))
+                if time.monotonic() - last >= interval:
+                    self.checkpoint()
+                    last = time.monotonic()
+        finally:
+            if syncer is not None:
+                syncer.shutdown(wait=True)
+        self._close_completed(None)
 
     def _stop_workers(self, workers: list[threading.Thread]) -> None:
         if self._failure is not None:
@@ -516,18 +527,18 @@ class Download:
                 if exc.pos is not None and exc.pos > pos:
                     pos = exc.pos
                 drops += 1
-                self._stat("retries")
                 if drops > settings.range_retries:
                     raise DownloadFailed(
                         SOURCE_UNAVAILABLE, f"{f.file.path}: giving up after {drops} attempts: {exc}"
                     ) from None
+                self._stat("retries")
                 self._sleep(min(0.25 * 2 ** (drops - 1), 5.0))
             except _HubStatus as exc:
                 statuses += 1
-                self._stat("retries")
                 wait = exc.retry_after if exc.retry_after is not None else min(2.0 ** (statuses - 1), 8.0)
                 if statuses > settings.http_retries or wait > settings.http_retry_max_wait:
                     raise DownloadFailed(SOURCE_UNAVAILABLE, str(exc), retry_after=exc.retry_after) from None
+                self._stat("retries")
                 self._sleep(wait)
 
     def _sleep(self, seconds: float) -> None:
@@ -547,6 +558,8 @@ class Download:
                     headers={"Range": f"bytes={pos}-{end - 1}"},
                 )
             except HttpError as exc:
+                if not exc.retryable:
+                    raise DownloadFailed(SOURCE_UNAVAILABLE, f"{f.file.path}: {exc}") from None
                 raise _Retry(str(exc)) from None
             self._stat("requests")
             status = response.status
@@ -575,11 +588,10 @@ class Download:
 
     @staticmethod
     def _error_detail(response: Response) -> str:
+        # The hub's error code only: its free-text message may name the repository.
         code = response.header("X-Error-Code")
-        message = response.header("X-Error-Message")
         response.drain_small()
-        parts = [p for p in (code, message) if p]
-        return f" ({': '.join(parts)[:300]})" if parts else ""
+        return f" ({code[:64]})" if code and code.isprintable() else ""
 
     def _attempt(self, f: _File, pos: int, end: int, view: memoryview) -> int:
         """One request for ``[pos, end)``; returns the position reached (``end`` on success)."""
@@ -748,13 +760,25 @@ class Download:
 
     # ---------------------------------------------------------------- checkpoints
 
-    def _close_completed(self) -> None:
+    def _close_completed(self, syncer: ThreadPoolExecutor | None) -> None:
         for f in self._files:
-            if f.complete and not f.verified:
-                f.close(sync=self.settings.durable)
-                f.verified = True
-                with f.lock:
-                    f.dirty = True
+            if f.complete and not f.verified and not f.closing:
+                f.closing = True
+                if syncer is not None:
+                    syncer.submit(self._close_verified, f)
+                else:
+                    self._close_verified(f)
+
+    def _close_verified(self, f: _File) -> None:
+        try:
+            f.close(sync=self.settings.durable)
+        except OSError as exc:
+            f.closing = False
+            self._fail(self._local_error(exc))
+            return
+        f.verified = True
+        with f.lock:
+            f.dirty = True
 
     def checkpoint(self, *, sync: bool | None = None, advance: bool = True) -> None:
         """Make written bytes durable, then atomically save every file's progress."""
@@ -769,6 +793,10 @@ class Download:
                 dirty = dirty or f.dirty
                 f.dirty = False
                 continue
+            if f.closing:  # complete: a syncing thread owns its descriptor; saved as hashed to the end
+                sync_this = False
+            else:
+                sync_this = True
             with f.hash_lock:
                 with f.lock:
                     entry = {
@@ -781,7 +809,7 @@ class Download:
                     was_dirty, f.dirty = f.dirty, False
                     fd = f.fd
             dirty = dirty or was_dirty
-            if was_dirty and sync and fd is not None:
+            if was_dirty and sync and sync_this and fd is not None:
                 try:
                     os.fdatasync(fd)
                 except OSError:

@@ -156,8 +156,10 @@ class Engine:
     (``0`` = unlimited rate). ``high_percent`` / ``low_percent``: the volume watermarks; a download
     starts only if the volume stays under ``high_percent`` with every running download's remaining
     bytes reserved. ``capacity_bytes``: treat the volume as this big (the cache's own bytes count as
-    used). ``on_change(digest, entry_or_None)`` is called (from engine threads, outside its locks)
-    when a digest's state changes or it is removed. ``clock``: epoch seconds, for tests.
+    used). ``on_change(digest, entry_or_None)`` is called (from engine threads, outside its locks,
+    possibly from several threads at once) when a digest's state changes or it is removed; it gets
+    the entry as it is when the callback runs, so the last call for a digest always carries its
+    current state. ``clock``: epoch seconds, for tests.
     """
 
     def __init__(

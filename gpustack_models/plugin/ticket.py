@@ -131,14 +131,15 @@ class FetchTicket:
             raise bad(f"endpoint must be an http(s) URL, not {self.endpoint!r}")
         if endpoint.query or endpoint.fragment or endpoint.username:
             raise bad("endpoint must not carry a query, fragment or credentials")
+        # Messages go to the node's status, which names no repository: values are not quoted.
         if not isinstance(self.repository, str) or not _REPOSITORY.fullmatch(self.repository):
-            raise bad(f"repository {self.repository!r} is not owner/name")
+            raise bad("the repository is not a valid owner/name")
         if self.source == MODEL_SCOPE and "/" not in self.repository:
-            raise bad(f"a ModelScope repository is owner/name, not {self.repository!r}")
+            raise bad("a ModelScope repository is owner/name")
         if ".." in self.repository:
-            raise bad(f"repository {self.repository!r} has a '..'")
+            raise bad("the repository has a '..'")
         if not isinstance(self.commit, str) or not _COMMIT.fullmatch(self.commit):
-            raise bad(f"commit {self.commit!r} is not a revision id")
+            raise bad("the commit is not a revision id")
         if self.proxy is not None:
             proxy = urlsplit(self.proxy) if isinstance(self.proxy, str) else None
             if proxy is None or proxy.scheme != "http" or not proxy.hostname:

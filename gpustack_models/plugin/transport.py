@@ -44,8 +44,29 @@ def _ssl_context(ca_bundle: str | None) -> ssl.SSLContext:
         return ssl.create_default_context()
 
 
+def _quickack(conn: http.client.HTTPConnection) -> None:
+    """Acknowledge the answer's first segment at once. A server that writes the status line and
+    headers apart from the body (many do, Nagle's algorithm on) would otherwise hold the body back
+    until our delayed ACK, some 40 ms, on every request of a kept-alive connection."""
+    sock = conn.sock
+    if _TCP_QUICKACK is not None and sock is not None:
+        try:
+            sock.setsockopt(socket.IPPROTO_TCP, _TCP_QUICKACK, 1)
+        except OSError:
+            pass
+
+
+_TCP_QUICKACK = getattr(socket, "TCP_QUICKACK", None)
+
+
 class HttpError(Exception):
-    """A transport failure before or while reading an answer (connection refused, reset, TLS, ...)."""
+    """A transport failure before an answer (connection refused or reset, TLS, proxy, ...).
+
+    ``retryable`` is False for what another attempt cannot fix (a certificate that does not verify)."""
+
+    def __init__(self, message: str, *, retryable: bool = True):
+        super().__init__(message)
+        self.retryable = retryable
 
 
 @dataclass(eq=False)
@@ -191,6 +212,7 @@ class ConnectionPool:
             reused = conn.sock is not None
             try:
                 conn.request("GET", target, headers=all_headers)
+                _quickack(conn)
                 resp = conn.getresponse()
             except (OSError, http.client.HTTPException) as exc:
                 conn.close()
@@ -198,7 +220,8 @@ class ConnectionPool:
                     continue  # a keep-alive connection the server had closed meanwhile: once more, fresh
                 where = f"{key[0]}://{key[1]}:{key[2]}"
                 via = f" via proxy {redact_url(self.proxy)}" if self.proxy else ""
-                raise HttpError(f"GET {where}{via}: {type(exc).__name__}: {exc}") from None
+                retryable = not isinstance(exc, ssl.SSLCertVerificationError)
+                raise HttpError(f"GET {where}{via}: {type(exc).__name__}: {exc}", retryable=retryable) from None
             return Response(resp.status, resp.headers, url, conn, resp, self, key)
         raise AssertionError("unreachable")
 

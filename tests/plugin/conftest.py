@@ -117,11 +117,6 @@ def wait_for(predicate, timeout: float = 10.0, interval: float = 0.02):
     raise AssertionError("condition not reached in time")
 
 
-def file_requests(hub, name: str):
-    """Requests that carried (or asked for) the bytes of file ``name``, both listeners."""
-    return [r for r in hub.requests if r.method == "GET" and (name in r.path or name in str(r.query.get("filename", "")) or name in str(r.query.get("FilePath", "")))]
-
-
 def range_start_end(header: str, size: int) -> tuple[int, int]:
     """``bytes=a-b`` as ``(a, b + 1)``."""
     spec = header.split("=", 1)[1]

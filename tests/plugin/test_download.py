@@ -19,7 +19,6 @@ from gpustack_models.sources.manifest import ManifestFile, manifest_digest
 from .conftest import (
     KiB,
     MiB,
-    file_requests,
     random_bytes,
     range_start_end,
     settings,
@@ -285,6 +284,7 @@ def test_it_maps_refusals_to_access_denied(fakehub, make_engine, private):
 
     assert entry.state == FAILED and entry.reason == "AccessDenied", entry
     assert "HTTP 401" in entry.message or "HTTP 404" in entry.message
+    assert "org/closed" not in entry.message and commit not in entry.message  # status names no repository
 
 
 def test_it_refuses_a_ticket_whose_files_do_not_match_its_digest(fakehub, make_engine):

@@ -1,0 +1,89 @@
+"""The admin console, in a real headless browser, shows the mirror: artifacts, node stores, prefetches."""
+
+import os
+import subprocess
+import sys
+import uuid
+
+import pytest
+import requests
+
+from gpustack_models.localcluster import free_port
+
+from .conftest import REPO, TEST_STATE, wait_for
+from .test_node_stores import entry, nodes, prefetch, put_entries, resolved, store  # noqa: F401
+
+CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+
+
+@pytest.fixture(scope="module")
+def console(worker_stack):
+    password = uuid.uuid4().hex
+    env = dict(worker_stack.env(), DJANGO_SUPERUSER_PASSWORD=password, GPUSTACK_SERVER_ROLE="console")
+    subprocess.run([sys.executable, "manage.py", "createsuperuser", "--noinput", "--username=admin",
+                    "--email=admin@example.com"], cwd=REPO, env=env, check=False, capture_output=True)
+    subprocess.run([sys.executable, "manage.py", "changepassword", "admin"], cwd=REPO, env=env,
+                   input=f"{password}\n{password}\n", text=True, capture_output=True)
+    port = free_port()
+    log = open(TEST_STATE / "console.log", "ab")
+    proc = subprocess.Popen([sys.executable, "-m", "gunicorn", "config.wsgi:application", "--bind",
+                             f"127.0.0.1:{port}", "--workers", "1", "--no-control-socket"],
+                            cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
+    session = requests.Session()
+    session.trust_env = False
+    url = f"http://127.0.0.1:{port}"
+    wait_for(lambda: _up(session, url), timeout=30, message="the console")
+    yield url, password
+    proc.terminate()
+    proc.wait(10)
+
+
+def _up(session, url):
+    try:
+        return session.get(f"{url}/admin/login/", timeout=2).status_code == 200
+    except requests.RequestException:
+        return False
+
+
+def test_it_shows_artifacts_node_stores_and_prefetches(console, nodes, resolved, worker_kube, namespace):  # noqa: F811
+    from playwright.sync_api import sync_playwright
+
+    url, password = console
+    artifact, digest = resolved
+    a, b, _ = nodes
+    for name in (a, b):
+        wait_for(lambda: store(worker_kube, name), timeout=30, message=f"the store of {name}")
+    prefetch(worker_kube, namespace, "warm-console", artifact, [a, b])
+    put_entries(worker_kube, a, [entry(digest, "Downloading", 420)])
+    put_entries(worker_kube, b, [entry(digest, "Ready", 1000)])
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path="/usr/bin/chromium", args=CHROMIUM_FLAGS)
+        page = browser.new_page()
+        page.goto(f"{url}/admin/login/")
+        page.fill("#id_username", "admin")
+        page.fill("#id_password", password)
+        page.click("input[type=submit]")
+        page.wait_for_url(f"{url}/admin/")
+
+        def rows(path, text):
+            def look():
+                page.goto(f"{url}/admin/gpustack_models/{path}/?q={text}")
+                body = page.inner_text("#result_list") if page.locator("#result_list").count() else ""
+                return body if text in body else None
+
+            return wait_for(look, timeout=30, interval=1, message=f"{text} on the {path} page")
+
+        artifacts = rows("artifact", artifact)
+        assert namespace in artifacts and "Resolved" in artifacts
+        stores = rows("nodestore", a)
+        assert a in stores
+        prefetches = rows("prefetch", "warm-console")
+        assert artifact in prefetches
+        # A node store's page lists its entries with their progress.
+        page.goto(f"{url}/admin/gpustack_models/nodestore/?q={a}")
+        page.click(f"text={a}")
+        detail = wait_for(lambda: (t := page.inner_text("body")) and "42%" in t and t, timeout=30, interval=1,
+                          message="the entry's progress on the store page")
+        assert digest[:19] in detail
+        browser.close()
