@@ -8,6 +8,10 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
 
 app = Celery("gpustack_models")
 app.config_from_object("django.conf:settings", namespace="CELERY")
+# Celery's Django support closes the database connection after every task unless told how many tasks
+# may reuse it; reconnecting to PostgreSQL for each informer event would cap the mirror at ~150 events/s.
+# Django's own CONN_MAX_AGE still retires connections.
+app.conf.CELERY_DB_REUSE_MAX = 1000
 app.autodiscover_tasks()
 
 

@@ -141,14 +141,19 @@ if _database["ENGINE"] not in ("django.db.backends.sqlite3", "django.db.backends
     raise ImproperlyConfigured(f"DATABASE_URL={DATABASE_URL!r}: only sqlite and postgres are supported")
 if _database["ENGINE"] == "django.db.backends.sqlite3":
     # The informers and Celery write concurrently; wait for the lock instead of failing at once.
-    _database.setdefault("OPTIONS", {})["timeout"] = 20
+    _database.setdefault("OPTIONS", {}).update(
+        timeout=20,
+        # Readers never wait for writers; writers take the lock when their transaction starts.
+        init_command="PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+        transaction_mode="IMMEDIATE",
+    )
     # A test database other processes (the Celery worker) can open too.
     _database["TEST"] = {"NAME": str(DATA_DIR / "test.sqlite3")}
 DATABASES = {"default": _database}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 # --- Celery: a file-based broker by default, Redis (or any kombu URL) otherwise ---------------------
-CELERY_BROKER_URL = env_url("CELERY_BROKER_URL", "filesystem://", {"filesystem", "redis", "rediss", "amqp", "memory"})
+CELERY_BROKER_URL = env_url("CELERY_BROKER_URL", "filesystem://localhost/", {"filesystem", "redis", "rediss", "amqp", "memory"})
 CELERY_BROKER_DIR = DATA_DIR / "celery" / "broker"
 if CELERY_BROKER_URL.startswith("filesystem://"):
     CELERY_BROKER_TRANSPORT_OPTIONS = {
@@ -162,6 +167,9 @@ else:
     CELERY_BROKER_TRANSPORT_OPTIONS = {}
     _default_results = CELERY_BROKER_URL if CELERY_BROKER_URL.startswith(("redis", "rediss")) else "rpc://"
 CELERY_RESULT_BACKEND = env_str("CELERY_RESULT_BACKEND", _default_results)
+# Reconcilers report through Kubernetes and the mirror, not through results; storing each one would
+# cost a broker round trip per event.
+CELERY_TASK_IGNORE_RESULT = True
 CELERY_TASK_ACKS_LATE = True  # a task lost with its worker is delivered again; tasks are idempotent
 CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 4
@@ -177,6 +185,22 @@ KUBE_REQUEST_TIMEOUT = env_float("KUBE_REQUEST_TIMEOUT", 30.0, minimum=1.0)
 KUBE_VERSION_FILE = BASE_DIR / "deploy" / "controlplane" / "go.mod"
 # Compaction interval passed to the local kube-apiserver (Go duration); short values exercise 410 Expired.
 ETCD_COMPACTION_INTERVAL = env_str("GPUSTACK_ETCD_COMPACTION_INTERVAL", "5m")
+
+# --- The aggregated API server ---------------------------------------------------------------------
+# Seconds a TokenReview or SubjectAccessReview answer is reused.
+AUTH_CACHE_TTL = env_float("GPUSTACK_AUTH_CACHE_TTL", 10.0, minimum=0.0)
+# Where the worker's objects live and who it is; the admission policies name these accounts.
+NAMESPACE = env_str("GPUSTACK_NAMESPACE", "gpustack-system")
+WORKER_SERVICE_ACCOUNT = env_str("GPUSTACK_WORKER_SERVICE_ACCOUNT", "gpustack-models-worker")
+PLUGIN_SERVICE_ACCOUNT = env_str("GPUSTACK_PLUGIN_SERVICE_ACCOUNT", "gpustack-models-plugin")
+API_SERVICE_NAME = env_str("GPUSTACK_API_SERVICE", "gpustack-models-api")
+API_PORT = env_int("GPUSTACK_API_PORT", 8443, minimum=1, maximum=65535)
+API_BIND = env_list("GPUSTACK_API_BIND", [f"127.0.0.1:{API_PORT}", f"[::1]:{API_PORT}"])
+API_WORKERS = env_int("GPUSTACK_API_WORKERS", 2, minimum=1)
+# Threads per API worker process for request handling (an open watch holds none).
+API_THREADS = env_int("GPUSTACK_API_THREADS", 64, minimum=1)
+TLS_CERT_FILE = env_str("GPUSTACK_TLS_CERT_FILE", str(DATA_DIR / "worker-pki" / "serving.crt"))
+TLS_KEY_FILE = env_str("GPUSTACK_TLS_KEY_FILE", str(DATA_DIR / "worker-pki" / "serving.key"))
 
 # --- The worker's reconcilers ----------------------------------------------------------------------
 # Label of the node plugin's Pods (the DaemonSet's, or those the local launcher registers).
@@ -195,6 +219,33 @@ STORE_HIGH_PERCENT = env_int("GPUSTACK_STORE_HIGH_PERCENT", 80, minimum=1, maxim
 STORE_LOW_PERCENT = env_int("GPUSTACK_STORE_LOW_PERCENT", 70, minimum=0, maximum=100)
 DOWNLOAD_CONCURRENCY = env_int("GPUSTACK_DOWNLOAD_CONCURRENCY", 8, minimum=1, maximum=256)
 DOWNLOAD_BYTES_PER_SECOND = env_int("GPUSTACK_DOWNLOAD_BYTES_PER_SECOND", 0, minimum=0)
+
+# The node plugin, as the worker reaches it: its HTTPS port on the plugin Pod's IP, and the CA its
+# serving certificates are checked against.
+PLUGIN_PORT = env_int("GPUSTACK_PLUGIN_PORT", 9443, minimum=1, maximum=65535)
+PLUGIN_CA_FILE = env_str("GPUSTACK_PLUGIN_CA_FILE", str(DATA_DIR / "plugin-pki" / "ca.crt"))
+# progress: live reads of at most this many downloading nodes, each within the timeout, the whole
+# answer within the deadline (seconds).
+PROGRESS_LIVE_MAX = env_int("GPUSTACK_PROGRESS_LIVE_MAX", 64, minimum=0)
+PROGRESS_LIVE_TIMEOUT = env_float("GPUSTACK_PROGRESS_LIVE_TIMEOUT", 2.0, minimum=0.1)
+PROGRESS_DEADLINE = env_float("GPUSTACK_PROGRESS_DEADLINE", 13.0, minimum=1.0)
+
+# --- The node plugin (manage.py runplugin) -----------------------------------------------------------
+# Where the plugin finds the worker's ticket endpoint (the worker's Service) and the CA of its certificate.
+WORKER_URL = env_url("GPUSTACK_WORKER_URL", f"https://127.0.0.1:{API_PORT}", {"https"})
+WORKER_CA_FILE = env_str("GPUSTACK_WORKER_CA_FILE", str(DATA_DIR / "worker-pki" / "ca.crt"))
+PLUGIN_CACHE_DIR = env_str("GPUSTACK_PLUGIN_CACHE_DIR", "")  # default: $GPUSTACK_DATA_DIR/plugin/<node>
+PLUGIN_ADDRESS = env_str("GPUSTACK_PLUGIN_ADDRESS", "")  # default: 0.0.0.0:$GPUSTACK_PLUGIN_PORT
+PLUGIN_TLS_CERT_FILE = env_str("GPUSTACK_PLUGIN_TLS_CERT_FILE", "")
+PLUGIN_TLS_KEY_FILE = env_str("GPUSTACK_PLUGIN_TLS_KEY_FILE", "")
+# A published tree whose digest left spec.models is removed after this many seconds.
+PLUGIN_GRACE_SECONDS = env_float("GPUSTACK_PLUGIN_GRACE_SECONDS", 600.0, minimum=0.0)
+# Progress fields are written at most this often (and only after a 5 % move).
+PLUGIN_PROGRESS_INTERVAL = env_float("GPUSTACK_PLUGIN_PROGRESS_INTERVAL", 30.0, minimum=0.1)
+# The first wait after a failed download (seconds); it doubles per failure up to an hour.
+PLUGIN_RETRY_BASE = env_float("GPUSTACK_PLUGIN_RETRY_BASE", 60.0, minimum=1.0)
+# Treat the cache volume as this many bytes (0: the volume's real size).
+PLUGIN_CAPACITY_BYTES = env_int("GPUSTACK_PLUGIN_CAPACITY_BYTES", 0, minimum=0)
 
 CELERY_BEAT_SCHEDULE = {
     "revalidate-unresolved-every-5m": {"task": "gpustack_models.revalidate_unresolved", "schedule": 300.0},
@@ -219,22 +270,6 @@ REST_FRAMEWORK = {
 }
 # kube-apiserver's own request body limit.
 DATA_UPLOAD_MAX_MEMORY_SIZE = 3 * 1024 * 1024
-
-# --- The aggregated API server ---------------------------------------------------------------------
-# Seconds a TokenReview or SubjectAccessReview answer is reused.
-AUTH_CACHE_TTL = env_float("GPUSTACK_AUTH_CACHE_TTL", 10.0, minimum=0.0)
-# Where the worker's objects live and who it is; the admission policies name these accounts.
-NAMESPACE = env_str("GPUSTACK_NAMESPACE", "gpustack-system")
-WORKER_SERVICE_ACCOUNT = env_str("GPUSTACK_WORKER_SERVICE_ACCOUNT", "gpustack-models-worker")
-PLUGIN_SERVICE_ACCOUNT = env_str("GPUSTACK_PLUGIN_SERVICE_ACCOUNT", "gpustack-models-plugin")
-API_SERVICE_NAME = env_str("GPUSTACK_API_SERVICE", "gpustack-models-api")
-API_PORT = env_int("GPUSTACK_API_PORT", 8443, minimum=1, maximum=65535)
-API_BIND = env_list("GPUSTACK_API_BIND", [f"127.0.0.1:{API_PORT}", f"[::1]:{API_PORT}"])
-API_WORKERS = env_int("GPUSTACK_API_WORKERS", 2, minimum=1)
-# Threads per API worker process for request handling (an open watch holds none).
-API_THREADS = env_int("GPUSTACK_API_THREADS", 64, minimum=1)
-TLS_CERT_FILE = env_str("GPUSTACK_TLS_CERT_FILE", str(DATA_DIR / "worker-pki" / "serving.crt"))
-TLS_KEY_FILE = env_str("GPUSTACK_TLS_KEY_FILE", str(DATA_DIR / "worker-pki" / "serving.key"))
 
 LOGGING = {
     "version": 1,

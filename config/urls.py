@@ -2,7 +2,7 @@ from django.conf import settings
 from django.contrib import admin
 from django.urls import path, re_path
 
-from gpustack_models import facade, views
+from gpustack_models import facade, tickets, views
 from gpustack_models.server import threaded
 
 GROUP = r"apis/worker\.gpustack\.ai"
@@ -20,6 +20,7 @@ urlpatterns = [
         threaded(facade.ResourceView.as_view()),
     ),
     path("openapi/v2", threaded(views.OpenAPIV2View.as_view())),
+    path("internal/v1/tickets", threaded(tickets.TicketView.as_view())),
     re_path(r"^openapi/v3(?P<rest>/.*)?$", threaded(views.OpenAPIV3View.as_view())),
 ]
 

@@ -207,3 +207,50 @@ class Launcher:
             except kube.KubeError as exc:
                 if exc.status != 404:
                     raise
+
+
+    # --- node plugins -----------------------------------------------------------------------------------
+    def plugin_pki(self, node: str, address: str) -> tuple[Path, Path]:
+        """A serving certificate for ``node``'s plugin at ``address``, from the plugin CA the worker trusts."""
+        directory = self.data_dir / "plugin-pki"
+        if not (directory / "ca.crt").exists():
+            pki.new_ca("gpustack-models-plugin-ca").write(directory, "ca")
+        authority = pki.KeyPair.load(directory, "ca")
+        return pki.issue(authority, node, dns_names=(node,), ip_addresses=(address,), server=True).write(
+            directory, node)
+
+    def plugin_kubeconfig(self, node: str) -> Path:
+        """A kubeconfig with a token of the plugin's ServiceAccount bound to its Pod (so kube-apiserver
+        names the node in the token's user info, as for a DaemonSet Pod's projected token)."""
+        pod = self.admin.get(f"/api/v1/namespaces/{settings.NAMESPACE}/pods/{self.plugin_pod_name(node)}")
+        token = self.service_account_token(
+            settings.PLUGIN_SERVICE_ACCOUNT, seconds=24 * 3600,
+            bound_object={"apiVersion": "v1", "kind": "Pod", "name": pod["metadata"]["name"],
+                          "uid": pod["metadata"]["uid"]},
+        )
+        config = yaml.safe_load(self.cluster.token_kubeconfig.read_text())
+        config["users"] = [{"name": "plugin", "user": {"token": token}}]
+        config["contexts"] = [{"name": "local", "context": {"cluster": "local", "user": "plugin"}}]
+        path = self.data_dir / "plugin" / node / "kubeconfig"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(yaml.safe_dump(config))
+        path.chmod(0o600)
+        return path
+
+    def plugin_env(self, node: str, address: str, port: int, base_env: dict | None = None) -> dict:
+        """Register ``node`` with its plugin Pod and return the environment of its ``runplugin``."""
+        import os
+
+        self.register_node(node, address)
+        cert, key = self.plugin_pki(node, address)
+        env = dict(base_env if base_env is not None else os.environ)
+        env.update(
+            KUBECONFIG=str(self.plugin_kubeconfig(node)),
+            GPUSTACK_DATA_DIR=str(self.data_dir),
+            GPUSTACK_PLUGIN_ADDRESS=f"{address}:{port}",
+            GPUSTACK_PLUGIN_TLS_CERT_FILE=str(cert),
+            GPUSTACK_PLUGIN_TLS_KEY_FILE=str(key),
+            GPUSTACK_PLUGIN_CACHE_DIR=str(self.data_dir / "plugin" / node / "cache"),
+            GPUSTACK_WORKER_CA_FILE=str(self.pki_dir / "ca.crt"),
+        )
+        return env

@@ -19,7 +19,7 @@ from .models import Artifact, InformerState, NodeStore, PluginPod, Prefetch
 log = logging.getLogger(__name__)
 
 
-@shared_task(name="gpustack_models.ping")
+@shared_task(name="gpustack_models.ping", ignore_result=False)
 def ping(payload: str) -> dict:
     """Answer with the payload and this worker's host: a health check of the broker round trip."""
     return {"payload": payload, "host": socket.gethostname()}

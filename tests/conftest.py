@@ -20,14 +20,17 @@ from gpustack_models.resources.crd import crd_files
 
 REPO = Path(__file__).resolve().parent.parent
 TEST_STATE = REPO / ".local" / "test"
+PLUGIN_PORT = Ports.free().apiserver  # every test plugin serves on its own loopback address, this port
 
 
+@pytest.hookimpl(trylast=True)  # after pytest-django's own reordering
 def pytest_collection_modifyitems(config, items):
     """Tests that stop or restart shared components run last, in their collected order. Tests of the
     worker's background processes get the test database (pytest-django creates it only when asked)."""
     items.sort(key=lambda item: item.get_closest_marker("disruptive") is not None)
     for item in items:
-        if "worker_stack" in getattr(item, "fixturenames", ()) and not item.get_closest_marker("django_db"):
+        uses_db = {"worker_stack", "worker_api"} & set(getattr(item, "fixturenames", ()))
+        if uses_db and not item.get_closest_marker("django_db"):
             item.add_marker(pytest.mark.django_db)
 
 
@@ -149,9 +152,10 @@ __all__ = ["crd_files", "kubectl_run", "token_http", "wait_for", "status_of"]
 class WorkerAPI:
     """The worker's API server process, registered as APIService v1.worker.gpustack.ai."""
 
-    def __init__(self, launcher, port: int):
+    def __init__(self, launcher, port: int, db_url: str):
         self.launcher = launcher
         self.port = port
+        self.db_url = db_url
         self.proc = None
         self.crt, self.key, self.ca_pem = launcher.serving_pki()
         self.ca_file = launcher.pki_dir / "ca.crt"
@@ -159,7 +163,8 @@ class WorkerAPI:
 
     def env(self) -> dict:
         env = dict(os.environ)
-        env.update(KUBECONFIG=str(self.launcher.worker_kubeconfig), GPUSTACK_DATA_DIR=str(TEST_STATE))
+        env.update(KUBECONFIG=str(self.launcher.worker_kubeconfig), GPUSTACK_DATA_DIR=str(TEST_STATE),
+                   DATABASE_URL=self.db_url, GPUSTACK_PLUGIN_PORT=str(PLUGIN_PORT), GPUSTACK_PROGRESS_LIVE_TIMEOUT="2")
         return env
 
     def start(self) -> None:
@@ -216,10 +221,12 @@ def launcher(cluster):
 
 
 @pytest.fixture(scope="session")
-def worker_api(launcher):
+def worker_api(launcher, django_db_setup, django_db_blocker):
     from gpustack_models.localcluster import free_port
 
-    api = WorkerAPI(launcher, free_port())
+    with django_db_blocker.unblock():
+        url = database_url()
+    api = WorkerAPI(launcher, free_port(), url)
     api.start()
     try:
         launcher.register(api.port)
@@ -292,9 +299,9 @@ class WorkerStack:
     def start(self, name: str) -> None:
         argv = {
             "informers": [sys.executable, "manage.py", "runinformers"],
-            "celery": [sys.executable, "-m", "celery", "-A", "config", "worker", "--pool=threads",
-                       "--concurrency=8", "--beat", f"--schedule={TEST_STATE / 'beat-schedule'}",
-                       "--without-gossip", "--without-mingle", "--loglevel=INFO"],
+            "celery": [sys.executable, "-m", "celery", "-A", "config", "worker", "--pool=prefork",
+                       "--concurrency=4", "--beat", f"--schedule={TEST_STATE / 'beat-schedule'}",
+                       "--without-gossip", "--without-mingle", "--loglevel=WARNING"],
         }[name]
         log = open(TEST_STATE / f"{name}.log", "ab")
         self.procs[name] = subprocess.Popen(argv, cwd=REPO, env=self.env(), stdout=log, stderr=subprocess.STDOUT)
@@ -333,3 +340,60 @@ def mirror_db(django_db_blocker):
     with django_db_blocker.unblock():
         yield
         connection.close()
+
+
+# --- Node plugins -----------------------------------------------------------------------------------------
+
+
+class PluginProcess:
+    """One ``manage.py runplugin`` for one node, on its own loopback address and cache directory."""
+
+    def __init__(self, launcher, worker_api, node: str, address: str, extra_env: dict):
+        self.node, self.address = node, address
+        self.env = launcher.plugin_env(node, address, PLUGIN_PORT)
+        self.env.update(GPUSTACK_WORKER_URL=worker_api.url, NO_PROXY="*", no_proxy="*", **extra_env)
+        self.cache = Path(self.env["GPUSTACK_PLUGIN_CACHE_DIR"])
+        self.proc = None
+        self.url = f"https://{address}:{PLUGIN_PORT}"
+
+    def start(self):
+        log = open(TEST_STATE / f"plugin-{self.node}.log", "ab")
+        self.proc = subprocess.Popen([sys.executable, "manage.py", "runplugin", f"--node={self.node}"], cwd=REPO,
+                                     env=self.env, stdout=log, stderr=subprocess.STDOUT)
+        session = requests.Session()
+        session.trust_env = False
+
+        def up():
+            if self.proc.poll() is not None:
+                raise AssertionError(f"plugin {self.node} exited; see plugin-{self.node}.log")
+            try:
+                return session.get(f"{self.url}/readyz", verify=False, timeout=1).status_code == 200
+            except requests.RequestException:
+                return False
+
+        import urllib3
+
+        urllib3.disable_warnings()
+        wait_for(up, timeout=30, message=f"plugin {self.node} to serve")
+        return self
+
+    def stop(self, kill=False):
+        if self.proc and self.proc.poll() is None:
+            self.proc.kill() if kill else self.proc.terminate()
+            self.proc.wait(30)
+
+
+@pytest.fixture
+def start_plugin(worker_stack, worker_api, launcher):
+    """Start node plugins: ``start_plugin(node, address, **env)``; all stopped after the test."""
+    started: list[PluginProcess] = []
+
+    def start(node: str, address: str, **env) -> PluginProcess:
+        plugin = PluginProcess(launcher, worker_api, node, address, {k: str(v) for k, v in env.items()})
+        started.append(plugin)
+        return plugin.start()
+
+    yield start
+    for plugin in started:
+        plugin.stop()
+        launcher.unregister_node(plugin.node)

@@ -93,25 +93,39 @@ def test_it_applies_client_side_with_a_merge_patch_and_server_side(api, namespac
     assert last_applied["apiVersion"] == f"{GROUP}/v1"
 
 
-def test_it_prints_the_printer_columns(api, namespace, worker_kube):
+def test_it_prints_the_printer_columns(api, namespace, worker_kube, worker_stack):
+    digest = "sha256:" + uuid.uuid4().hex * 2
+    stores = [f"cols-{uuid.uuid4().hex[:6]}" for _ in range(3)]
+    for name, state in zip(stores, ("Ready", "Ready", "Downloading")):
+        obj = worker_kube.create(f"/apis/{GROUP}/v1alpha1/nodemodelstores", {
+            "apiVersion": f"{GROUP}/v1alpha1", "kind": "NodeModelStore", "metadata": {"name": name}, "spec": {}})
+        obj["status"] = {"models": [{"digest": digest, "state": state, "sizeBytes": 100, "downloadedBytes": 50}]}
+        worker_kube.json("PUT", f"/apis/{GROUP}/v1alpha1/nodemodelstores/{name}/status", body=obj)
     api("apply", "-f", "-", input=artifact_yaml("cols", namespace))
-    # The worker writes status; give it a resolved one with a 40-character revision and a size.
+    # As the worker would: a resolved status with a 40-character revision and a size; the worker's roll-up
+    # then counts the nodes holding the digest.
     path = f"/apis/{GROUP}/v1alpha1/namespaces/{namespace}/modelartifacts/cols/status"
     current = worker_kube.get(path)
     current["status"] = {
-        "resolved": {"revision": "0123456789abcdef0123456789abcdef01234567", "manifestDigest": DIGEST,
+        "resolved": {"revision": "0123456789abcdef0123456789abcdef01234567", "manifestDigest": digest,
                      "fileCount": 3, "sizeBytes": 145_390_000_000},
-        "nodes": {"ready": 2, "downloading": 1, "failed": 0},
         "conditions": [{"type": "Resolved", "status": "True", "reason": "Resolved", "message": "",
                         "lastTransitionTime": "2026-01-01T00:00:00Z"}],
+        "observedGeneration": 1,
     }
     worker_kube.json("PUT", path, body=current)
-    lines = api("get", "mart", "cols", "-n", namespace).stdout.splitlines()
-    assert lines[0].split() == ["NAME", "SOURCE", "REVISION", "SIZE", "READY", "DOWNLOADING", "RESOLVED"]
-    assert lines[1].split() == ["cols", "hf:Qwen/Qwen2.5-0.5B", "0123456789ab", "135.4Gi", "2", "1", "True"]
-    wide = api("get", "mart", "cols", "-n", namespace, "-o", "wide").stdout.splitlines()
-    assert wide[0].split() == ["NAME", "SOURCE", "REVISION", "SIZE", "READY", "DOWNLOADING", "RESOLVED", "AGE"]
-    assert wide[1].split()[-1].endswith("s") or wide[1].split()[-1].endswith("m")
+    try:
+        wait_for(lambda: (worker_kube.get(path).get("status") or {}).get("nodes", {}).get("ready") == 2, timeout=30,
+                 message="the roll-up of the three stores")
+        lines = api("get", "mart", "cols", "-n", namespace).stdout.splitlines()
+        assert lines[0].split() == ["NAME", "SOURCE", "REVISION", "SIZE", "READY", "DOWNLOADING", "RESOLVED"]
+        assert lines[1].split() == ["cols", "hf:Qwen/Qwen2.5-0.5B", "0123456789ab", "135.4Gi", "2", "1", "True"]
+        wide = api("get", "mart", "cols", "-n", namespace, "-o", "wide").stdout.splitlines()
+        assert wide[0].split() == ["NAME", "SOURCE", "REVISION", "SIZE", "READY", "DOWNLOADING", "RESOLVED", "AGE"]
+        assert wide[1].split()[-1].endswith("s") or wide[1].split()[-1].endswith("m")
+    finally:
+        for name in stores:
+            worker_kube.delete(f"/apis/{GROUP}/v1alpha1/nodemodelstores/{name}")
 
 
 def test_it_sends_changes_over_watch_as_table_rows(api, namespace, cluster, tmp_path):

@@ -30,6 +30,7 @@ from pathlib import Path
 from .cache import Cache, read_json
 from .download import CHECKPOINT_VERSION, Download, DownloadSettings, Limits
 from .failures import (
+    BACKOFF_INITIAL_SECONDS,
     CANCELED,
     INSUFFICIENT_CAPACITY,
     INVALID_REQUEST,
@@ -175,6 +176,7 @@ class Engine:
         on_change: Callable[[str, Entry | None], None] | None = None,
         metrics=None,
         clock: Callable[[], float] = time.time,
+        retry_base: float = BACKOFF_INITIAL_SECONDS,
     ):
         self.cache = Cache(root, capacity_bytes=capacity_bytes)
         self.settings = settings or DownloadSettings()
@@ -186,6 +188,7 @@ class Engine:
         self._on_change = on_change
         self._metrics = metrics
         self._clock = clock
+        self._retry_base = float(retry_base)
         self._lock = threading.RLock()
         self._items: dict[str, _Item] = {}
         self._jobs: dict[str, _Job] = {}
@@ -506,7 +509,7 @@ class Engine:
             item.retry_time = None  # the caller's decision, not the hub's fault: no backoff
         else:
             item.failures += 1
-            item.retry_time = now + backoff_seconds(item.failures, failure.retry_after)
+            item.retry_time = now + backoff_seconds(item.failures, failure.retry_after, self._retry_base)
         self._persist(item)
         if self._metrics is not None:
             self._metrics.download_finished(FAILED, failure.reason)

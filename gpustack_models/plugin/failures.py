@@ -53,12 +53,12 @@ class DownloadFailed(Exception):
         return f"DownloadFailed({self.reason!r}, {self.message!r})"
 
 
-def backoff_seconds(failures: int, retry_after: float | None = None) -> float:
+def backoff_seconds(failures: int, retry_after: float | None = None, initial: float = BACKOFF_INITIAL_SECONDS) -> float:
     """The wait after the ``failures``-th consecutive failure (1 min, 2, 4, ... capped at 1 h),
     never shorter than the hub's ``retry_after`` hint (itself capped at 1 h)."""
     if failures <= 0:
         return 0.0
-    delay = min(BACKOFF_MAX_SECONDS, BACKOFF_INITIAL_SECONDS * (2 ** min(failures - 1, 16)))
+    delay = min(BACKOFF_MAX_SECONDS, initial * (2 ** min(failures - 1, 16)))
     if retry_after is not None and retry_after > delay:
         delay = min(BACKOFF_MAX_SECONDS, float(retry_after))
     return delay

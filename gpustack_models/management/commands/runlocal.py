@@ -16,7 +16,8 @@ from gpustack_models.localcluster import REPO_DIR, LocalCluster, Ports
 class Command(BaseCommand):
     help = (
         "Run the whole service locally on its embedded defaults: the local control plane, the CRDs, RBAC and "
-        "admission policies, the aggregated API worker.gpustack.ai/v1 and the admin console (SQLite and a "
+        "admission policies, the aggregated API worker.gpustack.ai/v1, the informers and a Celery worker with beat, "
+        "and the admin console (SQLite and a "
         "file-based Celery broker unless DATABASE_URL / CELERY_BROKER_URL say otherwise). Ctrl-C stops all."
     )
 
@@ -57,6 +58,10 @@ class Command(BaseCommand):
                           f"--certfile={cert}", f"--keyfile={key}"], worker_env)
             spawn("console", [sys.executable, "-m", "gunicorn", "config.wsgi:application", "--bind", console,
                               "--workers", "2", "--no-control-socket"], worker_env)
+            spawn("celery", [sys.executable, "-m", "celery", "-A", "config", "worker", "--pool=prefork",
+                             "--concurrency=2", "--beat", "--loglevel=WARNING", "--without-gossip",
+                             "--without-mingle"], worker_env)
+            spawn("informers", [sys.executable, "manage.py", "runinformers"], worker_env)
             launcher.register(settings.API_PORT)
             try:
                 launcher.wait_available(timeout=90)
