@@ -19,7 +19,7 @@ app.autodiscover_tasks()
 def _prepare_filesystem_broker(sender, **kwargs):
     """The filesystem transport expects its folders to exist; create them on first use."""
     options = sender.conf.broker_transport_options or {}
-    for key in ("data_folder_in", "data_folder_out", "processed_folder"):
+    for key in ("data_folder_in", "data_folder_out", "processed_folder", "control_folder"):
         if options.get(key):
             os.makedirs(options[key], exist_ok=True)
     backend = sender.conf.result_backend or ""

@@ -12,12 +12,15 @@ from django.core.management.base import BaseCommand, CommandError
 from gpustack_models.launcher import Launcher
 from gpustack_models.localcluster import REPO_DIR, LocalCluster, Ports
 
+LOCAL_NODE = "local-node"
+LOCAL_NODE_ADDRESS = "127.0.0.11"
+
 
 class Command(BaseCommand):
     help = (
         "Run the whole service locally on its embedded defaults: the local control plane, the CRDs, RBAC and "
-        "admission policies, the aggregated API worker.gpustack.ai/v1, the informers and a Celery worker with beat, "
-        "and the admin console (SQLite and a "
+        "admission policies, the aggregated API worker.gpustack.ai/v1, the informers, a Celery worker with beat, "
+        "one local node with its plugin, and the admin console (SQLite and a "
         "file-based Celery broker unless DATABASE_URL / CELERY_BROKER_URL say otherwise). Ctrl-C stops all."
     )
 
@@ -62,6 +65,9 @@ class Command(BaseCommand):
                              "--concurrency=2", "--beat", "--loglevel=WARNING", "--without-gossip",
                              "--without-mingle"], worker_env)
             spawn("informers", [sys.executable, "manage.py", "runinformers"], worker_env)
+            # One local node with its plugin, registered as a kubelet would (a Node, a Running plugin Pod).
+            plugin_env = launcher.plugin_env(LOCAL_NODE, LOCAL_NODE_ADDRESS, settings.PLUGIN_PORT)
+            spawn("plugin", [sys.executable, "manage.py", "runplugin", f"--node={LOCAL_NODE}"], plugin_env)
             launcher.register(settings.API_PORT)
             try:
                 launcher.wait_available(timeout=90)
@@ -74,6 +80,8 @@ class Command(BaseCommand):
                 f"  kubectl:    {cluster.kubectl}\n"
                 f"  API:        worker.gpustack.ai/v1 through {cluster.server} (worker on :{settings.API_PORT})\n"
                 f"  console:    http://{console}/admin/\n"
+                f"  node:       {LOCAL_NODE} (plugin on {LOCAL_NODE_ADDRESS}:{settings.PLUGIN_PORT}, cache "
+                f"{settings.DATA_DIR / 'plugin' / LOCAL_NODE / 'cache'})\n"
                 f"  logs:       {log_dir}/\n"
                 f"  try:        {kubectl} api-resources --api-group=worker.gpustack.ai\n"
                 "Ctrl-C stops everything."

@@ -1,0 +1,17 @@
+"""The plugin's download (hash-verified and published) against `hf download` of the same files from the same
+local hub, unthrottled and with a per-connection throttle (real CDNs give tens of MB/s per connection)."""
+
+from ..plugin.bench_download import run
+
+
+def test_bench_download_throughput(bench_scale, record):
+    full = bench_scale == "full"
+    result = run([256, 64, 8], 16_000_000, repeat=2, smoke=not full)
+    size_mb = result["bytes"] / 1e6
+    parts = []
+    for name in ("unthrottled", "throttled"):
+        r = result[name]
+        parts.append(f"{name}: plugin {r['engine_mb_s']} MB/s vs hf {r['hf_mb_s_without_startup']} MB/s "
+                     f"(ratio {r['ratio']}, {r['ratio_vs_hf_wall']} against hf's wall time)")
+        assert r["engine_mb_s"] > 0 and r["hf_mb_s"] > 0
+    record(f"download of {size_mb:.0f} MB: " + "; ".join(parts) + " (target ratio >= 1.0; throttled = 16 MB/s per connection)")
