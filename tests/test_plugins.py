@@ -341,21 +341,28 @@ def test_it_reads_at_most_64_plugins_live_and_skips_a_silent_one(scenario, launc
         for node, _ in nodes:
             wait_for(lambda: _store(worker_kube, node), timeout=60, message="the fake nodes' stores")
         with FakePlugins(launcher, [a for _, a in nodes], PLUGIN_PORT) as fakes:
+            def stored(i):  # node i has stored (i + 1) % of the content; its plugin has 0.5 % more
+                return size * (i + 1) // 100
+
+            extra = size // 200
             for i, (node, address) in enumerate(nodes[:70]):
-                stored = 1000 * (i + 1)
                 _put_entry(worker_kube, node, {"digest": scenario.digest, "state": "Downloading",
-                                               "sizeBytes": size, "downloadedBytes": stored})
-                fakes.plugins[address].downloads = [{"digest": scenario.digest, "downloadedBytes": stored + 500,
+                                               "sizeBytes": size, "downloadedBytes": stored(i)})
+                fakes.plugins[address].downloads = [{"digest": scenario.digest, "downloadedBytes": stored(i) + extra,
                                                      "sizeBytes": size, "source": "Hub"}]
-            fakes.plugins[nodes[0][1]].hang = True  # among the 64 read (the first by name), never answers
             wait_for(lambda: scenario.progress()["downloading"] == 70, timeout=60, message="70 downloading nodes")
+            answer = scenario.progress()
+            assert answer["live"] == 64  # at most 64 read live (the first by name); 6 from stored bytes
+            assert answer["downloadingBytes"] == sum(stored(i) + (extra if i < 64 else 0) for i in range(70))
+            # One of the 64 never answers: the answer still comes in time, that node from its stored bytes.
+            fakes.plugins[nodes[0][1]].hang = True
             started = time.monotonic()
             answer = scenario.progress()
             assert time.monotonic() - started < 13
-            assert answer["live"] == 63  # 64 read, one silent
-            expected = sum(1000 * (i + 1) + (500 if 0 < i < 64 else 0) for i in range(70))
-            assert answer["downloadingBytes"] == expected
+            assert answer["live"] == 63
+            assert answer["downloadingBytes"] == sum(stored(i) + (extra if 0 < i < 64 else 0) for i in range(70))
             percent = answer["downloadingPercent"]
+            assert 30 <= percent <= 40  # the mean of 1..70 % (plus the live half percent)
             _put_entry(worker_kube, nodes[70][0], {"digest": scenario.digest, "state": "Ready", "sizeBytes": size,
                                                    "downloadedBytes": size})
             wait_for(lambda: scenario.progress()["ready"] == 1, timeout=30, message="the ready node")
