@@ -1,5 +1,9 @@
-# The worker image: API server, informers, Celery worker/beat and the node plugin share it; the
-# Deployment or DaemonSet picks the entry point (see deploy/).
+# One image for every role; the Deployment or DaemonSet picks the command:
+#   python manage.py runapiserver            the aggregated API (HTTPS :8443) and the plugins' tickets
+#   python manage.py runinformers            list/watch into Celery
+#   celery -A config worker --beat           the reconcilers (one beat in the cluster)
+#   python manage.py runplugin --node $NODE  the node plugin (DaemonSet; HTTPS :9443)
+#   gunicorn config.wsgi:application         the admin console
 FROM python:3.11-slim-bookworm
 
 ENV PYTHONDONTWRITEBYTECODE=1 \
@@ -19,5 +23,5 @@ RUN python manage.py collectstatic --noinput --verbosity 0
 
 RUN useradd --system --uid 10001 --home-dir /var/lib/gpustack-models --create-home gpustack
 USER 10001
-EXPOSE 8443
-CMD ["python", "-m", "gunicorn", "config.wsgi:application", "--bind", "0.0.0.0:8000"]
+EXPOSE 8443 9443 8000
+CMD ["python", "manage.py", "runapiserver"]

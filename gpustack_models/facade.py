@@ -31,7 +31,7 @@ from rest_framework.views import APIView
 from . import authz, kube, representation
 from .authn import FrontProxyAuthentication, TokenReviewAuthentication
 from .authz import NonResourceAttributes, ResourceAttributes, SubjectAccessReviewPermission
-from .negotiation import OBJECT, PARTIAL, PARTIAL_LIST, TABLE, PassThroughNegotiation, check_body_type, choose, patch_type
+from .negotiation import PARTIAL, PARTIAL_LIST, TABLE, PassThroughNegotiation, check_body_type, choose, patch_type
 from .resources.kinds import BY_PLURAL, GROUP, MODEL_ARTIFACT, NODE_MODEL_STORE, PUBLIC_VERSION, STORAGE_VERSION
 from .status import BadRequest, MethodNotAllowed, NotFound, StatusError, status_response
 

@@ -60,16 +60,6 @@ def _swap(obj: dict, source: str, target: str) -> dict:
     return obj
 
 
-def to_public(obj: dict) -> dict:
-    """Rewrite a decoded storage object or list (in place) to v1."""
-    _swap(obj, STORAGE, PUBLIC)
-    if isinstance(obj.get("items"), list):
-        for item in obj["items"]:
-            if isinstance(item, dict):
-                _swap(item, STORAGE, PUBLIC)
-    return obj
-
-
 def to_storage(obj: dict) -> dict:
     """Rewrite a v1 request body (in place) to the storage version."""
     return _swap(obj, PUBLIC, STORAGE)

@@ -98,18 +98,6 @@ class Invalid(StatusError):
     code = 422
 
 
-def forbidden(user: str, verb: str, resource: str, group: str, namespace: str = "", name: str = "",
-              reason_text: str = "") -> Forbidden:
-    """Forbidden in kube-apiserver's own wording (kubectl and clients parse nothing else from it)."""
-    subject = f'"{resource}"' + (f' "{name}"' if name else "")
-    scope = f' in the namespace "{namespace}"' if namespace else " at the cluster scope"
-    message = f'{subject} is forbidden: User "{user}" cannot {verb} resource "{resource}" in API group "{group}"{scope}'
-    if reason_text:
-        message += f": {reason_text}"
-    kind = resource.split("/")[0]
-    return Forbidden(message, details={"name": name, "group": group, "kind": kind} if name else {"group": group, "kind": kind})
-
-
 def exception_handler(exc, context):
     """DRF exception handler: every error leaves as a Status object."""
     if isinstance(exc, StatusError):

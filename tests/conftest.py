@@ -139,6 +139,33 @@ def wait_for(predicate, timeout: float = 30.0, interval: float = 0.2, message: s
     raise AssertionError(f"timed out after {timeout:.0f}s waiting for {message} (last: {last!r})")
 
 
+def read_modify_write(session, target, change, attempts=20):
+    """PUT ``change(current)`` with a requests session until no concurrent writer (the worker or a plugin,
+    writing status) got in between (409 Conflict). Returns the last response."""
+    import copy
+
+    for _ in range(attempts):
+        current = session.get(target).json()
+        resp = session.put(target, json=change(copy.deepcopy(current)))
+        if resp.status_code != 409:
+            return resp
+    raise AssertionError(f"PUT {target} still conflicting after {attempts} attempts")
+
+
+def kube_update(client, path, change, attempts=20):
+    """The same with a ``gpustack_models.kube.Kube`` client; returns the written object."""
+    from gpustack_models import kube
+
+    for _ in range(attempts):
+        current = client.get(path)
+        try:
+            return client.json("PUT", path, body=change(current))
+        except kube.KubeError as exc:
+            if exc.status != 409:
+                raise
+    raise AssertionError(f"PUT {path} still conflicting after {attempts} attempts")
+
+
 def status_of(exc: k8s.ApiException) -> dict:
     return json.loads(exc.body)
 

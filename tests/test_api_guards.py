@@ -11,7 +11,7 @@ from kubernetes import client as k8s
 
 from gpustack_models.resources.kinds import GROUP
 
-from .conftest import token_http, wait_for
+from .conftest import kube_update, token_http, wait_for
 
 DIGEST = "sha256:" + "12" * 32
 FORGED = "sha256:" + "00" * 32
@@ -37,11 +37,12 @@ def writer(worker_api, core, api_client, worker_kube):
         subjects=[k8s.RbacV1Subject(kind="User", name="dave", api_group="rbac.authorization.k8s.io")],
     ))
     base = f"/apis/{GROUP}/v1alpha1/namespaces/{namespace}/modelartifacts"
-    created = worker_kube.create(base, {"apiVersion": f"{GROUP}/v1alpha1", "kind": "ModelArtifact",
-                                        "metadata": {"name": "guarded"},
-                                        "spec": {"source": {"huggingFace": {"repository": "org/m"}}}})
-    created["status"] = {"resolved": {"revision": "a" * 40, "manifestDigest": DIGEST, "fileCount": 1, "sizeBytes": 10}}
-    worker_kube.json("PUT", f"{base}/guarded/status", body=created)
+    worker_kube.create(base, {"apiVersion": f"{GROUP}/v1alpha1", "kind": "ModelArtifact",
+                              "metadata": {"name": "guarded"},
+                              "spec": {"source": {"huggingFace": {"repository": "org/m"}}}})
+    resolved = {"revision": "a" * 40, "manifestDigest": DIGEST, "fileCount": 1, "sizeBytes": 10}
+    kube_update(worker_kube, f"{base}/guarded/status",
+                lambda obj: dict(obj, status={**(obj.get("status") or {}), "resolved": resolved}))
     store = f"guard-node-{uuid.uuid4().hex[:6]}"
     worker_kube.create(f"/apis/{GROUP}/v1alpha1/nodemodelstores",
                        {"apiVersion": f"{GROUP}/v1alpha1", "kind": "NodeModelStore", "metadata": {"name": store},
@@ -62,10 +63,15 @@ def test_it_keeps_status_when_a_tenant_writes_it_through_v1(writer, cluster, wor
     namespace, _ = writer
     dave = token_http(cluster, cluster.tokens()["dave"])
     url = f"{cluster.server}/apis/{GROUP}/v1/namespaces/{namespace}/modelartifacts/guarded"
-    current = wait_for(lambda: (r := dave.get(url)).status_code == 200 and r.json(), timeout=15,
-                       message="dave's RBAC")
-    forged = dict(current, status={"resolved": dict(current["status"]["resolved"], manifestDigest=FORGED)})
-    assert dave.put(url, json=forged).status_code == 200
+    wait_for(lambda: dave.get(url).status_code == 200, timeout=15, message="dave's RBAC")
+
+    def forge_by_update():
+        # A client's read-modify-write: the worker may write status meanwhile (409), so read again.
+        current = dave.get(url).json()
+        forged = dict(current, status={"resolved": dict(current["status"]["resolved"], manifestDigest=FORGED)})
+        return dave.put(url, json=forged).status_code == 200
+
+    assert wait_for(forge_by_update, timeout=20, message="the update to be accepted")
     merge = dave.patch(url, data=json.dumps({"status": {"resolved": {"manifestDigest": FORGED}}}),
                        headers={"Content-Type": "application/merge-patch+json"})
     assert merge.status_code == 200

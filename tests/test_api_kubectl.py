@@ -10,7 +10,7 @@ import yaml
 
 from gpustack_models.resources.kinds import GROUP
 
-from .conftest import wait_for
+from .conftest import kube_update, wait_for
 
 DIGEST = "sha256:" + "cd" * 32
 
@@ -105,15 +105,14 @@ def test_it_prints_the_printer_columns(api, namespace, worker_kube, worker_stack
     # As the worker would: a resolved status with a 40-character revision and a size; the worker's roll-up
     # then counts the nodes holding the digest.
     path = f"/apis/{GROUP}/v1alpha1/namespaces/{namespace}/modelartifacts/cols/status"
-    current = worker_kube.get(path)
-    current["status"] = {
+    status = {
         "resolved": {"revision": "0123456789abcdef0123456789abcdef01234567", "manifestDigest": digest,
                      "fileCount": 3, "sizeBytes": 145_390_000_000},
         "conditions": [{"type": "Resolved", "status": "True", "reason": "Resolved", "message": "",
-                        "lastTransitionTime": "2026-01-01T00:00:00Z"}],
+                        "lastTransitionTime": "2026-01-01T00:00:00Z", "observedGeneration": 1}],
         "observedGeneration": 1,
     }
-    worker_kube.json("PUT", path, body=current)
+    kube_update(worker_kube, path, lambda obj: dict(obj, status=status))
     try:
         wait_for(lambda: (worker_kube.get(path).get("status") or {}).get("nodes", {}).get("ready") == 2, timeout=30,
                  message="the roll-up of the three stores")

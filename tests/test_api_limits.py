@@ -1,6 +1,7 @@
 """v1 verb limits and bad input: each a Status with the right code, never a 500."""
 
 import json
+import time
 import uuid
 
 import pytest
@@ -113,6 +114,15 @@ def test_it_serves_partial_object_metadata(v1, admin_http):
 
 
 def test_it_reads_its_own_writes(v1, admin_http):
+    # Let the worker answer the artifact first (when it runs, its status write is a write too).
+    from .conftest import wait_for
+
+    def settled():
+        first = admin_http.get(f"{v1}/lim").json()["metadata"]["resourceVersion"]
+        time.sleep(1)
+        return admin_http.get(f"{v1}/lim").json()["metadata"]["resourceVersion"] == first
+
+    wait_for(settled, timeout=30, interval=0, message="the artifact to settle")
     for i in range(5):
         written = admin_http.patch(f"{v1}/lim", data=json.dumps({"metadata": {"labels": {"i": str(i)}}}),
                                    headers={"Content-Type": "application/merge-patch+json"})

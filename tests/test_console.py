@@ -1,6 +1,5 @@
 """The admin console, in a real headless browser, shows the mirror: artifacts, node stores, prefetches."""
 
-import os
 import subprocess
 import sys
 import uuid

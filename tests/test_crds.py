@@ -9,6 +9,8 @@ from gpustack_models import manifests
 from gpustack_models.resources import crd as crd_module
 from gpustack_models.resources.kinds import GROUP, KINDS, STORAGE_VERSION
 
+from .conftest import read_modify_write
+
 DIGEST = "sha256:" + "ab" * 32
 
 
@@ -135,10 +137,13 @@ def test_it_refuses_a_claim_path_that_escapes(storage_http, cluster, namespace, 
 
 
 def test_it_refuses_any_change_of_spec_after_creation(storage_http, cluster, namespace):
-    created = storage_http.post(url(cluster, namespace), json=artifact("frozen")).json()
-    changed = copy.deepcopy(created)
-    changed["spec"]["source"]["huggingFace"]["revision"] = "v2"
-    assert_invalid(storage_http.put(url(cluster, namespace, name="frozen"), json=changed), "spec")
+    storage_http.post(url(cluster, namespace), json=artifact("frozen"))
+
+    def change(obj):
+        obj["spec"]["source"]["huggingFace"]["revision"] = "v2"
+        return obj
+
+    assert_invalid(read_modify_write(storage_http, url(cluster, namespace, name="frozen"), change), "spec")
     patched = storage_http.patch(
         url(cluster, namespace, name="frozen"),
         json={"spec": {"allowPatterns": ["*.json"]}},
@@ -155,14 +160,18 @@ def test_it_refuses_any_change_of_spec_after_creation(storage_http, cluster, nam
 
 
 def test_it_ignores_status_in_an_update_of_the_main_resource(storage_http, cluster, namespace):
-    created = storage_http.post(url(cluster, namespace), json=artifact("st")).json()
+    storage_http.post(url(cluster, namespace), json=artifact("st"))
     status = {"resolved": {"revision": "f" * 40, "manifestDigest": DIGEST, "fileCount": 1, "sizeBytes": 1}}
-    via_status = storage_http.put(url(cluster, namespace, name="st") + "/status", json=dict(created, status=status))
+    via_status = read_modify_write(storage_http, url(cluster, namespace, name="st") + "/status",
+                                   lambda obj: dict(obj, status=status))
     assert via_status.status_code == 200
-    stored = via_status.json()
-    forged = dict(stored, status={"resolved": dict(status["resolved"], manifestDigest="sha256:" + "00" * 32)})
-    forged["metadata"] = dict(stored["metadata"], labels={"x": "y"})
-    updated = storage_http.put(url(cluster, namespace, name="st"), json=forged)
+
+    def forge(obj):
+        forged = dict(obj, status={"resolved": dict(status["resolved"], manifestDigest="sha256:" + "00" * 32)})
+        forged["metadata"] = dict(obj["metadata"], labels={"x": "y"})
+        return forged
+
+    updated = read_modify_write(storage_http, url(cluster, namespace, name="st"), forge)
     assert updated.status_code == 200
     assert updated.json()["metadata"]["labels"] == {"x": "y"}
     again = storage_http.get(url(cluster, namespace, name="st")).json()

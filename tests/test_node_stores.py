@@ -7,7 +7,7 @@ import pytest
 
 from gpustack_models.resources.kinds import GROUP
 
-from .conftest import wait_for
+from .conftest import kube_update, wait_for
 
 STORAGE = f"/apis/{GROUP}/v1alpha1"
 _ips = itertools.count(20)
@@ -114,9 +114,8 @@ def test_it_puts_a_prefetched_digest_on_exactly_the_named_nodes(nodes, resolved,
 
 
 def put_entries(worker_kube, node, entries):
-    obj = store(worker_kube, node)
-    obj["status"] = {"models": entries}
-    return worker_kube.json("PUT", f"{STORAGE}/nodemodelstores/{node}/status", body=obj)
+    return kube_update(worker_kube, f"{STORAGE}/nodemodelstores/{node}/status",
+                       lambda obj: dict(obj, status={"models": entries}))
 
 
 def entry(digest, state, downloaded=0, size=1000, reason=None):

@@ -4,8 +4,6 @@ download, verify, publish, report, and the live ``progress`` subresource."""
 import hashlib
 import itertools
 import json
-import os
-import signal
 import time
 import uuid
 from pathlib import Path
@@ -15,7 +13,7 @@ import requests
 
 from gpustack_models.resources.kinds import GROUP
 
-from .conftest import PLUGIN_PORT, token_http, wait_for
+from .conftest import PLUGIN_PORT, kube_update, read_modify_write, token_http, wait_for
 
 STORAGE = f"/apis/{GROUP}/v1alpha1"
 _addresses = (f"127.0.1.{i}" for i in itertools.count(10))
@@ -273,13 +271,15 @@ def test_it_guards_tickets_status_and_live_bytes(scenario, cluster, launcher, wo
     assert ticket("not-a-token", a.node, scenario.digest).status_code == 401
     # Another node's plugin cannot write this node's status (the admission policy).
     other = token_http(cluster, token_b)
-    store = scenario.kube.get(f"{STORAGE}/nodemodelstores/{a.node}")
-    store["status"]["models"] = []
-    forged = other.put(f"{cluster.server}{STORAGE}/nodemodelstores/{a.node}/status", json=store)
+
+    def emptied(obj):
+        obj["status"]["models"] = []
+        return obj
+
+    forged = read_modify_write(other, f"{cluster.server}{STORAGE}/nodemodelstores/{a.node}/status", emptied)
     assert forged.status_code == 403, forged.text
-    own = scenario.kube.get(f"{STORAGE}/nodemodelstores/{b.node}")
-    own["status"]["models"] = []
-    assert other.put(f"{cluster.server}{STORAGE}/nodemodelstores/{b.node}/status", json=own).status_code == 200
+    own = read_modify_write(other, f"{cluster.server}{STORAGE}/nodemodelstores/{b.node}/status", emptied)
+    assert own.status_code == 200, own.text
     # Live bytes are for the worker alone.
     s = requests.Session()
     s.trust_env = False
@@ -380,6 +380,4 @@ def _store(kube, node):
 
 
 def _put_entry(kube, node, entry):
-    store = kube.get(f"{STORAGE}/nodemodelstores/{node}")
-    store["status"] = {"models": [entry]}
-    kube.json("PUT", f"{STORAGE}/nodemodelstores/{node}/status", body=store)
+    kube_update(kube, f"{STORAGE}/nodemodelstores/{node}/status", lambda obj: dict(obj, status={"models": [entry]}))
