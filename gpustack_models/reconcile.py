@@ -198,7 +198,23 @@ def desired_models(node: str) -> list[dict]:
     return [{"digest": d, "pinned": wanted[d]} for d in sorted(wanted)]
 
 
-def store_spec(node: str) -> dict:
+BYTES_PER_SECOND_ANNOTATION = f"{GROUP}/download-bytes-per-second"
+CONCURRENCY_ANNOTATION = f"{GROUP}/download-concurrency"
+
+
+def _annotated_int(annotations: dict, key: str, default: int, minimum: int) -> int:
+    try:
+        value = int(annotations.get(key, default))
+    except (TypeError, ValueError):
+        log.warning("ignoring annotation %s=%r: not an integer", key, annotations.get(key))
+        return default
+    return value if value >= minimum else default
+
+
+def store_spec(node: str, annotations: dict | None = None) -> dict:
+    """The spec of ``node``'s store. A Node may carry its own download limits as annotations
+    (``worker.gpustack.ai/download-bytes-per-second``, ``worker.gpustack.ai/download-concurrency``)."""
+    annotations = annotations or {}
     hub = {}
     if settings.HF_ENDPOINT:
         hub["huggingFaceEndpoint"] = settings.HF_ENDPOINT
@@ -208,7 +224,11 @@ def store_spec(node: str) -> dict:
         hub["proxy"] = settings.HUB_PROXY
     return {
         "watermarks": {"highPercent": settings.STORE_HIGH_PERCENT, "lowPercent": settings.STORE_LOW_PERCENT},
-        "download": {"concurrency": settings.DOWNLOAD_CONCURRENCY, "bytesPerSecond": settings.DOWNLOAD_BYTES_PER_SECOND},
+        "download": {
+            "concurrency": _annotated_int(annotations, CONCURRENCY_ANNOTATION, settings.DOWNLOAD_CONCURRENCY, 1),
+            "bytesPerSecond": _annotated_int(annotations, BYTES_PER_SECOND_ANNOTATION,
+                                             settings.DOWNLOAD_BYTES_PER_SECOND, 0),
+        },
         "hub": hub,
         "models": desired_models(node),
     }
@@ -220,7 +240,7 @@ def node_store(node: str) -> str:
     runs_plugin = PluginPod.objects.live().filter(node=node, ready=True).exists()
     if node_row is None or not runs_plugin:
         return "no-plugin"
-    spec = store_spec(node)
+    spec = store_spec(node, (node_row.body.get("metadata") or {}).get("annotations") or {})
     owner = {"apiVersion": "v1", "kind": "Node", "name": node, "uid": node_row.uid}
     store = NodeStore.objects.live().filter(name=node).first()
     if store is not None:

@@ -381,3 +381,23 @@ def _store(kube, node):
 
 def _put_entry(kube, node, entry):
     kube_update(kube, f"{STORAGE}/nodemodelstores/{node}/status", lambda obj: dict(obj, status={"models": [entry]}))
+
+
+def test_it_holds_the_nodes_bytes_per_second(scenario, hub, core, launcher):
+    scenario.artifact(files=big_files(scenario.repo, mb=16))
+    (plugin,) = scenario.plugins(1)
+    rate = 1_500_000
+    core.patch_node(plugin.node, {"metadata": {"annotations": {f"{GROUP}/download-bytes-per-second": str(rate)}}})
+    wait_for(lambda: scenario.kube.get(f"{STORAGE}/nodemodelstores/{plugin.node}")["spec"]["download"]["bytesPerSecond"]
+             == rate, timeout=30, message="the node's limit in its store's spec")
+    time.sleep(2)  # the plugin follows its spec
+    scenario.prefetch([plugin])
+    # Measured where the bytes land (the plugin's live count), in the middle of the download: the hub's
+    # side would count what the kernel buffered too.
+    wait_for(lambda: live_bytes(plugin, launcher, scenario.digest) > 2_000_000, timeout=60, message="2 MB in")
+    t1, b1 = time.monotonic(), live_bytes(plugin, launcher, scenario.digest)
+    time.sleep(5)
+    t2, b2 = time.monotonic(), live_bytes(plugin, launcher, scenario.digest)
+    measured = (b2 - b1) / (t2 - t1)
+    assert abs(measured - rate) / rate <= 0.10, f"{measured:.0f} B/s against a limit of {rate}"
+    scenario.wait_state(plugin.node, "Ready", timeout=60)
