@@ -102,9 +102,12 @@ def test_it_prints_the_printer_columns(api, namespace, worker_kube, worker_stack
         obj["status"] = {"models": [{"digest": digest, "state": state, "sizeBytes": 100, "downloadedBytes": 50}]}
         worker_kube.json("PUT", f"/apis/{GROUP}/v1alpha1/nodemodelstores/{name}/status", body=obj)
     api("apply", "-f", "-", input=artifact_yaml("cols", namespace))
-    # As the worker would: a resolved status with a 40-character revision and a size; the worker's roll-up
-    # then counts the nodes holding the digest.
     path = f"/apis/{GROUP}/v1alpha1/namespaces/{namespace}/modelartifacts/cols/status"
+    # The worker answers first (the repository is unknown to the test hub: AccessDenied, for good) ...
+    wait_for(lambda: (worker_kube.get(path).get("status") or {}).get("observedGeneration") == 1, timeout=30,
+             message="the worker's resolution")
+    # ... then, as the worker would have, a resolved status with a 40-character revision and a size; the
+    # worker's roll-up then counts the nodes holding the digest.
     status = {
         "resolved": {"revision": "0123456789abcdef0123456789abcdef01234567", "manifestDigest": digest,
                      "fileCount": 3, "sizeBytes": 145_390_000_000},
