@@ -102,19 +102,7 @@ def exception_handler(exc, context):
     """DRF exception handler: every error leaves as a Status object."""
     if isinstance(exc, StatusError):
         return exc.response()
-    if isinstance(exc, drf_exceptions.NotAuthenticated | drf_exceptions.AuthenticationFailed):
-        return status_response(401, str(exc.detail) if exc.detail else "Unauthorized")
-    if isinstance(exc, drf_exceptions.PermissionDenied):
-        return status_response(403, str(exc.detail))
-    if isinstance(exc, drf_exceptions.MethodNotAllowed):
-        return status_response(405, str(exc.detail))
-    if isinstance(exc, drf_exceptions.UnsupportedMediaType):
-        return status_response(415, str(exc.detail))
-    if isinstance(exc, drf_exceptions.NotAcceptable):
-        return status_response(406, str(exc.detail))
-    if isinstance(exc, drf_exceptions.ParseError):
-        return status_response(400, str(exc.detail))
-    if isinstance(exc, drf_exceptions.APIException):
+    if isinstance(exc, drf_exceptions.APIException):  # DRF's own (401, 403, 405, 406, 415, 400, ...)
         return status_response(exc.status_code, str(exc.detail))
     log.exception("unhandled error in %s", context.get("view"))
     return status_response(500, f"internal error: {exc.__class__.__name__}")
