@@ -33,7 +33,7 @@ from .authn import FrontProxyAuthentication, TokenReviewAuthentication
 from .authz import NonResourceAttributes, ResourceAttributes, SubjectAccessReviewPermission
 from .negotiation import PARTIAL, PARTIAL_LIST, TABLE, PassThroughNegotiation, check_body_type, choose, patch_type
 from .resources.kinds import BY_PLURAL, GROUP, MODEL_ARTIFACT, NODE_MODEL_STORE, PUBLIC_VERSION, STORAGE_VERSION
-from .status import BadRequest, MethodNotAllowed, NotFound, StatusError, status_response
+from .status import BadRequest, Forbidden, MethodNotAllowed, NotFound, StatusError, Unauthorized, status_response
 
 log = logging.getLogger(__name__)
 
@@ -60,7 +60,7 @@ class KubeAPIView(APIView):
         return NonResourceAttributes(request.method.lower(), request.path)
 
     def permission_denied(self, request, message=None, code=None):
-        raise authz.Unauthorized("Unauthorized") if request.user is None else authz.Forbidden(message or "forbidden")
+        raise Unauthorized("Unauthorized") if request.user is None else Forbidden(message or "forbidden")
 
 
 def _query(request) -> dict:
@@ -229,7 +229,7 @@ class ResourceView(KubeAPIView):
                 attrs = ResourceAttributes("get", "", "v1", "secrets", self.namespace, ref["name"])
                 allowed, reason = authz.review(request.user, attrs)
                 if not allowed:
-                    raise authz.Forbidden(
+                    raise Forbidden(
                         f'modelartifacts "{obj.get("metadata", {}).get("name", "")}" is forbidden: '
                         f'User "{request.user.username}" cannot get resource "secrets" in API group "" in the '
                         f'namespace "{self.namespace}", so it cannot name Secret "{ref["name"]}" in spec.source.'
