@@ -24,4 +24,4 @@ def _prepare_filesystem_broker(sender, **kwargs):
             os.makedirs(options[key], exist_ok=True)
     backend = sender.conf.result_backend or ""
     if backend.startswith("file://"):
-        os.makedirs(backend[len("file://"):], exist_ok=True)
+        os.makedirs(backend[len("file://") :], exist_ok=True)

@@ -101,16 +101,20 @@ SERVER_ROLE = env_str("GPUSTACK_SERVER_ROLE", "console")
 if SERVER_ROLE not in ("console", "api"):
     raise ImproperlyConfigured(f"GPUSTACK_SERVER_ROLE={SERVER_ROLE!r}: expected console or api")
 
-MIDDLEWARE = [] if SERVER_ROLE == "api" else [
-    "django.middleware.security.SecurityMiddleware",
-    "whitenoise.middleware.WhiteNoiseMiddleware",
-    "django.contrib.sessions.middleware.SessionMiddleware",
-    "django.middleware.common.CommonMiddleware",
-    "django.middleware.csrf.CsrfViewMiddleware",
-    "django.contrib.auth.middleware.AuthenticationMiddleware",
-    "django.contrib.messages.middleware.MessageMiddleware",
-    "django.middleware.clickjacking.XFrameOptionsMiddleware",
-]
+MIDDLEWARE = (
+    []
+    if SERVER_ROLE == "api"
+    else [
+        "django.middleware.security.SecurityMiddleware",
+        "whitenoise.middleware.WhiteNoiseMiddleware",
+        "django.contrib.sessions.middleware.SessionMiddleware",
+        "django.middleware.common.CommonMiddleware",
+        "django.middleware.csrf.CsrfViewMiddleware",
+        "django.contrib.auth.middleware.AuthenticationMiddleware",
+        "django.contrib.messages.middleware.MessageMiddleware",
+        "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    ]
+)
 
 ROOT_URLCONF = "config.urls"
 WSGI_APPLICATION = "config.wsgi.application"
@@ -153,7 +157,9 @@ DATABASES = {"default": _database}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 # --- Celery: a file-based broker by default, Redis (or any kombu URL) otherwise ---------------------
-CELERY_BROKER_URL = env_url("CELERY_BROKER_URL", "filesystem://localhost/", {"filesystem", "redis", "rediss", "amqp", "memory"})
+CELERY_BROKER_URL = env_url(
+    "CELERY_BROKER_URL", "filesystem://localhost/", {"filesystem", "redis", "rediss", "amqp", "memory"}
+)
 CELERY_BROKER_DIR = DATA_DIR / "celery" / "broker"
 if CELERY_BROKER_URL.startswith("filesystem://"):
     CELERY_BROKER_TRANSPORT_OPTIONS = {

@@ -118,7 +118,7 @@ class RequestHeaderConfig:
             cert = x509.load_der_x509_certificate(der)
         except ValueError:
             return False
-        now = datetime.datetime.now(datetime.timezone.utc)
+        now = datetime.datetime.now(datetime.UTC)
         if not (cert.not_valid_before_utc <= now <= cert.not_valid_after_utc):
             return False
         issued = False
@@ -275,7 +275,7 @@ def user_from_headers(headers: list[tuple[str, str]], config: RequestHeaderConfi
         else:
             for prefix in config.extra_prefixes:
                 if name.startswith(prefix):
-                    key = unquote(name[len(prefix):]).lower()
+                    key = unquote(name[len(prefix) :]).lower()
                     extra.setdefault(key, []).append(value)
                     break
     if not username:

@@ -171,7 +171,10 @@ WRITE_PARAMS = [
 
 
 def _response(ref: str) -> dict:
-    return {"200": {"description": "OK", "schema": {"$ref": f"#/definitions/{ref}"}}, "401": {"description": "Unauthorized"}}
+    return {
+        "200": {"description": "OK", "schema": {"$ref": f"#/definitions/{ref}"}},
+        "401": {"description": "Unauthorized"},
+    }
 
 
 def _operation(kind: ResourceKind, action: str, op_id: str, ref: str, *, body=False, consumes=None, params=()) -> dict:
@@ -201,28 +204,46 @@ def _paths(kind: ResourceKind) -> dict:
     list_ref = f"{DEFINITION_PREFIX}{kind.list_kind}"
     scoped = "Namespaced" if kind.namespaced else ""
     ns_path = "/namespaces/{namespace}" if kind.namespaced else ""
-    ns_param = [_param("namespace", "path", required=True, description="object name and auth scope")] if kind.namespaced else []
+    ns_param = (
+        [_param("namespace", "path", required=True, description="object name and auth scope")]
+        if kind.namespaced
+        else []
+    )
     name_param = [_param("name", "path", required=True, description=f"name of the {name}")]
     collection = f"/apis/{GROUP_VERSION}{ns_path}/{kind.plural}"
     item = collection + "/{name}"
     ops = {}
-    ops["get"] = _operation(kind, "list", f"listWorker{PUBLIC_VERSION.capitalize()}{scoped}{name}", list_ref, params=LIST_PARAMS)
+    ops["get"] = _operation(
+        kind, "list", f"listWorker{PUBLIC_VERSION.capitalize()}{scoped}{name}", list_ref, params=LIST_PARAMS
+    )
     if "create" in kind.verbs:
         ops["post"] = _operation(kind, "post", f"createWorkerV1{scoped}{name}", obj_ref, body=True, params=WRITE_PARAMS)
     ops["parameters"] = ns_param
     paths[collection] = ops
     item_ops = {"get": _operation(kind, "get", f"readWorkerV1{scoped}{name}", obj_ref)}
     if "update" in kind.verbs:
-        item_ops["put"] = _operation(kind, "put", f"replaceWorkerV1{scoped}{name}", obj_ref, body=True, params=WRITE_PARAMS)
+        item_ops["put"] = _operation(
+            kind, "put", f"replaceWorkerV1{scoped}{name}", obj_ref, body=True, params=WRITE_PARAMS
+        )
     if "patch" in kind.verbs:
-        patch = _operation(kind, "patch", f"patchWorkerV1{scoped}{name}", obj_ref, consumes=PATCH_TYPES,
-                           params=WRITE_PARAMS + [_param("force", type_="boolean", description="Force apply.")])
-        patch["parameters"].append({"name": "body", "in": "body", "required": True,
-                                    "schema": {"$ref": f"#/definitions/{META}Patch"}})
+        patch = _operation(
+            kind,
+            "patch",
+            f"patchWorkerV1{scoped}{name}",
+            obj_ref,
+            consumes=PATCH_TYPES,
+            params=WRITE_PARAMS + [_param("force", type_="boolean", description="Force apply.")],
+        )
+        patch["parameters"].append(
+            {"name": "body", "in": "body", "required": True, "schema": {"$ref": f"#/definitions/{META}Patch"}}
+        )
         item_ops["patch"] = patch
     if "delete" in kind.verbs:
         item_ops["delete"] = _operation(
-            kind, "delete", f"deleteWorkerV1{scoped}{name}", f"{META}Status",
+            kind,
+            "delete",
+            f"deleteWorkerV1{scoped}{name}",
+            f"{META}Status",
             params=[_param("gracePeriodSeconds", type_="integer"), _param("propagationPolicy"), _param("dryRun")],
         )
     item_ops["parameters"] = ns_param + name_param

@@ -171,15 +171,20 @@ class ResourceView(KubeAPIView):
         if upstream_table:
             # kube-apiserver renders the raw cells; we only turn them into the v1 columns.
             headers["Accept"] = representation.TABLE_ACCEPT
-        resp = kube.worker().request("GET", self.upstream_path(), query=request.META.get("QUERY_STRING", ""),
-                                     headers=headers)
+        resp = kube.worker().request(
+            "GET", self.upstream_path(), query=request.META.get("QUERY_STRING", ""), headers=headers
+        )
         if resp.status != 200:
             return self.passthrough(resp)
         if upstream_table:
             body = representation.TableConverter(self.kind).table(resp.data)
         elif representation_kind == TABLE:
-            body = representation.table_from_objects(self.kind, resp.data, is_list=verb == "list",
-                                                     include_object=representation.include_object_policy(self.query))
+            body = representation.table_from_objects(
+                self.kind,
+                resp.data,
+                is_list=verb == "list",
+                include_object=representation.include_object_policy(self.query),
+            )
         elif representation_kind == PARTIAL_LIST:
             body = representation.partial_list_bytes(resp.data)
         elif representation_kind == PARTIAL:
@@ -234,8 +239,13 @@ class ResourceView(KubeAPIView):
                         f'User "{request.user.username}" cannot get resource "secrets" in API group "" in the '
                         f'namespace "{self.namespace}", so it cannot name Secret "{ref["name"]}" in spec.source.'
                         f"{member}.secretRef",
-                        details={"group": GROUP, "kind": "modelartifacts", "causes": [
-                            {"reason": "FieldValueForbidden", "field": f"spec.source.{member}.secretRef.name"}]},
+                        details={
+                            "group": GROUP,
+                            "kind": "modelartifacts",
+                            "causes": [
+                                {"reason": "FieldValueForbidden", "field": f"spec.source.{member}.secretRef.name"}
+                            ],
+                        },
                     )
 
     def patch_object(self, request):
@@ -260,12 +270,19 @@ class ResourceView(KubeAPIView):
             if not isinstance(body, list):
                 raise BadRequest("a JSON patch must be a JSON array of operations")
             for op in body:
-                if isinstance(op, dict) and op.get("path") == "/apiVersion" and op.get("value") == representation.PUBLIC:
+                if (
+                    isinstance(op, dict)
+                    and op.get("path") == "/apiVersion"
+                    and op.get("value") == representation.PUBLIC
+                ):
                     op["value"] = representation.STORAGE
         if self.kind is NODE_MODEL_STORE:
             return self.patch_node_model_store(request, kind, body)
-        content_type = {"json": "application/json-patch+json", "merge": "application/merge-patch+json",
-                        "apply": "application/apply-patch+yaml"}[kind]
+        content_type = {
+            "json": "application/json-patch+json",
+            "merge": "application/merge-patch+json",
+            "apply": "application/apply-patch+yaml",
+        }[kind]
         return self.forward(request, "PATCH", orjson.dumps(body), content_type)
 
     def patch_node_model_store(self, request, kind: str, patch):
@@ -309,8 +326,9 @@ class ResourceView(KubeAPIView):
         headers = self.forwarded_headers(request)
         if body is not None:
             headers["Content-Type"] = content_type
-        resp = kube.worker().request(method, self.upstream_path(name), query=request.META.get("QUERY_STRING", ""),
-                                     body=body, headers=headers)
+        resp = kube.worker().request(
+            method, self.upstream_path(name), query=request.META.get("QUERY_STRING", ""), body=body, headers=headers
+        )
         if resp.status >= 300:
             return self.passthrough(resp)
         return self.bytes_response(representation.public_bytes(resp.data), resp)
@@ -432,7 +450,7 @@ async def stream_events(upstream, transform: WatchTransform):
             yield transform(buffer) + b"\n"
     except (asyncio.CancelledError, GeneratorExit):
         raise
-    except (aiohttp.ClientError, asyncio.TimeoutError, ConnectionError) as exc:
+    except (TimeoutError, aiohttp.ClientError, ConnectionError) as exc:
         # The upstream connection broke: end the watch; the client watches again from its last version.
         log.info("watch stream from kube-apiserver ended: %s", exc)
     except Exception:

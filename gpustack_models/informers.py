@@ -62,7 +62,7 @@ class Informer:
             page = self.kube.get(self.path, query=query, timeout=120)
             items = page.get("items") or []
             for start in range(0, len(items), BATCH):
-                self.sink.batch(self.resource, [strip(i) for i in items[start:start + BATCH]])
+                self.sink.batch(self.resource, [strip(i) for i in items[start : start + BATCH]])
             for item in items:
                 meta = item.get("metadata") or {}
                 key = {"name": meta.get("name", "")}
@@ -79,12 +79,17 @@ class Informer:
 
     # --- watch -----------------------------------------------------------------------------------------
     def watch(self) -> None:
-        query = {"watch": "true", "resourceVersion": self.resource_version, "allowWatchBookmarks": "true",
-                 "timeoutSeconds": str(WATCH_SECONDS)}
+        query = {
+            "watch": "true",
+            "resourceVersion": self.resource_version,
+            "allowWatchBookmarks": "true",
+            "timeoutSeconds": str(WATCH_SECONDS),
+        }
         if self.label_selector:
             query["labelSelector"] = self.label_selector
         resp = self.kube.pool.request(
-            "GET", self.kube.url(self.path, query),
+            "GET",
+            self.kube.url(self.path, query),
             headers={"Accept": "application/json", **self.kube.auth_headers()},
             timeout=urllib3.Timeout(connect=10, read=SILENCE_SECONDS),
             preload_content=False,

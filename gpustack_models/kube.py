@@ -142,9 +142,7 @@ class Kube:
     def apply(self, path: str, body: dict, *, field_manager: str, force: bool = True, **kwargs):
         """Server-side apply ``body`` at ``path`` (the object's own URL)."""
         query = {"fieldManager": field_manager, "force": "true" if force else "false"}
-        return self.json(
-            "PATCH", path, body=body, query=query, content_type="application/apply-patch+yaml", **kwargs
-        )
+        return self.json("PATCH", path, body=body, query=query, content_type="application/apply-patch+yaml", **kwargs)
 
     def delete(self, path: str, **kwargs):
         return self.json("DELETE", path, **kwargs)

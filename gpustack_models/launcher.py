@@ -40,23 +40,45 @@ class Launcher:
     def kubectl(self, *args: str, input: str | None = None) -> str:
         proc = subprocess.run(
             [str(self.cluster.kubectl), f"--kubeconfig={self.cluster.kubeconfig}", *args],
-            input=input, capture_output=True, text=True, timeout=120,
+            input=input,
+            capture_output=True,
+            text=True,
+            timeout=120,
         )
         if proc.returncode != 0:
             raise RuntimeError(f"kubectl {' '.join(args)}: {proc.stderr.strip()}")
         return proc.stdout
 
     def apply(self, objects: list[dict]) -> None:
-        self.kubectl("apply", "--server-side", "--force-conflicts", "--field-manager=gpustack-models-launcher",
-                     "-f", "-", input=yaml.safe_dump_all(objects))
+        self.kubectl(
+            "apply",
+            "--server-side",
+            "--force-conflicts",
+            "--field-manager=gpustack-models-launcher",
+            "-f",
+            "-",
+            input=yaml.safe_dump_all(objects),
+        )
 
     # --- install --------------------------------------------------------------------------------------
     def install(self) -> None:
         """CRDs, namespace, ServiceAccounts, RBAC and the admission policies."""
-        self.kubectl("apply", "--server-side", "--force-conflicts", "--field-manager=gpustack-models-launcher",
-                     "-f", str(CRD_DIR))
-        self.kubectl("wait", "--for=condition=Established", "crd", "-l", "app.kubernetes.io/part-of=gpustack-models",
-                     "--timeout=60s")
+        self.kubectl(
+            "apply",
+            "--server-side",
+            "--force-conflicts",
+            "--field-manager=gpustack-models-launcher",
+            "-f",
+            str(CRD_DIR),
+        )
+        self.kubectl(
+            "wait",
+            "--for=condition=Established",
+            "crd",
+            "-l",
+            "app.kubernetes.io/part-of=gpustack-models",
+            "--timeout=60s",
+        )
         self.apply(manifests.namespace_objects() + manifests.rbac_objects())
         self.install_policies()
 
@@ -108,8 +130,11 @@ class Launcher:
             authority = pki.new_ca("gpustack-models-worker-ca")
             authority.write(self.pki_dir, "ca")
             pki.issue(
-                authority, manifests.serving_names()[0], dns_names=manifests.serving_names(),
-                ip_addresses=("127.0.0.1", "::1"), server=True,
+                authority,
+                manifests.serving_names()[0],
+                dns_names=manifests.serving_names(),
+                ip_addresses=("127.0.0.1", "::1"),
+                server=True,
             ).write(self.pki_dir, "serving")
         return crt, key, ca.read_bytes()
 
@@ -144,7 +169,6 @@ class Launcher:
             time.sleep(0.5)
         raise RuntimeError(f"APIService {PUBLIC_VERSION}.{GROUP} not available after {timeout:.0f}s ({last})")
 
-
     # --- nodes and plugin Pods, as a kubelet would report them ------------------------------------------
     def plugin_pod_name(self, node: str) -> str:
         return f"gpustack-models-plugin-{node}"[:253]
@@ -156,26 +180,45 @@ class Launcher:
         controller would have written; the worker reads these objects exactly as in a cluster."""
         now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
         try:
-            node_obj = self.admin.create("/api/v1/nodes", {
-                "apiVersion": "v1", "kind": "Node", "metadata": {"name": node, "labels": labels or {}}})
+            node_obj = self.admin.create(
+                "/api/v1/nodes",
+                {"apiVersion": "v1", "kind": "Node", "metadata": {"name": node, "labels": labels or {}}},
+            )
         except kube.KubeError as exc:
             if exc.status != 409:
                 raise
             node_obj = self.admin.get(f"/api/v1/nodes/{node}")
         node_obj["status"] = {
-            "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady", "message": "local",
-                            "lastHeartbeatTime": now, "lastTransitionTime": now}],
+            "conditions": [
+                {
+                    "type": "Ready",
+                    "status": "True",
+                    "reason": "KubeletReady",
+                    "message": "local",
+                    "lastHeartbeatTime": now,
+                    "lastTransitionTime": now,
+                }
+            ],
             "addresses": [{"type": "InternalIP", "address": plugin_ip}, {"type": "Hostname", "address": node}],
         }
         self.admin.json("PUT", f"/api/v1/nodes/{node}/status", body=node_obj)
         name = self.plugin_pod_name(node)
         pods = f"/api/v1/namespaces/{settings.NAMESPACE}/pods"
         pod = {
-            "apiVersion": "v1", "kind": "Pod",
+            "apiVersion": "v1",
+            "kind": "Pod",
             "metadata": {"name": name, "labels": dict(PLUGIN_LABELS)},
-            "spec": {"nodeName": node, "serviceAccountName": settings.PLUGIN_SERVICE_ACCOUNT,
-                     "containers": [{"name": "plugin", "image": "gpustack/gpustack-models:local",
-                                     "args": ["runplugin", f"--node={node}"]}]},
+            "spec": {
+                "nodeName": node,
+                "serviceAccountName": settings.PLUGIN_SERVICE_ACCOUNT,
+                "containers": [
+                    {
+                        "name": "plugin",
+                        "image": "gpustack/gpustack-models:local",
+                        "args": ["runplugin", f"--node={node}"],
+                    }
+                ],
+            },
         }
         try:
             created = self.admin.create(pods, pod)
@@ -192,22 +235,28 @@ class Launcher:
         now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
         state = "True" if ready else "False"
         pod["status"] = {
-            "phase": "Running", "podIP": plugin_ip, "podIPs": [{"ip": plugin_ip}], "hostIP": plugin_ip,
+            "phase": "Running",
+            "podIP": plugin_ip,
+            "podIPs": [{"ip": plugin_ip}],
+            "hostIP": plugin_ip,
             "startTime": now,
-            "conditions": [{"type": t, "status": state, "lastTransitionTime": now}
-                           for t in ("Initialized", "Ready", "ContainersReady", "PodScheduled")],
+            "conditions": [
+                {"type": t, "status": state, "lastTransitionTime": now}
+                for t in ("Initialized", "Ready", "ContainersReady", "PodScheduled")
+            ],
         }
         self.admin.json("PUT", f"{path}/status", body=pod)
 
     def unregister_node(self, node: str) -> None:
-        for path in (f"/api/v1/namespaces/{settings.NAMESPACE}/pods/{self.plugin_pod_name(node)}",
-                     f"/api/v1/nodes/{node}"):
+        for path in (
+            f"/api/v1/namespaces/{settings.NAMESPACE}/pods/{self.plugin_pod_name(node)}",
+            f"/api/v1/nodes/{node}",
+        ):
             try:
                 self.admin.delete(path, query={"gracePeriodSeconds": "0"})
             except kube.KubeError as exc:
                 if exc.status != 404:
                     raise
-
 
     # --- node plugins -----------------------------------------------------------------------------------
     def plugin_pki(self, node: str, address: str) -> tuple[Path, Path]:
@@ -217,16 +266,22 @@ class Launcher:
             pki.new_ca("gpustack-models-plugin-ca").write(directory, "ca")
         authority = pki.KeyPair.load(directory, "ca")
         return pki.issue(authority, node, dns_names=(node,), ip_addresses=(address,), server=True).write(
-            directory, node)
+            directory, node
+        )
 
     def plugin_kubeconfig(self, node: str) -> Path:
         """A kubeconfig with a token of the plugin's ServiceAccount bound to its Pod (so kube-apiserver
         names the node in the token's user info, as for a DaemonSet Pod's projected token)."""
         pod = self.admin.get(f"/api/v1/namespaces/{settings.NAMESPACE}/pods/{self.plugin_pod_name(node)}")
         token = self.service_account_token(
-            settings.PLUGIN_SERVICE_ACCOUNT, seconds=24 * 3600,
-            bound_object={"apiVersion": "v1", "kind": "Pod", "name": pod["metadata"]["name"],
-                          "uid": pod["metadata"]["uid"]},
+            settings.PLUGIN_SERVICE_ACCOUNT,
+            seconds=24 * 3600,
+            bound_object={
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "name": pod["metadata"]["name"],
+                "uid": pod["metadata"]["uid"],
+            },
         )
         config = yaml.safe_load(self.cluster.token_kubeconfig.read_text())
         config["users"] = [{"name": "plugin", "user": {"token": token}}]

@@ -56,7 +56,9 @@ CONTROLLERS = (
 
 def kube_version() -> str:
     """The Kubernetes version pinned in the control plane's go.mod (the one place it is pinned)."""
-    match = re.search(r"^\s*(?:require\s+)?k8s\.io/kubernetes\s+(v1\.\S+)", (CONTROLPLANE_DIR / "go.mod").read_text(), re.M)
+    match = re.search(
+        r"^\s*(?:require\s+)?k8s\.io/kubernetes\s+(v1\.\S+)", (CONTROLPLANE_DIR / "go.mod").read_text(), re.M
+    )
     if match:
         return match.group(1)
     raise RuntimeError("no k8s.io/kubernetes version in deploy/controlplane/go.mod")
@@ -64,9 +66,7 @@ def kube_version() -> str:
 
 def ensure_binaries() -> Path:
     """Build (or reuse) the control plane binaries; returns their directory. Progress goes to stderr."""
-    proc = subprocess.run(
-        [str(CONTROLPLANE_DIR / "build.sh")], stdout=subprocess.PIPE, text=True, check=False
-    )
+    proc = subprocess.run([str(CONTROLPLANE_DIR / "build.sh")], stdout=subprocess.PIPE, text=True, check=False)
     if proc.returncode != 0:
         raise RuntimeError(f"building the control plane failed (exit {proc.returncode}); see the output above")
     return Path(proc.stdout.strip().splitlines()[-1])
@@ -177,8 +177,13 @@ class LocalCluster:
         pki.issue(
             ca,
             "kube-apiserver",
-            dns_names=("localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc",
-                       "kubernetes.default.svc.cluster.local"),
+            dns_names=(
+                "localhost",
+                "kubernetes",
+                "kubernetes.default",
+                "kubernetes.default.svc",
+                "kubernetes.default.svc.cluster.local",
+            ),
             ip_addresses=("127.0.0.1", SERVICE_IP, self.advertise_address),
             server=True,
         ).write(d, "apiserver")
@@ -381,9 +386,7 @@ class LocalCluster:
         self._wait("etcd", f"http://127.0.0.1:{self.ports.etcd_client}/health", timeout)
         self._start_apiserver(timeout)
         self._spawn("kube-controller-manager", self._controller_manager_args())
-        self._wait(
-            "kube-controller-manager", f"https://127.0.0.1:{self.ports.controller_manager}/healthz", timeout
-        )
+        self._wait("kube-controller-manager", f"https://127.0.0.1:{self.ports.controller_manager}/healthz", timeout)
         log.info(
             "control plane %s ready in %.1fs at %s (kubeconfig %s)",
             self.version,
@@ -433,9 +436,7 @@ class LocalCluster:
         while time.monotonic() < deadline:
             proc = self.procs.get(name)
             if proc is not None and proc.poll() is not None:
-                raise RuntimeError(
-                    f"{name} exited with {proc.returncode}; last log lines:\n{self.tail_log(name)}"
-                )
+                raise RuntimeError(f"{name} exited with {proc.returncode}; last log lines:\n{self.tail_log(name)}")
             try:
                 with warnings.catch_warnings():
                     warnings.simplefilter("ignore", urllib3.exceptions.InsecureRequestWarning)

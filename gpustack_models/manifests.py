@@ -61,22 +61,33 @@ def rbac_objects() -> list[dict]:
             "apiVersion": "rbac.authorization.k8s.io/v1",
             "kind": "ClusterRoleBinding",
             "metadata": _meta("gpustack-models-worker"),
-            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "gpustack-models-worker"},
+            "roleRef": {
+                "apiGroup": "rbac.authorization.k8s.io",
+                "kind": "ClusterRole",
+                "name": "gpustack-models-worker",
+            },
             "subjects": worker_subject,
         },
         {
             "apiVersion": "rbac.authorization.k8s.io/v1",
             "kind": "ClusterRoleBinding",
             "metadata": _meta("gpustack-models-worker:auth-delegator"),
-            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "system:auth-delegator"},
+            "roleRef": {
+                "apiGroup": "rbac.authorization.k8s.io",
+                "kind": "ClusterRole",
+                "name": "system:auth-delegator",
+            },
             "subjects": worker_subject,
         },
         {
             "apiVersion": "rbac.authorization.k8s.io/v1",
             "kind": "RoleBinding",
             "metadata": _meta("gpustack-models-worker:authentication-reader", "kube-system"),
-            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
-                        "name": "extension-apiserver-authentication-reader"},
+            "roleRef": {
+                "apiGroup": "rbac.authorization.k8s.io",
+                "kind": "Role",
+                "name": "extension-apiserver-authentication-reader",
+            },
             "subjects": worker_subject,
         },
         {
@@ -106,7 +117,11 @@ def rbac_objects() -> list[dict]:
             "apiVersion": "rbac.authorization.k8s.io/v1",
             "kind": "ClusterRoleBinding",
             "metadata": _meta("gpustack-models-plugin"),
-            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "gpustack-models-plugin"},
+            "roleRef": {
+                "apiGroup": "rbac.authorization.k8s.io",
+                "kind": "ClusterRole",
+                "name": "gpustack-models-plugin",
+            },
             "subjects": plugin_subject,
         },
     ]
@@ -129,7 +144,12 @@ def policy_objects() -> list[dict]:
             "failurePolicy": "Fail",
             "matchConstraints": {
                 "resourceRules": [
-                    {"apiGroups": [GROUP], "apiVersions": ["*"], "operations": ["CREATE", "UPDATE"], "resources": plurals}
+                    {
+                        "apiGroups": [GROUP],
+                        "apiVersions": ["*"],
+                        "operations": ["CREATE", "UPDATE"],
+                        "resources": plurals,
+                    }
                 ]
             },
             "variables": [
@@ -159,8 +179,12 @@ def policy_objects() -> list[dict]:
             "failurePolicy": "Fail",
             "matchConstraints": {
                 "resourceRules": [
-                    {"apiGroups": [GROUP], "apiVersions": ["*"], "operations": ["UPDATE"],
-                     "resources": [f"{p}/status" for p in plurals]}
+                    {
+                        "apiGroups": [GROUP],
+                        "apiVersions": ["*"],
+                        "operations": ["UPDATE"],
+                        "resources": [f"{p}/status" for p in plurals],
+                    }
                 ]
             },
             "variables": [
@@ -213,8 +237,11 @@ def api_service(ca_bundle: bytes, port: int) -> list[dict]:
             "apiVersion": "v1",
             "kind": "Service",
             "metadata": _meta(name, ns),
-            "spec": {"type": "ExternalName", "externalName": "localhost",
-                     "ports": [{"name": "https", "port": port, "protocol": "TCP"}]},
+            "spec": {
+                "type": "ExternalName",
+                "externalName": "localhost",
+                "ports": [{"name": "https", "port": port, "protocol": "TCP"}],
+            },
         },
         {
             "apiVersion": "apiregistration.k8s.io/v1",

@@ -9,9 +9,9 @@ tombstones with the deletion's resourceVersion. ``prune`` removes what a relist 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Callable
 
 from django.db import IntegrityError, models, transaction
 
@@ -35,7 +35,7 @@ def trimmed(obj: dict) -> dict:
 
 
 def _condition(obj: dict, type_: str) -> dict:
-    for cond in ((obj.get("status") or {}).get("conditions") or []):
+    for cond in (obj.get("status") or {}).get("conditions") or []:
         if cond.get("type") == type_:
             return cond
     return {}
@@ -98,7 +98,9 @@ def _pod_fields(obj: dict) -> dict:
     return {
         "node": (obj.get("spec") or {}).get("nodeName") or "",
         "pod_ip": status.get("podIP") or "",
-        "ready": ready and status.get("phase") == "Running" and not (obj.get("metadata") or {}).get("deletionTimestamp"),
+        "ready": ready
+        and status.get("phase") == "Running"
+        and not (obj.get("metadata") or {}).get("deletionTimestamp"),
     }
 
 
@@ -143,8 +145,13 @@ def apply_object(kind: Kind, obj: dict) -> Change:
     """Upsert ``obj`` unless the mirror already holds its resourceVersion or a newer one."""
     rv, key = rv_of(obj), kind.key(obj)
     body = trimmed(obj)
-    values = {"resource_version": rv, "uid": (obj.get("metadata") or {}).get("uid", ""), "deleted": False,
-              "body": body, **kind.fields(obj)}
+    values = {
+        "resource_version": rv,
+        "uid": (obj.get("metadata") or {}).get("uid", ""),
+        "deleted": False,
+        "body": body,
+        **kind.fields(obj),
+    }
     with transaction.atomic():
         current = kind.model.objects.select_for_update().filter(**key).first()
         if current is None:
@@ -175,8 +182,9 @@ def delete_object(kind: Kind, obj: dict) -> Change:
         if current is None:
             try:
                 with transaction.atomic():
-                    kind.model.objects.create(**key, resource_version=rv, deleted=True, body=trimmed(obj),
-                                              **kind.fields(obj))
+                    kind.model.objects.create(
+                        **key, resource_version=rv, deleted=True, body=trimmed(obj), **kind.fields(obj)
+                    )
             except IntegrityError:
                 return delete_object(kind, obj)
             return Change(False)
@@ -237,7 +245,7 @@ def _time(value) -> datetime | None:
 def _sync_entries(store: NodeStore, obj: dict) -> None:
     """Make the store's entry rows equal to its status.models (inside the store row's lock)."""
     wanted = {}
-    for entry in ((obj.get("status") or {}).get("models") or []):
+    for entry in (obj.get("status") or {}).get("models") or []:
         if entry.get("digest"):
             wanted[entry["digest"]] = _entry_values(entry)
     existing = {e.digest: e for e in store.entries.all()}

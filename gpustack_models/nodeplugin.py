@@ -20,7 +20,7 @@ import ssl
 import threading
 import time
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import requests
@@ -59,7 +59,7 @@ class PluginSettings:
 
 
 def now_iso() -> str:
-    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 class StatusWriter:
@@ -91,9 +91,12 @@ class StatusWriter:
             "models": models,
             "conditions": [
                 cond("Ready", "True", "PluginRunning", "the node plugin is running"),
-                cond("CapacityLow", "True" if low else "False",
-                     "AboveHighWatermark" if low else "BelowWatermarks",
-                     f"{capacity['usedPercent']}% of the cache volume is used"),
+                cond(
+                    "CapacityLow",
+                    "True" if low else "False",
+                    "AboveHighWatermark" if low else "BelowWatermarks",
+                    f"{capacity['usedPercent']}% of the cache volume is used",
+                ),
             ],
         }
 
@@ -134,11 +137,16 @@ class StatusWriter:
         new = self.snapshot()
         if not self.due(new):
             return False
-        body = {"apiVersion": API, "kind": "NodeModelStore", "metadata": {"name": self.plugin.settings.node},
-                "status": new}
+        body = {
+            "apiVersion": API,
+            "kind": "NodeModelStore",
+            "metadata": {"name": self.plugin.settings.node},
+            "status": new,
+        }
         try:
-            self.plugin.kube.apply(f"/apis/{API}/nodemodelstores/{self.plugin.settings.node}/status", body,
-                                   field_manager=FIELD_MANAGER)
+            self.plugin.kube.apply(
+                f"/apis/{API}/nodemodelstores/{self.plugin.settings.node}/status", body, field_manager=FIELD_MANAGER
+            )
         except kube.KubeError as exc:
             if exc.status == 404:  # no store (yet): the worker creates it; write when it appears
                 return False
@@ -165,8 +173,12 @@ class Plugin:
         self.stopping = threading.Event()
         self.metrics = Metrics()
         self.engine = Engine(
-            settings.cache_dir, capacity_bytes=settings.capacity_bytes, on_change=self._changed, metrics=self.metrics,
-            settings=DownloadSettings(), retry_base=settings.retry_base,
+            settings.cache_dir,
+            capacity_bytes=settings.capacity_bytes,
+            on_change=self._changed,
+            metrics=self.metrics,
+            settings=DownloadSettings(),
+            retry_base=settings.retry_base,
         )
         self.writer = StatusWriter(self)
         self.generation = 0
@@ -186,7 +198,9 @@ class Plugin:
         meta, spec = obj.get("metadata") or {}, obj.get("spec") or {}
         if meta.get("uid") != self.uid:
             if self.uid:
-                log.info("store %s was recreated (uid %s); writing its status from disk", meta.get("name"), meta.get("uid"))
+                log.info(
+                    "store %s was recreated (uid %s); writing its status from disk", meta.get("name"), meta.get("uid")
+                )
             self.uid = meta.get("uid", "")
             self.writer.force = True
         self.generation = meta.get("generation") or 0
@@ -270,10 +284,21 @@ class Plugin:
                         self.on_store(item)
                     rv = listed["metadata"]["resourceVersion"]
                 resp = self.kube.pool.request(
-                    "GET", self.kube.url(path, {"watch": "true", "fieldSelector": selector, "resourceVersion": rv,
-                                               "allowWatchBookmarks": "true", "timeoutSeconds": "300"}),
+                    "GET",
+                    self.kube.url(
+                        path,
+                        {
+                            "watch": "true",
+                            "fieldSelector": selector,
+                            "resourceVersion": rv,
+                            "allowWatchBookmarks": "true",
+                            "timeoutSeconds": "300",
+                        },
+                    ),
                     headers={"Accept": "application/json", **self.kube.auth_headers()},
-                    timeout=urllib3.Timeout(connect=10, read=90), preload_content=False)
+                    timeout=urllib3.Timeout(connect=10, read=90),
+                    preload_content=False,
+                )
                 try:
                     if resp.status == 410:
                         rv = ""
@@ -316,8 +341,10 @@ class Plugin:
         key = hashlib.sha256(token.encode()).hexdigest()
         hit = self._reviews.get(key)
         if hit is None:
-            review = self.kube.create("/apis/authentication.k8s.io/v1/tokenreviews", {
-                "apiVersion": "authentication.k8s.io/v1", "kind": "TokenReview", "spec": {"token": token}})
+            review = self.kube.create(
+                "/apis/authentication.k8s.io/v1/tokenreviews",
+                {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenReview", "spec": {"token": token}},
+            )
             status = review.get("status") or {}
             user = (status.get("user") or {}).get("username") if status.get("authenticated") else None
             hit = 200 if user == self.settings.worker_username else (403 if user else 401)
@@ -352,8 +379,14 @@ class Plugin:
                     code = plugin.authorized_worker(self.headers.get("Authorization"))
                     if code != 200:
                         reason = "Unauthorized" if code == 401 else "Forbidden"
-                        body = {"kind": "Status", "apiVersion": "v1", "status": "Failure", "code": code,
-                                "reason": reason, "message": "only the gpustack-models worker reads live downloads"}
+                        body = {
+                            "kind": "Status",
+                            "apiVersion": "v1",
+                            "status": "Failure",
+                            "code": code,
+                            "reason": reason,
+                            "message": "only the gpustack-models worker reads live downloads",
+                        }
                         return self._send(code, json.dumps(body).encode())
                     return self._send(200, json.dumps({"downloads": plugin.engine.running()}).encode())
                 return self._send(404, b'{"kind":"Status","code":404,"reason":"NotFound"}')
@@ -377,8 +410,12 @@ class Plugin:
         ]
         for thread in threads:
             thread.start()
-        log.info("plugin for node %s serving on %s, cache %s", self.settings.node, self.settings.address,
-                 self.settings.cache_dir)
+        log.info(
+            "plugin for node %s serving on %s, cache %s",
+            self.settings.node,
+            self.settings.address,
+            self.settings.cache_dir,
+        )
         self.stopping.wait()
         server.shutdown()
         self.engine.close(timeout=10)

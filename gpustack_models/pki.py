@@ -52,7 +52,7 @@ def _name(common_name: str, organizations=()) -> x509.Name:
 
 
 def _now() -> datetime.datetime:
-    return datetime.datetime.now(datetime.timezone.utc) - datetime.timedelta(minutes=5)
+    return datetime.datetime.now(datetime.UTC) - datetime.timedelta(minutes=5)
 
 
 def new_ca(common_name: str) -> KeyPair:
@@ -127,9 +127,7 @@ def issue(
             critical=True,
         )
         .add_extension(x509.ExtendedKeyUsage(usages), critical=False)
-        .add_extension(
-            x509.AuthorityKeyIdentifier.from_issuer_public_key(ca.key.public_key()), critical=False
-        )
+        .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca.key.public_key()), critical=False)
     )
     sans = [x509.DNSName(d) for d in dns_names] + [x509.IPAddress(ipaddress.ip_address(i)) for i in ip_addresses]
     if sans:

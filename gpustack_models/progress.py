@@ -15,7 +15,7 @@ import json
 import ssl
 import time
 from collections import Counter
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 from asgiref.sync import async_to_sync
 from django.conf import settings
@@ -32,7 +32,7 @@ def _zeros(name: str, namespace: str, reason: str, digest: str = "", size: int =
         "kind": "ModelArtifactProgress",
         "apiVersion": "worker.gpustack.ai/v1",
         "metadata": {"name": name, "namespace": namespace},
-        "timestamp": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "timestamp": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "manifestDigest": digest,
         "sizeBytes": size,
         "ready": 0,
@@ -52,8 +52,9 @@ def _plugin_session():
     session = _sessions.get(loop)
     if session is None or session.closed:
         context = ssl.create_default_context(cafile=settings.PLUGIN_CA_FILE) if settings.PLUGIN_CA_FILE else False
-        session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=context, limit=0, keepalive_timeout=60),
-                                        trust_env=False)
+        session = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(ssl=context, limit=0, keepalive_timeout=60), trust_env=False
+        )
         _sessions[loop] = session
     return session
 
@@ -69,12 +70,13 @@ async def read_live(endpoints: dict[str, str], digest: str, timeout: float) -> d
     async def one(node: str, ip: str):
         host = f"[{ip}]" if ":" in ip else ip
         try:
-            async with session.get(f"https://{host}:{settings.PLUGIN_PORT}/model/downloads", headers=headers,
-                                   timeout=per_request) as resp:
+            async with session.get(
+                f"https://{host}:{settings.PLUGIN_PORT}/model/downloads", headers=headers, timeout=per_request
+            ) as resp:
                 if resp.status != 200:
                     return node, None
                 body = await resp.json(content_type=None)
-        except (aiohttp.ClientError, asyncio.TimeoutError, ValueError, OSError):
+        except (TimeoutError, aiohttp.ClientError, ValueError, OSError):
             return node, None
         for item in body.get("downloads") or []:
             if item.get("digest") == digest:
@@ -98,7 +100,8 @@ def compute(name: str, namespace: str, artifact: dict) -> dict:
     downloading: dict[str, tuple[int, int]] = {}  # node -> (size, stored bytes)
     reasons: Counter = Counter()
     rows = StoreEntry.objects.filter(digest=digest, store__deleted=False).values_list(
-        "node", "state", "size_bytes", "downloaded_bytes", "reason")
+        "node", "state", "size_bytes", "downloaded_bytes", "reason"
+    )
     for node, state, size, done, reason in rows:
         if state == "Ready":
             out["ready"] += 1
@@ -113,7 +116,10 @@ def compute(name: str, namespace: str, artifact: dict) -> dict:
     if downloading:
         chosen = sorted(downloading)[: settings.PROGRESS_LIVE_MAX]
         endpoints = dict(
-            PluginPod.objects.live().filter(node__in=chosen, ready=True).exclude(pod_ip="").values_list("node", "pod_ip")
+            PluginPod.objects.live()
+            .filter(node__in=chosen, ready=True)
+            .exclude(pod_ip="")
+            .values_list("node", "pod_ip")
         )
         remaining = settings.PROGRESS_DEADLINE - (time.monotonic() - started)
         budget = min(settings.PROGRESS_LIVE_TIMEOUT, remaining - 0.5)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import base64
 import logging
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 from django.conf import settings
 from django.db import transaction
@@ -34,7 +34,7 @@ WORKER = "gpustack-models-worker"
 
 
 def now_iso() -> str:
-    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def artifact_path(namespace: str, name: str) -> str:
@@ -44,12 +44,18 @@ def artifact_path(namespace: str, name: str) -> str:
 def condition(type_: str, status: str, reason: str, message: str, previous: dict | None, generation: int) -> dict:
     """A condition whose lastTransitionTime moves only when its status does."""
     since = previous.get("lastTransitionTime") if previous and previous.get("status") == status else None
-    return {"type": type_, "status": status, "reason": reason, "message": message[:32000],
-            "lastTransitionTime": since or now_iso(), "observedGeneration": generation}
+    return {
+        "type": type_,
+        "status": status,
+        "reason": reason,
+        "message": message[:32000],
+        "lastTransitionTime": since or now_iso(),
+        "observedGeneration": generation,
+    }
 
 
 def find_condition(obj: dict, type_: str) -> dict:
-    for cond in ((obj.get("status") or {}).get("conditions") or []):
+    for cond in (obj.get("status") or {}).get("conditions") or []:
         if cond.get("type") == type_:
             return cond
     return {}
@@ -108,7 +114,9 @@ def resolve(namespace: str, name: str) -> Outcome:
             if exc.status == 404:
                 return fail("ClaimNotFound", f"PersistentVolumeClaim {claim!r} does not exist in {namespace}", True)
             raise
-        write_resolution(obj, {}, condition("Resolved", "True", "Resolved", f"claim {claim} exists", previous, generation))
+        write_resolution(
+            obj, {}, condition("Resolved", "True", "Resolved", f"claim {claim} exists", previous, generation)
+        )
         return Outcome("Resolved")
 
     member_name = "huggingFace" if "huggingFace" in source else "modelScope"
@@ -132,8 +140,13 @@ def resolve(namespace: str, name: str) -> Outcome:
     revision = member.get("revision") or ("main" if member_name == "huggingFace" else "master")
     try:
         resolution = hub.resolve(
-            member["repository"], revision, endpoint=endpoint, token=token, proxy=settings.HUB_PROXY or None,
-            ca_bundle=settings.HUB_CA_BUNDLE or None, timeout=settings.HUB_TIMEOUT,
+            member["repository"],
+            revision,
+            endpoint=endpoint,
+            token=token,
+            proxy=settings.HUB_PROXY or None,
+            ca_bundle=settings.HUB_CA_BUNDLE or None,
+            timeout=settings.HUB_TIMEOUT,
         )
         files, digest = build_manifest(resolution.files, spec.get("allowPatterns"), spec.get("ignorePatterns"))
     except SourceError as exc:
@@ -152,14 +165,29 @@ def resolve(namespace: str, name: str) -> Outcome:
         if row is not None:
             Resolution.objects.update_or_create(
                 artifact=row,
-                defaults={"generation": generation, "manifest": manifest, "source": member_name,
-                          "endpoint": endpoint, "repository": member["repository"], "commit": resolution.commit,
-                          "secret_name": secret_name},
+                defaults={
+                    "generation": generation,
+                    "manifest": manifest,
+                    "source": member_name,
+                    "endpoint": endpoint,
+                    "repository": member["repository"],
+                    "commit": resolution.commit,
+                    "secret_name": secret_name,
+                },
             )
     resolved = {"revision": resolution.commit, "manifestDigest": digest, "fileCount": len(files), "sizeBytes": size}
-    write_resolution(obj, resolved, condition("Resolved", "True", "Resolved",
-                                              f"{member['repository']}@{revision} is {resolution.commit}", previous,
-                                              generation))
+    write_resolution(
+        obj,
+        resolved,
+        condition(
+            "Resolved",
+            "True",
+            "Resolved",
+            f"{member['repository']}@{revision} is {resolution.commit}",
+            previous,
+            generation,
+        ),
+    )
     return Outcome("Resolved")
 
 
@@ -172,8 +200,12 @@ def write_resolution(obj: dict, resolved: dict | None, cond: dict) -> None:
             status["resolved"] = resolved
     elif (obj.get("status") or {}).get("resolved"):
         status["resolved"] = obj["status"]["resolved"]
-    body = {"apiVersion": API, "kind": "ModelArtifact",
-            "metadata": {"name": meta["name"], "namespace": meta["namespace"]}, "status": status}
+    body = {
+        "apiVersion": API,
+        "kind": "ModelArtifact",
+        "metadata": {"name": meta["name"], "namespace": meta["namespace"]},
+        "status": status,
+    }
     kube.worker().apply(artifact_path(meta["namespace"], meta["name"]) + "/status", body, field_manager=RESOLVER)
 
 
@@ -226,8 +258,9 @@ def store_spec(node: str, annotations: dict | None = None) -> dict:
         "watermarks": {"highPercent": settings.STORE_HIGH_PERCENT, "lowPercent": settings.STORE_LOW_PERCENT},
         "download": {
             "concurrency": _annotated_int(annotations, CONCURRENCY_ANNOTATION, settings.DOWNLOAD_CONCURRENCY, 1),
-            "bytesPerSecond": _annotated_int(annotations, BYTES_PER_SECOND_ANNOTATION,
-                                             settings.DOWNLOAD_BYTES_PER_SECOND, 0),
+            "bytesPerSecond": _annotated_int(
+                annotations, BYTES_PER_SECOND_ANNOTATION, settings.DOWNLOAD_BYTES_PER_SECOND, 0
+            ),
         },
         "hub": hub,
         "models": desired_models(node),
@@ -250,8 +283,12 @@ def node_store(node: str) -> str:
             {k: o.get(k) for k in ("apiVersion", "kind", "name", "uid")} for o in owners
         ]:
             return "unchanged"
-    body = {"apiVersion": API, "kind": "NodeModelStore", "metadata": {"name": node, "ownerReferences": [owner]},
-            "spec": spec}
+    body = {
+        "apiVersion": API,
+        "kind": "NodeModelStore",
+        "metadata": {"name": node, "ownerReferences": [owner]},
+        "spec": spec,
+    }
     try:
         kube.worker().apply(f"/apis/{API}/nodemodelstores/{node}", body, field_manager=WORKER)
     except kube.KubeError as exc:
@@ -303,11 +340,16 @@ def rollup(digest: str) -> int:
     for artifact in Artifact.objects.live().filter(digest=digest):
         if not nodes_changed(artifact.nodes or {}, counts):
             continue
-        body = {"apiVersion": API, "kind": "ModelArtifact",
-                "metadata": {"name": artifact.name, "namespace": artifact.namespace}, "status": {"nodes": counts}}
+        body = {
+            "apiVersion": API,
+            "kind": "ModelArtifact",
+            "metadata": {"name": artifact.name, "namespace": artifact.namespace},
+            "status": {"nodes": counts},
+        }
         try:
-            kube.worker().apply(artifact_path(artifact.namespace, artifact.name) + "/status", body,
-                                field_manager=ROLLUP)
+            kube.worker().apply(
+                artifact_path(artifact.namespace, artifact.name) + "/status", body, field_manager=ROLLUP
+            )
         except kube.KubeError as exc:
             if exc.status == 404:
                 continue
@@ -346,32 +388,56 @@ def prefetch_status(namespace: str, name: str) -> bool:
         waiting = None
     available = bool(digest) and desired > 0 and counts["ready"] >= needed
     progressing = bool(digest) and counts["ready"] < desired
-    failures = list(
-        StoreEntry.objects.filter(digest=digest, node__in=nodes, state="Failed").values_list("reason", flat=True)
-    ) if digest else []
+    failures = (
+        list(StoreEntry.objects.filter(digest=digest, node__in=nodes, state="Failed").values_list("reason", flat=True))
+        if digest
+        else []
+    )
     conditions = [
-        condition("Available", "True" if available else "False",
-                  "MinimumReady" if available else (waiting[0] if waiting else "NotEnoughReady"),
-                  f"{counts['ready']} of {desired} nodes ready ({needed} needed)" if not waiting else waiting[1],
-                  previous.get("Available"), generation),
-        condition("Progressing", "True" if progressing else "False",
-                  "Downloading" if progressing else ("Complete" if digest else waiting[0]),
-                  f"{counts['downloading']} downloading, {counts['ready']} ready of {desired}",
-                  previous.get("Progressing"), generation),
-        condition("Degraded", "True" if failures else "False",
-                  (max(set(failures), key=failures.count) if failures else "AsExpected"),
-                  f"{len(failures)} nodes failed" if failures else "no node failed",
-                  previous.get("Degraded"), generation),
+        condition(
+            "Available",
+            "True" if available else "False",
+            "MinimumReady" if available else (waiting[0] if waiting else "NotEnoughReady"),
+            f"{counts['ready']} of {desired} nodes ready ({needed} needed)" if not waiting else waiting[1],
+            previous.get("Available"),
+            generation,
+        ),
+        condition(
+            "Progressing",
+            "True" if progressing else "False",
+            "Downloading" if progressing else ("Complete" if digest else waiting[0]),
+            f"{counts['downloading']} downloading, {counts['ready']} ready of {desired}",
+            previous.get("Progressing"),
+            generation,
+        ),
+        condition(
+            "Degraded",
+            "True" if failures else "False",
+            (max(set(failures), key=failures.count) if failures else "AsExpected"),
+            f"{len(failures)} nodes failed" if failures else "no node failed",
+            previous.get("Degraded"),
+            generation,
+        ),
     ]
-    status = {"observedGeneration": generation, "desiredNodes": desired, "readyNodes": counts["ready"],
-              "downloadingNodes": counts["downloading"], "conditions": conditions}
+    status = {
+        "observedGeneration": generation,
+        "desiredNodes": desired,
+        "readyNodes": counts["ready"],
+        "downloadingNodes": counts["downloading"],
+        "conditions": conditions,
+    }
     if _same_status(prefetch.status or {}, status):
         return False
-    body = {"apiVersion": API, "kind": "ModelPrefetch", "metadata": {"name": name, "namespace": namespace},
-            "status": status}
+    body = {
+        "apiVersion": API,
+        "kind": "ModelPrefetch",
+        "metadata": {"name": name, "namespace": namespace},
+        "status": status,
+    }
     try:
-        kube.worker().apply(f"/apis/{API}/namespaces/{namespace}/modelprefetches/{name}/status", body,
-                            field_manager=PREFETCHER)
+        kube.worker().apply(
+            f"/apis/{API}/namespaces/{namespace}/modelprefetches/{name}/status", body, field_manager=PREFETCHER
+        )
     except kube.KubeError as exc:
         if exc.status == 404:
             return False

@@ -14,7 +14,7 @@ only what their cells need; metadata travels as raw JSON.
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import msgspec
 
@@ -226,10 +226,11 @@ def _json_path(view: dict, path: str):
     return cur
 
 
-def table_from_objects(kind: ResourceKind, data: bytes, *, is_list: bool, include_object: str,
-                       with_columns=True) -> bytes:
+def table_from_objects(
+    kind: ResourceKind, data: bytes, *, is_list: bool, include_object: str, with_columns=True
+) -> bytes:
     """A v1 Table rendered from storage objects (for kinds with object-rendered columns)."""
-    now = datetime.now(timezone.utc)
+    now = datetime.now(UTC)
     if is_list:
         lst = _decode_list(data)
         items, metadata = lst.items, lst.metadata
@@ -240,7 +241,9 @@ def table_from_objects(kind: ResourceKind, data: bytes, *, is_list: bool, includ
         {
             "kind": "Table",
             "apiVersion": META,
-            "metadata": {k: v for k, v in metadata.items() if k in ("resourceVersion", "continue", "remainingItemCount")},
+            "metadata": {
+                k: v for k, v in metadata.items() if k in ("resourceVersion", "continue", "remainingItemCount")
+            },
             "columnDefinitions": column_definitions(kind) if with_columns else [],
             "rows": [_object_row(kind, item, include_object, now) for item in items],
         }
@@ -254,11 +257,17 @@ def object_table_event(kind: ResourceKind, line: bytes, include_object: str, wit
         return line
     if event.type == "BOOKMARK":
         head = _decode_head(_decode_item(event.object).metadata)
-        table = {"kind": "Table", "apiVersion": META, "metadata": {"resourceVersion": head.resourceVersion},
-                 "columnDefinitions": column_definitions(kind) if with_columns else [], "rows": []}
+        table = {
+            "kind": "Table",
+            "apiVersion": META,
+            "metadata": {"resourceVersion": head.resourceVersion},
+            "columnDefinitions": column_definitions(kind) if with_columns else [],
+            "rows": [],
+        }
         return _encode({"type": event.type, "object": table})
-    table = table_from_objects(kind, bytes(event.object), is_list=False, include_object=include_object,
-                               with_columns=with_columns)
+    table = table_from_objects(
+        kind, bytes(event.object), is_list=False, include_object=include_object, with_columns=with_columns
+    )
     return _encode({"type": event.type, "object": msgspec.Raw(table)})
 
 

@@ -118,7 +118,7 @@ def resolve_artifact(self, namespace: str, name: str) -> str:
     an earlier resolution."""
     outcome = reconcile.resolve(namespace, name)
     if outcome.retry:
-        countdown = min(settings.RESOLVE_RETRY_MAX, settings.RESOLVE_RETRY_BASE * (2 ** self.request.retries))
+        countdown = min(settings.RESOLVE_RETRY_MAX, settings.RESOLVE_RETRY_BASE * (2**self.request.retries))
         if outcome.retry_after:
             countdown = max(countdown, min(outcome.retry_after, settings.RESOLVE_RETRY_MAX))
         raise self.retry(countdown=countdown)
@@ -152,7 +152,10 @@ def revalidate_unresolved(limit: int = 500) -> int:
     been granted access, a tag created)."""
     count = 0
     for ns, name in (
-        Artifact.objects.live().exclude(resolved_status="True").exclude(source="").values_list("namespace", "name")[:limit]
+        Artifact.objects.live()
+        .exclude(resolved_status="True")
+        .exclude(source="")
+        .values_list("namespace", "name")[:limit]
     ):
         resolve_artifact.delay(ns, name)
         count += 1

@@ -190,16 +190,31 @@ class WorkerAPI:
 
     def env(self) -> dict:
         env = dict(os.environ)
-        env.update(KUBECONFIG=str(self.launcher.worker_kubeconfig), GPUSTACK_DATA_DIR=str(TEST_STATE),
-                   DATABASE_URL=self.db_url, GPUSTACK_PLUGIN_PORT=str(PLUGIN_PORT), GPUSTACK_PROGRESS_LIVE_TIMEOUT="2")
+        env.update(
+            KUBECONFIG=str(self.launcher.worker_kubeconfig),
+            GPUSTACK_DATA_DIR=str(TEST_STATE),
+            DATABASE_URL=self.db_url,
+            GPUSTACK_PLUGIN_PORT=str(PLUGIN_PORT),
+            GPUSTACK_PROGRESS_LIVE_TIMEOUT="2",
+        )
         return env
 
     def start(self) -> None:
         log = open(TEST_STATE / "worker-api.log", "ab")
         self.proc = subprocess.Popen(
-            [sys.executable, "manage.py", "runapiserver", f"--port={self.port}", "--workers=2",
-             f"--certfile={self.crt}", f"--keyfile={self.key}"],
-            cwd=REPO, env=self.env(), stdout=log, stderr=subprocess.STDOUT,
+            [
+                sys.executable,
+                "manage.py",
+                "runapiserver",
+                f"--port={self.port}",
+                "--workers=2",
+                f"--certfile={self.crt}",
+                f"--keyfile={self.key}",
+            ],
+            cwd=REPO,
+            env=self.env(),
+            stdout=log,
+            stderr=subprocess.STDOUT,
         )
         session = requests.Session()
         session.trust_env = False
@@ -315,20 +330,38 @@ class WorkerStack:
     def env(self) -> dict:
         env = dict(os.environ)
         env.update(
-            KUBECONFIG=str(self.launcher.worker_kubeconfig), GPUSTACK_DATA_DIR=str(TEST_STATE),
-            DATABASE_URL=self.db_url, HF_ENDPOINT=self.hub.url, MODELSCOPE_ENDPOINT=self.hub.url,
-            GPUSTACK_RESOLVE_RETRY_BASE="0.5", GPUSTACK_RESOLVE_RETRY_MAX="3",
-            NO_PROXY="127.0.0.1,127.0.0.2,localhost", no_proxy="127.0.0.1,127.0.0.2,localhost",
-            HF_HOME=str(TEST_STATE / "hf-home"), MODELSCOPE_HOME=str(TEST_STATE / "modelscope-home"),
+            KUBECONFIG=str(self.launcher.worker_kubeconfig),
+            GPUSTACK_DATA_DIR=str(TEST_STATE),
+            DATABASE_URL=self.db_url,
+            HF_ENDPOINT=self.hub.url,
+            MODELSCOPE_ENDPOINT=self.hub.url,
+            GPUSTACK_RESOLVE_RETRY_BASE="0.5",
+            GPUSTACK_RESOLVE_RETRY_MAX="3",
+            NO_PROXY="127.0.0.1,127.0.0.2,localhost",
+            no_proxy="127.0.0.1,127.0.0.2,localhost",
+            HF_HOME=str(TEST_STATE / "hf-home"),
+            MODELSCOPE_HOME=str(TEST_STATE / "modelscope-home"),
         )
         return env
 
     def start(self, name: str) -> None:
         argv = {
             "informers": [sys.executable, "manage.py", "runinformers"],
-            "celery": [sys.executable, "-m", "celery", "-A", "config", "worker", "--pool=prefork",
-                       "--concurrency=4", "--beat", f"--schedule={TEST_STATE / 'beat-schedule'}",
-                       "--without-gossip", "--without-mingle", "--loglevel=WARNING"],
+            "celery": [
+                sys.executable,
+                "-m",
+                "celery",
+                "-A",
+                "config",
+                "worker",
+                "--pool=prefork",
+                "--concurrency=4",
+                "--beat",
+                f"--schedule={TEST_STATE / 'beat-schedule'}",
+                "--without-gossip",
+                "--without-mingle",
+                "--loglevel=WARNING",
+            ],
         }[name]
         log = open(TEST_STATE / f"{name}.log", "ab")
         self.procs[name] = subprocess.Popen(argv, cwd=REPO, env=self.env(), stdout=log, stderr=subprocess.STDOUT)
@@ -385,8 +418,13 @@ class PluginProcess:
 
     def start(self):
         log = open(TEST_STATE / f"plugin-{self.node}.log", "ab")
-        self.proc = subprocess.Popen([sys.executable, "manage.py", "runplugin", f"--node={self.node}"], cwd=REPO,
-                                     env=self.env, stdout=log, stderr=subprocess.STDOUT)
+        self.proc = subprocess.Popen(
+            [sys.executable, "manage.py", "runplugin", f"--node={self.node}"],
+            cwd=REPO,
+            env=self.env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
         session = requests.Session()
         session.trust_env = False
 

@@ -29,7 +29,8 @@ class FakePlugins:
             pki.new_ca("gpustack-models-plugin-ca").write(directory, "ca")
         authority = pki.KeyPair.load(directory, "ca")
         self.cert, self.key = pki.issue(authority, "fake-plugins", ip_addresses=tuple(addresses), server=True).write(
-            directory, f"fake-plugins-{port}")
+            directory, f"fake-plugins-{port}"
+        )
         self.loop = asyncio.new_event_loop()
         self.servers = []
         self.ready = threading.Event()
@@ -61,7 +62,8 @@ class FakePlugins:
         async def start():
             for address in self.addresses:
                 server = await asyncio.start_server(
-                    lambda r, w, a=address: self._serve(a, r, w), address, self.port, ssl=context, backlog=256)
+                    lambda r, w, a=address: self._serve(a, r, w), address, self.port, ssl=context, backlog=256
+                )
                 self.servers.append(server)
             self.ready.set()
 
@@ -84,8 +86,14 @@ class FakePlugins:
                     body, code = json.dumps({"downloads": plugin.downloads}).encode(), b"200 OK"
                 else:
                     body, code = b"{}", b"404 Not Found"
-                writer.write(b"HTTP/1.1 " + code + b"\r\nContent-Type: application/json\r\nContent-Length: "
-                             + str(len(body)).encode() + b"\r\n\r\n" + body)
+                writer.write(
+                    b"HTTP/1.1 "
+                    + code
+                    + b"\r\nContent-Type: application/json\r\nContent-Length: "
+                    + str(len(body)).encode()
+                    + b"\r\n\r\n"
+                    + body
+                )
                 await writer.drain()
         except (asyncio.IncompleteReadError, ConnectionError, asyncio.CancelledError, ssl.SSLError):
             pass

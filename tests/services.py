@@ -112,8 +112,18 @@ class PostgreSQL:
 
     def start(self) -> str:
         subprocess.run(
-            [str(self.bindir / "initdb"), "-D", str(self.data), "-U", "postgres", "-A", "trust", "-E", "UTF8",
-             "--no-sync"],
+            [
+                str(self.bindir / "initdb"),
+                "-D",
+                str(self.data),
+                "-U",
+                "postgres",
+                "-A",
+                "trust",
+                "-E",
+                "UTF8",
+                "--no-sync",
+            ],
             check=True,
             stdout=subprocess.DEVNULL,
             preexec_fn=self._as_owner(),
@@ -121,9 +131,25 @@ class PostgreSQL:
         )
         log = open(self.root / "postgres.log", "wb")
         self.proc = subprocess.Popen(
-            [str(self.bindir / "postgres"), "-D", str(self.data), "-p", str(self.port), "-h", "127.0.0.1",
-             "-k", str(self.root), "-c", "fsync=off", "-c", "synchronous_commit=off", "-c",
-             "full_page_writes=off", "-c", "max_connections=300"],
+            [
+                str(self.bindir / "postgres"),
+                "-D",
+                str(self.data),
+                "-p",
+                str(self.port),
+                "-h",
+                "127.0.0.1",
+                "-k",
+                str(self.root),
+                "-c",
+                "fsync=off",
+                "-c",
+                "synchronous_commit=off",
+                "-c",
+                "full_page_writes=off",
+                "-c",
+                "max_connections=300",
+            ],
             stdout=log,
             stderr=subprocess.STDOUT,
             preexec_fn=self._as_owner(),
@@ -132,10 +158,13 @@ class PostgreSQL:
         wait_port(self.port, self.proc, "postgres")
         # The server accepts TCP a moment before it accepts logins.
         for _ in range(100):
-            ok = subprocess.run(
-                [str(self.bindir / "pg_isready"), "-h", "127.0.0.1", "-p", str(self.port)],
-                stdout=subprocess.DEVNULL,
-            ).returncode == 0
+            ok = (
+                subprocess.run(
+                    [str(self.bindir / "pg_isready"), "-h", "127.0.0.1", "-p", str(self.port)],
+                    stdout=subprocess.DEVNULL,
+                ).returncode
+                == 0
+            )
             if ok:
                 break
             time.sleep(0.1)
@@ -159,8 +188,19 @@ class Redis:
 
     def start(self) -> str:
         self.proc = subprocess.Popen(
-            ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-             "--loglevel", "warning"],
+            [
+                "redis-server",
+                "--port",
+                str(self.port),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--loglevel",
+                "warning",
+            ],
             stdout=subprocess.DEVNULL,
         )
         wait_port(self.port, self.proc, "redis-server")

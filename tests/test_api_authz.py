@@ -11,8 +11,9 @@ from gpustack_models.resources.kinds import GROUP
 from .conftest import token_http, wait_for
 
 SEED_ROLE_RULES = [
-    k8s.V1PolicyRule(api_groups=[GROUP], resources=["modelartifacts", "modelartifacts/progress"],
-                     verbs=["get", "list", "watch"])
+    k8s.V1PolicyRule(
+        api_groups=[GROUP], resources=["modelartifacts", "modelartifacts/progress"], verbs=["get", "list", "watch"]
+    )
 ]
 
 
@@ -38,8 +39,12 @@ def bind(api_client, namespace, subject_kind, subject, rules, name="model-artifa
 def create_artifact(worker_kube, namespace, name="qwen"):
     worker_kube.create(
         f"/apis/{GROUP}/v1alpha1/namespaces/{namespace}/modelartifacts",
-        {"apiVersion": f"{GROUP}/v1alpha1", "kind": "ModelArtifact", "metadata": {"name": name},
-         "spec": {"source": {"huggingFace": {"repository": "Qwen/Qwen2.5-0.5B"}}}},
+        {
+            "apiVersion": f"{GROUP}/v1alpha1",
+            "kind": "ModelArtifact",
+            "metadata": {"name": name},
+            "spec": {"source": {"huggingFace": {"repository": "Qwen/Qwen2.5-0.5B"}}},
+        },
     )
 
 
@@ -51,8 +56,13 @@ def teams(worker_api, core, api_client, worker_kube):
     for ns in (team_a, team_b, team_c):
         create_artifact(worker_kube, ns)
     bind(api_client, team_a, "User", "alice", SEED_ROLE_RULES)
-    bind(api_client, team_c, "User", "bob",
-         [k8s.V1PolicyRule(api_groups=[GROUP], resources=["modelartifacts"], verbs=["get"])])
+    bind(
+        api_client,
+        team_c,
+        "User",
+        "bob",
+        [k8s.V1PolicyRule(api_groups=[GROUP], resources=["modelartifacts"], verbs=["get"])],
+    )
     yield team_a, team_b, team_c
     for ns in (team_a, team_b, team_c):
         core.delete_namespace(ns)
@@ -89,8 +99,11 @@ def test_it_lets_the_seed_role_read_its_namespace_only(how, teams, worker_api, c
     team_a, team_b, _ = teams
     session, base = _client(how, worker_api, cluster, "alice")
     for verb, path in paths(team_a).items():
-        resp = wait_for(lambda: (r := session.get(base + path)).status_code == 200 and r, timeout=15,
-                        message=f"alice to {verb} in team-a")
+        resp = wait_for(
+            lambda: (r := session.get(base + path)).status_code == 200 and r,
+            timeout=15,
+            message=f"alice to {verb} in team-a",
+        )
         body = resp.json()
         if verb == "progress":
             assert body["kind"] == "ModelArtifactProgress"
@@ -106,8 +119,11 @@ def test_it_lets_the_seed_role_read_its_namespace_only(how, teams, worker_api, c
 def test_it_refuses_progress_to_get_modelartifacts_alone(how, teams, worker_api, cluster):
     _, _, team_c = teams
     session, base = _client(how, worker_api, cluster, "bob")
-    got = wait_for(lambda: session.get(base + paths(team_c)["get"]).status_code == 200, timeout=15,
-                   message="bob to get the artifact")
+    got = wait_for(
+        lambda: session.get(base + paths(team_c)["get"]).status_code == 200,
+        timeout=15,
+        message="bob to get the artifact",
+    )
     assert got
     resp = session.get(base + paths(team_c)["progress"])
     assert resp.status_code == 403
@@ -128,9 +144,11 @@ def test_it_records_its_own_subject_access_review_in_the_audit_log(teams, worker
 
     def reviewed():
         return [
-            e for e in cluster.audit_events()
+            e
+            for e in cluster.audit_events()
             if e.get("objectRef", {}).get("resource") == "subjectaccessreviews"
-            and e["user"]["username"] == worker and e["stage"] == "ResponseComplete"
+            and e["user"]["username"] == worker
+            and e["stage"] == "ResponseComplete"
         ]
 
     assert wait_for(reviewed, timeout=10, message="the worker's SubjectAccessReview in the audit log")
@@ -144,9 +162,18 @@ def test_it_passes_a_group_with_a_comma_as_one_group(worker_api, kubectl, core, 
         # Through kube-apiserver's impersonation: the front proxy sends "a,b" as one header line; the
         # worker's own SubjectAccessReview must carry it as one group or it would be refused here.
         out = wait_for(
-            lambda: (p := kubectl("get", "mart", "qwen", "-n", namespace, "-o", "json", "--as=u", "--as-group=a,b",
-                                  check=False)).returncode == 0 and p,
-            timeout=15, message="the group a,b to be allowed")
+            lambda: (
+                (
+                    p := kubectl(
+                        "get", "mart", "qwen", "-n", namespace, "-o", "json", "--as=u", "--as-group=a,b", check=False
+                    )
+                ).returncode
+                == 0
+                and p
+            ),
+            timeout=15,
+            message="the group a,b to be allowed",
+        )
         assert json.loads(out.stdout)["metadata"]["name"] == "qwen"
         split = kubectl("get", "mart", "qwen", "-n", namespace, "--as=u", "--as-group=a", "--as-group=b", check=False)
         assert split.returncode != 0 and "forbidden" in split.stderr.lower()
@@ -154,35 +181,61 @@ def test_it_passes_a_group_with_a_comma_as_one_group(worker_api, kubectl, core, 
         core.delete_namespace(namespace)
 
 
-def test_it_refuses_to_create_an_artifact_naming_a_secret_the_creator_cannot_read(worker_api, core, api_client,
-                                                                                  cluster):
+def test_it_refuses_to_create_an_artifact_naming_a_secret_the_creator_cannot_read(
+    worker_api, core, api_client, cluster
+):
     namespace = make_namespace(core, "secret")
     try:
-        core.create_namespaced_secret(namespace, k8s.V1Secret(metadata=k8s.V1ObjectMeta(name="hf-token"),
-                                                              string_data={"token": "hf_x"}))
-        bind(api_client, namespace, "User", "carol",
-             [k8s.V1PolicyRule(api_groups=[GROUP], resources=["modelartifacts"], verbs=["create", "get"])],
-             name="creator")
+        core.create_namespaced_secret(
+            namespace, k8s.V1Secret(metadata=k8s.V1ObjectMeta(name="hf-token"), string_data={"token": "hf_x"})
+        )
+        bind(
+            api_client,
+            namespace,
+            "User",
+            "carol",
+            [k8s.V1PolicyRule(api_groups=[GROUP], resources=["modelartifacts"], verbs=["create", "get"])],
+            name="creator",
+        )
         session = token_http(cluster, cluster.tokens()["carol"])
         url = f"{cluster.server}/apis/{GROUP}/v1/namespaces/{namespace}/modelartifacts"
 
         def body(name):
-            return {"apiVersion": f"{GROUP}/v1", "kind": "ModelArtifact", "metadata": {"name": name},
-                    "spec": {"source": {"huggingFace": {"repository": "org/private", "secretRef": {"name": "hf-token"}}}}}
+            return {
+                "apiVersion": f"{GROUP}/v1",
+                "kind": "ModelArtifact",
+                "metadata": {"name": name},
+                "spec": {"source": {"huggingFace": {"repository": "org/private", "secretRef": {"name": "hf-token"}}}},
+            }
 
-        plain = {"apiVersion": f"{GROUP}/v1", "kind": "ModelArtifact", "metadata": {"name": "plain"},
-                 "spec": {"source": {"huggingFace": {"repository": "org/public"}}}}
-        wait_for(lambda: session.post(url, json=plain).status_code == 201, timeout=15,
-                 message="carol's create permission to take effect")
+        plain = {
+            "apiVersion": f"{GROUP}/v1",
+            "kind": "ModelArtifact",
+            "metadata": {"name": "plain"},
+            "spec": {"source": {"huggingFace": {"repository": "org/public"}}},
+        }
+        wait_for(
+            lambda: session.post(url, json=plain).status_code == 201,
+            timeout=15,
+            message="carol's create permission to take effect",
+        )
         refused = session.post(url, json=body("a"))
         assert refused.status_code == 403, refused.text
         assert 'cannot get resource "secrets"' in refused.json()["message"]
         assert refused.json()["details"]["causes"][0]["field"] == "spec.source.huggingFace.secretRef.name"
-        bind(api_client, namespace, "User", "carol",
-             [k8s.V1PolicyRule(api_groups=[""], resources=["secrets"], resource_names=["hf-token"], verbs=["get"])],
-             name="secret-reader")
-        allowed = wait_for(lambda: (r := session.post(url, json=body("b"))).status_code == 201 and r, timeout=20,
-                           message="the create to be allowed once carol can read the Secret")
+        bind(
+            api_client,
+            namespace,
+            "User",
+            "carol",
+            [k8s.V1PolicyRule(api_groups=[""], resources=["secrets"], resource_names=["hf-token"], verbs=["get"])],
+            name="secret-reader",
+        )
+        allowed = wait_for(
+            lambda: (r := session.post(url, json=body("b"))).status_code == 201 and r,
+            timeout=20,
+            message="the create to be allowed once carol can read the Secret",
+        )
         assert allowed.json()["spec"]["source"]["huggingFace"]["secretRef"] == {"name": "hf-token"}
     finally:
         core.delete_namespace(namespace)

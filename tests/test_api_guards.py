@@ -16,9 +16,11 @@ from .conftest import kube_update, token_http, wait_for
 DIGEST = "sha256:" + "12" * 32
 FORGED = "sha256:" + "00" * 32
 WRITER_RULES = [
-    k8s.V1PolicyRule(api_groups=[GROUP], resources=["modelartifacts", "modelartifacts/status", "nodemodelstores",
-                                                    "nodemodelstores/status"],
-                     verbs=["get", "list", "watch", "create", "update", "patch", "delete"]),
+    k8s.V1PolicyRule(
+        api_groups=[GROUP],
+        resources=["modelartifacts", "modelartifacts/status", "nodemodelstores", "nodemodelstores/status"],
+        verbs=["get", "list", "watch", "create", "update", "patch", "delete"],
+    ),
 ]
 
 
@@ -29,24 +31,44 @@ def writer(worker_api, core, api_client, worker_kube):
     namespace = f"guard-{uuid.uuid4().hex[:6]}"
     core.create_namespace(k8s.V1Namespace(metadata=k8s.V1ObjectMeta(name=namespace)))
     rbac = k8s.RbacAuthorizationV1Api(api_client)
-    rbac.create_cluster_role(k8s.V1ClusterRole(metadata=k8s.V1ObjectMeta(name=f"writer-{namespace}"),
-                                               rules=WRITER_RULES))
-    rbac.create_cluster_role_binding(k8s.V1ClusterRoleBinding(
-        metadata=k8s.V1ObjectMeta(name=f"writer-{namespace}"),
-        role_ref=k8s.V1RoleRef(api_group="rbac.authorization.k8s.io", kind="ClusterRole", name=f"writer-{namespace}"),
-        subjects=[k8s.RbacV1Subject(kind="User", name="dave", api_group="rbac.authorization.k8s.io")],
-    ))
+    rbac.create_cluster_role(
+        k8s.V1ClusterRole(metadata=k8s.V1ObjectMeta(name=f"writer-{namespace}"), rules=WRITER_RULES)
+    )
+    rbac.create_cluster_role_binding(
+        k8s.V1ClusterRoleBinding(
+            metadata=k8s.V1ObjectMeta(name=f"writer-{namespace}"),
+            role_ref=k8s.V1RoleRef(
+                api_group="rbac.authorization.k8s.io", kind="ClusterRole", name=f"writer-{namespace}"
+            ),
+            subjects=[k8s.RbacV1Subject(kind="User", name="dave", api_group="rbac.authorization.k8s.io")],
+        )
+    )
     base = f"/apis/{GROUP}/v1alpha1/namespaces/{namespace}/modelartifacts"
-    worker_kube.create(base, {"apiVersion": f"{GROUP}/v1alpha1", "kind": "ModelArtifact",
-                              "metadata": {"name": "guarded"},
-                              "spec": {"source": {"huggingFace": {"repository": "org/m"}}}})
+    worker_kube.create(
+        base,
+        {
+            "apiVersion": f"{GROUP}/v1alpha1",
+            "kind": "ModelArtifact",
+            "metadata": {"name": "guarded"},
+            "spec": {"source": {"huggingFace": {"repository": "org/m"}}},
+        },
+    )
     resolved = {"revision": "a" * 40, "manifestDigest": DIGEST, "fileCount": 1, "sizeBytes": 10}
-    kube_update(worker_kube, f"{base}/guarded/status",
-                lambda obj: dict(obj, status={**(obj.get("status") or {}), "resolved": resolved}))
+    kube_update(
+        worker_kube,
+        f"{base}/guarded/status",
+        lambda obj: dict(obj, status={**(obj.get("status") or {}), "resolved": resolved}),
+    )
     store = f"guard-node-{uuid.uuid4().hex[:6]}"
-    worker_kube.create(f"/apis/{GROUP}/v1alpha1/nodemodelstores",
-                       {"apiVersion": f"{GROUP}/v1alpha1", "kind": "NodeModelStore", "metadata": {"name": store},
-                        "spec": {"models": [{"digest": DIGEST}]}})
+    worker_kube.create(
+        f"/apis/{GROUP}/v1alpha1/nodemodelstores",
+        {
+            "apiVersion": f"{GROUP}/v1alpha1",
+            "kind": "NodeModelStore",
+            "metadata": {"name": store},
+            "spec": {"models": [{"digest": DIGEST}]},
+        },
+    )
     yield namespace, store
     core.delete_namespace(namespace)
     rbac.delete_cluster_role_binding(f"writer-{namespace}")
@@ -72,13 +94,22 @@ def test_it_keeps_status_when_a_tenant_writes_it_through_v1(writer, cluster, wor
         return dave.put(url, json=forged).status_code == 200
 
     assert wait_for(forge_by_update, timeout=20, message="the update to be accepted")
-    merge = dave.patch(url, data=json.dumps({"status": {"resolved": {"manifestDigest": FORGED}}}),
-                       headers={"Content-Type": "application/merge-patch+json"})
+    merge = dave.patch(
+        url,
+        data=json.dumps({"status": {"resolved": {"manifestDigest": FORGED}}}),
+        headers={"Content-Type": "application/merge-patch+json"},
+    )
     assert merge.status_code == 200
     apply = dave.patch(
         url + "?fieldManager=dave&force=true",
-        data=json.dumps({"apiVersion": f"{GROUP}/v1", "kind": "ModelArtifact", "metadata": {"name": "guarded"},
-                         "status": {"resolved": {"manifestDigest": FORGED}}}),
+        data=json.dumps(
+            {
+                "apiVersion": f"{GROUP}/v1",
+                "kind": "ModelArtifact",
+                "metadata": {"name": "guarded"},
+                "status": {"resolved": {"manifestDigest": FORGED}},
+            }
+        ),
         headers={"Content-Type": "application/apply-patch+yaml"},
     )
     assert apply.status_code == 200, apply.text
@@ -94,22 +125,32 @@ def test_it_refuses_storage_writes_of_spec_or_status_by_anyone_but_the_worker(wr
     artifact = f"{base}/namespaces/{namespace}/modelartifacts/guarded"
     merge = {"Content-Type": "application/merge-patch+json"}
     wait_for(lambda: dave.get(artifact).status_code == 200, timeout=15, message="dave's RBAC")
-    spec = dave.patch(artifact, data=json.dumps({"metadata": {"labels": {"x": "1"}},
-                                                 "spec": {"allowPatterns": ["*"]}}), headers=merge)
+    spec = dave.patch(
+        artifact, data=json.dumps({"metadata": {"labels": {"x": "1"}}, "spec": {"allowPatterns": ["*"]}}), headers=merge
+    )
     assert spec.status_code in (403, 422), spec.text  # the policy (or the immutable-spec rule) refuses it
-    status = dave.patch(artifact + "/status", data=json.dumps({"status": {"resolved": {"manifestDigest": FORGED}}}),
-                        headers=merge)
+    status = dave.patch(
+        artifact + "/status", data=json.dumps({"status": {"resolved": {"manifestDigest": FORGED}}}), headers=merge
+    )
     assert status.status_code == 403, status.text
     assert "only the gpustack-models worker" in status.json()["message"]
     store_spec = dave.patch(f"{base}/nodemodelstores/{store}", data=json.dumps({"spec": {"models": []}}), headers=merge)
     assert store_spec.status_code == 403 and "only the gpustack-models worker" in store_spec.json()["message"]
-    store_status = dave.patch(f"{base}/nodemodelstores/{store}/status",
-                              data=json.dumps({"status": {"models": [{"digest": DIGEST, "state": "Ready"}]}}),
-                              headers=merge)
+    store_status = dave.patch(
+        f"{base}/nodemodelstores/{store}/status",
+        data=json.dumps({"status": {"models": [{"digest": DIGEST, "state": "Ready"}]}}),
+        headers=merge,
+    )
     assert store_status.status_code == 403
-    created = dave.post(f"{base}/namespaces/{namespace}/modelartifacts",
-                        json={"apiVersion": f"{GROUP}/v1alpha1", "kind": "ModelArtifact", "metadata": {"name": "x"},
-                              "spec": {"source": {"huggingFace": {"repository": "org/m"}}}})
+    created = dave.post(
+        f"{base}/namespaces/{namespace}/modelartifacts",
+        json={
+            "apiVersion": f"{GROUP}/v1alpha1",
+            "kind": "ModelArtifact",
+            "metadata": {"name": "x"},
+            "spec": {"source": {"huggingFace": {"repository": "org/m"}}},
+        },
+    )
     assert created.status_code == 403
     # Metadata-only changes and deletes stay open.
     label = dave.patch(artifact, data=json.dumps({"metadata": {"labels": {"team": "a"}}}), headers=merge)
@@ -123,8 +164,13 @@ def test_it_holds_while_the_worker_is_down_and_clients_fall_back(writer, worker_
     token = cluster.tokens()["dave"]
 
     def kubectl(*args, check=True):
-        cmd = [str(cluster.kubectl), f"--kubeconfig={cluster.token_kubeconfig}", f"--token={token}",
-               f"--cache-dir={tmp_path}/cache-{time.monotonic_ns()}", *args]
+        cmd = [
+            str(cluster.kubectl),
+            f"--kubeconfig={cluster.token_kubeconfig}",
+            f"--token={token}",
+            f"--cache-dir={tmp_path}/cache-{time.monotonic_ns()}",
+            *args,
+        ]
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
         if check and proc.returncode != 0:
             raise AssertionError(f"{args}: {proc.stderr}")
@@ -139,11 +185,30 @@ def test_it_holds_while_the_worker_is_down_and_clients_fall_back(writer, worker_
             return out.returncode == 0 and json.loads(out.stdout)["apiVersion"] == f"{GROUP}/v1alpha1"
 
         wait_for(fell_back, timeout=150, interval=5, message="clients to fall back to v1alpha1")
-        spec = kubectl("patch", "modelartifacts", "guarded", "-n", namespace, "--type=merge",
-                       "-p", '{"spec":{"expectedDigest":"%s"}}' % FORGED, check=False)
+        spec = kubectl(
+            "patch",
+            "modelartifacts",
+            "guarded",
+            "-n",
+            namespace,
+            "--type=merge",
+            "-p",
+            '{"spec":{"expectedDigest":"%s"}}' % FORGED,
+            check=False,
+        )
         assert spec.returncode != 0
-        status = kubectl("patch", "modelartifacts", "guarded", "-n", namespace, "--type=merge", "--subresource=status",
-                         "-p", '{"status":{"resolved":{"manifestDigest":"%s"}}}' % FORGED, check=False)
+        status = kubectl(
+            "patch",
+            "modelartifacts",
+            "guarded",
+            "-n",
+            namespace,
+            "--type=merge",
+            "--subresource=status",
+            "-p",
+            '{"status":{"resolved":{"manifestDigest":"%s"}}}' % FORGED,
+            check=False,
+        )
         assert status.returncode != 0 and "only the gpustack-models worker" in status.stderr
         nms = kubectl("patch", "nodemodelstores", store, "--type=merge", "-p", '{"spec":{"models":[]}}', check=False)
         assert nms.returncode != 0 and "only the gpustack-models worker" in nms.stderr

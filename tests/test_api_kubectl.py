@@ -53,8 +53,12 @@ def test_it_lists_the_category_with_each_kind_once(api, namespace):
 def test_it_serves_nodemodelstores_at_v1(api, worker_kube):
     worker_kube.create(
         f"/apis/{GROUP}/v1alpha1/nodemodelstores",
-        {"apiVersion": f"{GROUP}/v1alpha1", "kind": "NodeModelStore", "metadata": {"name": "yaml-node"},
-         "spec": {"models": [{"digest": DIGEST}]}},
+        {
+            "apiVersion": f"{GROUP}/v1alpha1",
+            "kind": "NodeModelStore",
+            "metadata": {"name": "yaml-node"},
+            "spec": {"models": [{"digest": DIGEST}]},
+        },
     )
     try:
         doc = yaml.safe_load(api("get", "nms", "-o", "yaml").stdout)
@@ -97,28 +101,48 @@ def test_it_prints_the_printer_columns(api, namespace, worker_kube, worker_stack
     digest = "sha256:" + uuid.uuid4().hex * 2
     stores = [f"cols-{uuid.uuid4().hex[:6]}" for _ in range(3)]
     for name, state in zip(stores, ("Ready", "Ready", "Downloading")):
-        obj = worker_kube.create(f"/apis/{GROUP}/v1alpha1/nodemodelstores", {
-            "apiVersion": f"{GROUP}/v1alpha1", "kind": "NodeModelStore", "metadata": {"name": name}, "spec": {}})
+        obj = worker_kube.create(
+            f"/apis/{GROUP}/v1alpha1/nodemodelstores",
+            {"apiVersion": f"{GROUP}/v1alpha1", "kind": "NodeModelStore", "metadata": {"name": name}, "spec": {}},
+        )
         obj["status"] = {"models": [{"digest": digest, "state": state, "sizeBytes": 100, "downloadedBytes": 50}]}
         worker_kube.json("PUT", f"/apis/{GROUP}/v1alpha1/nodemodelstores/{name}/status", body=obj)
     api("apply", "-f", "-", input=artifact_yaml("cols", namespace))
     path = f"/apis/{GROUP}/v1alpha1/namespaces/{namespace}/modelartifacts/cols/status"
     # The worker answers first (the repository is unknown to the test hub: AccessDenied, for good) ...
-    wait_for(lambda: (worker_kube.get(path).get("status") or {}).get("observedGeneration") == 1, timeout=30,
-             message="the worker's resolution")
+    wait_for(
+        lambda: (worker_kube.get(path).get("status") or {}).get("observedGeneration") == 1,
+        timeout=30,
+        message="the worker's resolution",
+    )
     # ... then, as the worker would have, a resolved status with a 40-character revision and a size; the
     # worker's roll-up then counts the nodes holding the digest.
     status = {
-        "resolved": {"revision": "0123456789abcdef0123456789abcdef01234567", "manifestDigest": digest,
-                     "fileCount": 3, "sizeBytes": 145_390_000_000},
-        "conditions": [{"type": "Resolved", "status": "True", "reason": "Resolved", "message": "",
-                        "lastTransitionTime": "2026-01-01T00:00:00Z", "observedGeneration": 1}],
+        "resolved": {
+            "revision": "0123456789abcdef0123456789abcdef01234567",
+            "manifestDigest": digest,
+            "fileCount": 3,
+            "sizeBytes": 145_390_000_000,
+        },
+        "conditions": [
+            {
+                "type": "Resolved",
+                "status": "True",
+                "reason": "Resolved",
+                "message": "",
+                "lastTransitionTime": "2026-01-01T00:00:00Z",
+                "observedGeneration": 1,
+            }
+        ],
         "observedGeneration": 1,
     }
     kube_update(worker_kube, path, lambda obj: dict(obj, status=status))
     try:
-        wait_for(lambda: (worker_kube.get(path).get("status") or {}).get("nodes", {}).get("ready") == 2, timeout=30,
-                 message="the roll-up of the three stores")
+        wait_for(
+            lambda: (worker_kube.get(path).get("status") or {}).get("nodes", {}).get("ready") == 2,
+            timeout=30,
+            message="the roll-up of the three stores",
+        )
         lines = api("get", "mart", "cols", "-n", namespace).stdout.splitlines()
         assert lines[0].split() == ["NAME", "SOURCE", "REVISION", "SIZE", "READY", "DOWNLOADING", "RESOLVED"]
         assert lines[1].split() == ["cols", "hf:Qwen/Qwen2.5-0.5B", "0123456789ab", "135.4Gi", "2", "1", "True"]
@@ -132,8 +156,17 @@ def test_it_prints_the_printer_columns(api, namespace, worker_kube, worker_stack
 
 def test_it_sends_changes_over_watch_as_table_rows(api, namespace, cluster, tmp_path):
     api("apply", "-f", "-", input=artifact_yaml("watched", namespace))
-    cmd = [str(cluster.kubectl), f"--kubeconfig={cluster.kubeconfig}", f"--cache-dir={tmp_path}/wc",
-           "get", "mart", "-n", namespace, "-w", "--request-timeout=20s"]
+    cmd = [
+        str(cluster.kubectl),
+        f"--kubeconfig={cluster.kubeconfig}",
+        f"--cache-dir={tmp_path}/wc",
+        "get",
+        "mart",
+        "-n",
+        namespace,
+        "-w",
+        "--request-timeout=20s",
+    ]
     watcher = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         time.sleep(2)
@@ -156,8 +189,17 @@ def test_it_describes_patches_labels_and_deletes(api, namespace):
     described = api("describe", "mart", "p", "-n", namespace).stdout
     assert "API Version:  worker.gpustack.ai/v1" in described and "Repository:  Qwen/Qwen2.5-0.5B" in described
     api("patch", "mart", "p", "-n", namespace, "--type", "merge", "-p", '{"metadata":{"labels":{"m":"1"}}}')
-    api("patch", "mart", "p", "-n", namespace, "--type", "json",
-        "-p", '[{"op":"add","path":"/metadata/labels/j","value":"2"}]')
+    api(
+        "patch",
+        "mart",
+        "p",
+        "-n",
+        namespace,
+        "--type",
+        "json",
+        "-p",
+        '[{"op":"add","path":"/metadata/labels/j","value":"2"}]',
+    )
     api("label", "mart", "p", "-n", namespace, "l=3")
     labels = json.loads(api("get", "mart", "p", "-n", namespace, "-o", "json").stdout)["metadata"]["labels"]
     assert labels == {"tier": "1", "m": "1", "j": "2", "l": "3"}
@@ -177,8 +219,15 @@ def _owned_configmap(api, namespace, owner_name, owner_uid, finalizers=()):
             "name": f"dep-{uuid.uuid4().hex[:6]}",
             "namespace": namespace,
             "finalizers": list(finalizers),
-            "ownerReferences": [{"apiVersion": f"{GROUP}/v1", "kind": "ModelArtifact", "name": owner_name,
-                                 "uid": owner_uid, "blockOwnerDeletion": True}],
+            "ownerReferences": [
+                {
+                    "apiVersion": f"{GROUP}/v1",
+                    "kind": "ModelArtifact",
+                    "name": owner_name,
+                    "uid": owner_uid,
+                    "blockOwnerDeletion": True,
+                }
+            ],
         },
     }
     api("apply", "-f", "-", input=json.dumps(cm))
@@ -193,15 +242,23 @@ def test_it_deletes_in_the_foreground_while_a_dependent_exists(api, namespace):
 
     def held():
         obj = json.loads(api("get", "mart", "fg", "-n", namespace, "-o", "json").stdout)
-        return obj["metadata"].get("deletionTimestamp") and "foregroundDeletion" in obj["metadata"].get("finalizers", [])
+        return obj["metadata"].get("deletionTimestamp") and "foregroundDeletion" in obj["metadata"].get(
+            "finalizers", []
+        )
 
     wait_for(held, timeout=20, message="the foregroundDeletion finalizer")
     # The garbage collector asked for the dependent's deletion; release it.
-    wait_for(lambda: "deletionTimestamp" in api("get", "cm", dependent, "-n", namespace, "-o", "json").stdout,
-             timeout=30, message="the dependent to be deleted")
+    wait_for(
+        lambda: "deletionTimestamp" in api("get", "cm", dependent, "-n", namespace, "-o", "json").stdout,
+        timeout=30,
+        message="the dependent to be deleted",
+    )
     api("patch", "cm", dependent, "-n", namespace, "--type", "merge", "-p", '{"metadata":{"finalizers":null}}')
-    wait_for(lambda: api("get", "mart", "fg", "-n", namespace, check=False).returncode != 0, timeout=30,
-             message="the foreground deletion to complete")
+    wait_for(
+        lambda: api("get", "mart", "fg", "-n", namespace, check=False).returncode != 0,
+        timeout=30,
+        message="the foreground deletion to complete",
+    )
 
 
 def test_it_orphans_dependents(api, namespace):

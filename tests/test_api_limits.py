@@ -12,8 +12,12 @@ from gpustack_models.resources.kinds import GROUP
 @pytest.fixture
 def v1(worker_api, cluster, admin_http, namespace):
     base = f"{cluster.server}/apis/{GROUP}/v1/namespaces/{namespace}/modelartifacts"
-    body = {"apiVersion": f"{GROUP}/v1", "kind": "ModelArtifact", "metadata": {"name": "lim"},
-            "spec": {"source": {"huggingFace": {"repository": "org/m"}}}}
+    body = {
+        "apiVersion": f"{GROUP}/v1",
+        "kind": "ModelArtifact",
+        "metadata": {"name": "lim"},
+        "spec": {"source": {"huggingFace": {"repository": "org/m"}}},
+    }
     assert admin_http.post(base, json=body).status_code == 201
     return base
 
@@ -49,17 +53,25 @@ def test_it_answers_415_to_strategic_merge_patch(v1, admin_http):
 
 
 def test_it_refuses_malformed_json(v1, admin_http):
-    body = assert_status(admin_http.post(v1, data=b'{"apiVersion": ', headers={"Content-Type": "application/json"}),
-                         400, "BadRequest")
+    body = assert_status(
+        admin_http.post(v1, data=b'{"apiVersion": ', headers={"Content-Type": "application/json"}), 400, "BadRequest"
+    )
     assert "could not be decoded" in body["message"]
-    assert_status(admin_http.patch(f"{v1}/lim", data=b"{nope", headers={"Content-Type": "application/merge-patch+json"}),
-                  400, "BadRequest")
+    assert_status(
+        admin_http.patch(f"{v1}/lim", data=b"{nope", headers={"Content-Type": "application/merge-patch+json"}),
+        400,
+        "BadRequest",
+    )
     assert_status(admin_http.post(v1, data=b"[1,2]", headers={"Content-Type": "application/json"}), 400, "BadRequest")
 
 
 def test_it_refuses_unknown_fields_under_strict_validation(v1, admin_http):
-    body = {"apiVersion": f"{GROUP}/v1", "kind": "ModelArtifact", "metadata": {"name": "strict"},
-            "spec": {"source": {"huggingFace": {"repository": "org/m"}}, "bogus": 1}}
+    body = {
+        "apiVersion": f"{GROUP}/v1",
+        "kind": "ModelArtifact",
+        "metadata": {"name": "strict"},
+        "spec": {"source": {"huggingFace": {"repository": "org/m"}}, "bogus": 1},
+    }
     resp = admin_http.post(v1 + "?fieldValidation=Strict", json=body)
     assert resp.status_code in (400, 422), resp.text
     assert resp.json()["kind"] == "Status"
@@ -67,17 +79,24 @@ def test_it_refuses_unknown_fields_under_strict_validation(v1, admin_http):
 
 
 def test_it_refuses_a_namespace_mismatch_in_the_body(v1, admin_http):
-    body = {"apiVersion": f"{GROUP}/v1", "kind": "ModelArtifact",
-            "metadata": {"name": "elsewhere", "namespace": f"other-{uuid.uuid4().hex[:4]}"},
-            "spec": {"source": {"huggingFace": {"repository": "org/m"}}}}
+    body = {
+        "apiVersion": f"{GROUP}/v1",
+        "kind": "ModelArtifact",
+        "metadata": {"name": "elsewhere", "namespace": f"other-{uuid.uuid4().hex[:4]}"},
+        "spec": {"source": {"huggingFace": {"repository": "org/m"}}},
+    }
     resp = admin_http.post(v1, json=body)
     assert resp.status_code == 400, resp.text
     assert resp.json()["kind"] == "Status"
 
 
 def test_it_refuses_a_wrong_api_version_or_kind(v1, admin_http):
-    body = {"apiVersion": f"{GROUP}/v1alpha1", "kind": "ModelArtifact", "metadata": {"name": "v"},
-            "spec": {"source": {"huggingFace": {"repository": "org/m"}}}}
+    body = {
+        "apiVersion": f"{GROUP}/v1alpha1",
+        "kind": "ModelArtifact",
+        "metadata": {"name": "v"},
+        "spec": {"source": {"huggingFace": {"repository": "org/m"}}},
+    }
     assert_status(admin_http.post(v1, json=body), 400, "BadRequest")
     body = dict(body, apiVersion=f"{GROUP}/v1", kind="ModelPrefetch")
     assert_status(admin_http.post(v1, json=body), 400, "BadRequest")
@@ -92,8 +111,12 @@ def test_it_answers_406_to_a_protobuf_only_client(v1, admin_http):
 
 
 def test_it_refuses_an_invalid_object_with_the_field_at_fault(v1, admin_http):
-    body = {"apiVersion": f"{GROUP}/v1", "kind": "ModelArtifact", "metadata": {"name": "inv"},
-            "spec": {"source": {"huggingFace": {"repository": "org/m"}}, "expectedDigest": "md5:1"}}
+    body = {
+        "apiVersion": f"{GROUP}/v1",
+        "kind": "ModelArtifact",
+        "metadata": {"name": "inv"},
+        "spec": {"source": {"huggingFace": {"repository": "org/m"}}, "expectedDigest": "md5:1"},
+    }
     status = assert_status(admin_http.post(v1, json=body), 422, "Invalid")
     assert "spec.expectedDigest" in [c["field"] for c in status["details"]["causes"]]
 
@@ -109,7 +132,9 @@ def test_it_serves_partial_object_metadata(v1, admin_http):
     assert listed.json()["kind"] == "PartialObjectMetadataList"
     assert listed.json()["items"][0]["kind"] == "PartialObjectMetadata"
     assert "spec" not in listed.json()["items"][0]
-    one = admin_http.get(f"{v1}/lim", headers={"Accept": "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1"})
+    one = admin_http.get(
+        f"{v1}/lim", headers={"Accept": "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1"}
+    )
     assert one.json()["kind"] == "PartialObjectMetadata" and one.json()["metadata"]["name"] == "lim"
 
 
@@ -124,15 +149,21 @@ def test_it_reads_its_own_writes(v1, admin_http):
 
     wait_for(settled, timeout=30, interval=0, message="the artifact to settle")
     for i in range(5):
-        written = admin_http.patch(f"{v1}/lim", data=json.dumps({"metadata": {"labels": {"i": str(i)}}}),
-                                   headers={"Content-Type": "application/merge-patch+json"})
+        written = admin_http.patch(
+            f"{v1}/lim",
+            data=json.dumps({"metadata": {"labels": {"i": str(i)}}}),
+            headers={"Content-Type": "application/merge-patch+json"},
+        )
         read = admin_http.get(f"{v1}/lim")
         assert read.json()["metadata"]["resourceVersion"] == written.json()["metadata"]["resourceVersion"]
 
 
 def test_it_honours_send_initial_events(v1, admin_http):
-    resp = admin_http.get(v1 + "?watch=1&sendInitialEvents=true&resourceVersionMatch=NotOlderThan"
-                          "&allowWatchBookmarks=true&timeoutSeconds=5", stream=True)
+    resp = admin_http.get(
+        v1 + "?watch=1&sendInitialEvents=true&resourceVersionMatch=NotOlderThan"
+        "&allowWatchBookmarks=true&timeoutSeconds=5",
+        stream=True,
+    )
     assert resp.status_code == 200
     events = []
     for line in resp.iter_lines():

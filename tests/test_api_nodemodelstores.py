@@ -15,8 +15,12 @@ STORAGE = f"/apis/{GROUP}/v1alpha1/nodemodelstores"
 
 
 def make_store(worker_kube, name, owner=None):
-    body = {"apiVersion": f"{GROUP}/v1alpha1", "kind": "NodeModelStore", "metadata": {"name": name},
-            "spec": {"models": [{"digest": DIGEST}]}}
+    body = {
+        "apiVersion": f"{GROUP}/v1alpha1",
+        "kind": "NodeModelStore",
+        "metadata": {"name": name},
+        "spec": {"models": [{"digest": DIGEST}]},
+    }
     if owner:
         body["metadata"]["ownerReferences"] = [owner]
     return worker_kube.create(STORAGE, body)
@@ -50,35 +54,49 @@ def test_it_refuses_create_and_update(worker_api, admin_http, cluster, store):
         ("application/merge-patch+json", {"spec": {"models": []}}),
         ("application/merge-patch+json", {"metadata": {"labels": {"x": "y"}}}),
         ("application/json-patch+json", [{"op": "replace", "path": "/spec/models", "value": []}]),
-        ("application/apply-patch+yaml", {"apiVersion": f"{GROUP}/v1", "kind": "NodeModelStore",
-                                          "metadata": {"name": "x"}}),
+        (
+            "application/apply-patch+yaml",
+            {"apiVersion": f"{GROUP}/v1", "kind": "NodeModelStore", "metadata": {"name": "x"}},
+        ),
     ],
 )
-def test_it_refuses_a_patch_beyond_finalizers_and_owner_references(worker_api, admin_http, cluster, store,
-                                                                   content_type, patch):
-    resp = admin_http.patch(f"{cluster.server}/apis/{GROUP}/v1/nodemodelstores/{store}", data=json.dumps(patch),
-                            headers={"Content-Type": content_type})
+def test_it_refuses_a_patch_beyond_finalizers_and_owner_references(
+    worker_api, admin_http, cluster, store, content_type, patch
+):
+    resp = admin_http.patch(
+        f"{cluster.server}/apis/{GROUP}/v1/nodemodelstores/{store}",
+        data=json.dumps(patch),
+        headers={"Content-Type": content_type},
+    )
     assert resp.status_code == 405, resp.text
     assert resp.json()["reason"] == "MethodNotAllowed"
 
 
 def test_it_takes_a_finalizer_patch_like_the_garbage_collector_sends(worker_api, admin_http, cluster, store):
     url = f"{cluster.server}/apis/{GROUP}/v1/nodemodelstores/{store}"
-    resp = admin_http.patch(url, data=json.dumps({"metadata": {"finalizers": ["example.com/x"]}}),
-                            headers={"Content-Type": "application/merge-patch+json"})
+    resp = admin_http.patch(
+        url,
+        data=json.dumps({"metadata": {"finalizers": ["example.com/x"]}}),
+        headers={"Content-Type": "application/merge-patch+json"},
+    )
     assert resp.status_code == 200, resp.text
     assert resp.json()["metadata"]["finalizers"] == ["example.com/x"]
     assert resp.json()["apiVersion"] == f"{GROUP}/v1"
-    resp = admin_http.patch(url, data=json.dumps([{"op": "remove", "path": "/metadata/finalizers"}]),
-                            headers={"Content-Type": "application/json-patch+json"})
+    resp = admin_http.patch(
+        url,
+        data=json.dumps([{"op": "remove", "path": "/metadata/finalizers"}]),
+        headers={"Content-Type": "application/json-patch+json"},
+    )
     assert resp.status_code == 200, resp.text
     assert not resp.json()["metadata"].get("finalizers")
 
 
 def test_it_answers_415_for_strategic_merge_before_the_verb_limit(worker_api, admin_http, cluster, store):
-    resp = admin_http.patch(f"{cluster.server}/apis/{GROUP}/v1/nodemodelstores/{store}",
-                            data=json.dumps({"spec": {"models": []}}),
-                            headers={"Content-Type": "application/strategic-merge-patch+json"})
+    resp = admin_http.patch(
+        f"{cluster.server}/apis/{GROUP}/v1/nodemodelstores/{store}",
+        data=json.dumps({"spec": {"models": []}}),
+        headers={"Content-Type": "application/strategic-merge-patch+json"},
+    )
     assert resp.status_code == 415
 
 

@@ -94,8 +94,11 @@ def test_it_serves_watches_from_one_event_loop(worker_api, cluster):
             watches = [await session.get(url, headers=headers) for _ in range(120)]
             try:
                 assert all(w.status == 200 for w in watches)
-                async with session.get(f"{worker_api.url}/apis/worker.gpustack.ai/v1/nodemodelstores",
-                                       headers=headers, timeout=aiohttp.ClientTimeout(total=10)) as resp:
+                async with session.get(
+                    f"{worker_api.url}/apis/worker.gpustack.ai/v1/nodemodelstores",
+                    headers=headers,
+                    timeout=aiohttp.ClientTimeout(total=10),
+                ) as resp:
                     assert resp.status == 200
             finally:
                 for w in watches:

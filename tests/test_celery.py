@@ -18,8 +18,22 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 def celery_worker():
     queue = f"test-{uuid.uuid4().hex[:8]}"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "celery", "-A", "config", "worker", "--pool=solo", "--concurrency=1",
-         "-Q", queue, "--without-heartbeat", "--without-gossip", "--without-mingle", "--loglevel=WARNING"],
+        [
+            sys.executable,
+            "-m",
+            "celery",
+            "-A",
+            "config",
+            "worker",
+            "--pool=solo",
+            "--concurrency=1",
+            "-Q",
+            queue,
+            "--without-heartbeat",
+            "--without-gossip",
+            "--without-mingle",
+            "--loglevel=WARNING",
+        ],
         cwd=REPO,
         env=dict(os.environ),
     )

@@ -12,23 +12,56 @@ from gpustack_models.localcluster import free_port
 from .conftest import REPO, TEST_STATE, wait_for
 from .test_node_stores import entry, nodes, prefetch, put_entries, resolved, store  # noqa: F401
 
-CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+CHROMIUM_FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
 
 
 @pytest.fixture(scope="module")
 def console(worker_stack):
     password = uuid.uuid4().hex
     env = dict(worker_stack.env(), DJANGO_SUPERUSER_PASSWORD=password, GPUSTACK_SERVER_ROLE="console")
-    subprocess.run([sys.executable, "manage.py", "createsuperuser", "--noinput", "--username=admin",
-                    "--email=admin@example.com"], cwd=REPO, env=env, check=False, capture_output=True)
-    subprocess.run([sys.executable, "manage.py", "changepassword", "admin"], cwd=REPO, env=env,
-                   input=f"{password}\n{password}\n", text=True, capture_output=True)
+    subprocess.run(
+        [sys.executable, "manage.py", "createsuperuser", "--noinput", "--username=admin", "--email=admin@example.com"],
+        cwd=REPO,
+        env=env,
+        check=False,
+        capture_output=True,
+    )
+    subprocess.run(
+        [sys.executable, "manage.py", "changepassword", "admin"],
+        cwd=REPO,
+        env=env,
+        input=f"{password}\n{password}\n",
+        text=True,
+        capture_output=True,
+    )
     port = free_port()
     log = open(TEST_STATE / "console.log", "ab")
-    proc = subprocess.Popen([sys.executable, "-m", "gunicorn", "config.wsgi:application", "--bind",
-                             f"127.0.0.1:{port}", "--workers", "1", "--no-control-socket"],
-                            cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "gunicorn",
+            "config.wsgi:application",
+            "--bind",
+            f"127.0.0.1:{port}",
+            "--workers",
+            "1",
+            "--no-control-socket",
+        ],
+        cwd=REPO,
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
     session = requests.Session()
     session.trust_env = False
     url = f"http://127.0.0.1:{port}"
@@ -82,7 +115,11 @@ def test_it_shows_artifacts_node_stores_and_prefetches(console, nodes, resolved,
         # A node store's page lists its entries with their progress.
         page.goto(f"{url}/admin/gpustack_models/nodestore/?q={a}")
         page.click(f"text={a}")
-        detail = wait_for(lambda: (t := page.inner_text("body")) and "42%" in t and t, timeout=30, interval=1,
-                          message="the entry's progress on the store page")
+        detail = wait_for(
+            lambda: (t := page.inner_text("body")) and "42%" in t and t,
+            timeout=30,
+            interval=1,
+            message="the entry's progress on the store page",
+        )
         assert digest[:19] in detail
         browser.close()

@@ -85,7 +85,9 @@ def test_it_gives_the_v1_short_names_to_no_storage_resource(admin_http, cluster)
 
 
 def test_it_accepts_a_valid_artifact_and_applies_defaults(storage_http, cluster, namespace):
-    resp = storage_http.post(url(cluster, namespace), json=artifact("good", allowPatterns=["*.json"], expectedDigest=DIGEST))
+    resp = storage_http.post(
+        url(cluster, namespace), json=artifact("good", allowPatterns=["*.json"], expectedDigest=DIGEST)
+    )
     assert resp.status_code == 201, resp.text
     assert resp.json()["spec"]["source"]["huggingFace"]["revision"] == "main"
     claim = artifact("claim")
@@ -162,8 +164,9 @@ def test_it_refuses_any_change_of_spec_after_creation(storage_http, cluster, nam
 def test_it_ignores_status_in_an_update_of_the_main_resource(storage_http, cluster, namespace):
     storage_http.post(url(cluster, namespace), json=artifact("st"))
     status = {"resolved": {"revision": "f" * 40, "manifestDigest": DIGEST, "fileCount": 1, "sizeBytes": 1}}
-    via_status = read_modify_write(storage_http, url(cluster, namespace, name="st") + "/status",
-                                   lambda obj: dict(obj, status=status))
+    via_status = read_modify_write(
+        storage_http, url(cluster, namespace, name="st") + "/status", lambda obj: dict(obj, status=status)
+    )
     assert via_status.status_code == 200
 
     def forge(obj):

@@ -16,13 +16,21 @@ STORAGE = f"/apis/{GROUP}/v1alpha1"
 
 
 def artifact_body(name):
-    return {"apiVersion": f"{GROUP}/v1alpha1", "kind": "ModelArtifact", "metadata": {"name": name},
-            "spec": {"source": {"huggingFace": {"repository": "mirror/unknown"}}}}  # resolves once: AccessDenied
+    return {
+        "apiVersion": f"{GROUP}/v1alpha1",
+        "kind": "ModelArtifact",
+        "metadata": {"name": name},
+        "spec": {"source": {"huggingFace": {"repository": "mirror/unknown"}}},
+    }  # resolves once: AccessDenied
 
 
 def store_body(name):
-    return {"apiVersion": f"{GROUP}/v1alpha1", "kind": "NodeModelStore", "metadata": {"name": name},
-            "spec": {"models": []}}
+    return {
+        "apiVersion": f"{GROUP}/v1alpha1",
+        "kind": "NodeModelStore",
+        "metadata": {"name": name},
+        "spec": {"models": []},
+    }
 
 
 class Population:
@@ -36,34 +44,65 @@ class Population:
         return f"{STORAGE}/namespaces/{self.ns}/modelartifacts"
 
     def create(self, artifacts: int, stores: int, start: int = 0):
-        list(self.pool.map(lambda i: self.kube.create(self.artifacts_url(), artifact_body(f"a-{i:04d}")),
-                           range(start, start + artifacts)))
-        list(self.pool.map(lambda i: self.kube.create(f"{STORAGE}/nodemodelstores", store_body(f"{self.prefix}-{i:03d}")),
-                           range(start, start + stores)))
+        list(
+            self.pool.map(
+                lambda i: self.kube.create(self.artifacts_url(), artifact_body(f"a-{i:04d}")),
+                range(start, start + artifacts),
+            )
+        )
+        list(
+            self.pool.map(
+                lambda i: self.kube.create(f"{STORAGE}/nodemodelstores", store_body(f"{self.prefix}-{i:03d}")),
+                range(start, start + stores),
+            )
+        )
 
     def label(self, artifact_ids, store_ids, value):
         patch = {"metadata": {"labels": {"round": value}}}
-        list(self.pool.map(lambda i: self.kube.json("PATCH", f"{self.artifacts_url()}/a-{i:04d}", body=patch,
-                                                    content_type="application/merge-patch+json"), artifact_ids))
-        list(self.pool.map(lambda i: self.kube.json("PATCH", f"{STORAGE}/nodemodelstores/{self.prefix}-{i:03d}",
-                                                    body=patch, content_type="application/merge-patch+json"),
-                           store_ids))
+        list(
+            self.pool.map(
+                lambda i: self.kube.json(
+                    "PATCH",
+                    f"{self.artifacts_url()}/a-{i:04d}",
+                    body=patch,
+                    content_type="application/merge-patch+json",
+                ),
+                artifact_ids,
+            )
+        )
+        list(
+            self.pool.map(
+                lambda i: self.kube.json(
+                    "PATCH",
+                    f"{STORAGE}/nodemodelstores/{self.prefix}-{i:03d}",
+                    body=patch,
+                    content_type="application/merge-patch+json",
+                ),
+                store_ids,
+            )
+        )
 
     def delete(self, artifact_ids, store_ids):
         list(self.pool.map(lambda i: self.kube.delete(f"{self.artifacts_url()}/a-{i:04d}"), artifact_ids))
         list(self.pool.map(lambda i: self.kube.delete(f"{STORAGE}/nodemodelstores/{self.prefix}-{i:03d}"), store_ids))
 
     def cluster_state(self):
-        arts = {i["metadata"]["name"]: int(i["metadata"]["resourceVersion"])
-                for i in self.kube.get(self.artifacts_url())["items"]}
-        stores = {i["metadata"]["name"]: int(i["metadata"]["resourceVersion"])
-                  for i in self.kube.get(f"{STORAGE}/nodemodelstores")["items"]
-                  if i["metadata"]["name"].startswith(self.prefix)}
+        arts = {
+            i["metadata"]["name"]: int(i["metadata"]["resourceVersion"])
+            for i in self.kube.get(self.artifacts_url())["items"]
+        }
+        stores = {
+            i["metadata"]["name"]: int(i["metadata"]["resourceVersion"])
+            for i in self.kube.get(f"{STORAGE}/nodemodelstores")["items"]
+            if i["metadata"]["name"].startswith(self.prefix)
+        }
         return arts, stores
 
     def mirror_state(self):
         arts = dict(Artifact.objects.live().filter(namespace=self.ns).values_list("name", "resource_version"))
-        stores = dict(NodeStore.objects.live().filter(name__startswith=self.prefix).values_list("name", "resource_version"))
+        stores = dict(
+            NodeStore.objects.live().filter(name__startswith=self.prefix).values_list("name", "resource_version")
+        )
         return arts, stores
 
     def converged(self, timeout=60):
@@ -153,5 +192,8 @@ def test_it_relists_on_410_and_converges_after_kube_apiserver_restarts(populatio
         os.kill(informers.pid, signal.SIGCONT)
     arts, stores = population.converged(timeout=120)
     assert len(arts) == 18 and len(stores) == 4
-    wait_for(lambda: InformerState.objects.get(resource="modelartifacts").expired > before, timeout=30,
-             message="the informer to record a 410 relist")
+    wait_for(
+        lambda: InformerState.objects.get(resource="modelartifacts").expired > before,
+        timeout=30,
+        message="the informer to record a 410 relist",
+    )

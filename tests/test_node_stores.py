@@ -40,9 +40,15 @@ def resolved(worker_stack, worker_kube, namespace, hub):
     """A resolved artifact in the test namespace; returns (name, digest)."""
     repo = f"org/w-{uuid.uuid4().hex[:6]}"
     hub.add_hf_repo(repo, {"config.json": repo.encode(), "model.safetensors": b"w" * 4096})
-    worker_kube.create(f"{STORAGE}/namespaces/{namespace}/modelartifacts", {
-        "apiVersion": f"{GROUP}/v1alpha1", "kind": "ModelArtifact", "metadata": {"name": "art"},
-        "spec": {"source": {"huggingFace": {"repository": repo}}}})
+    worker_kube.create(
+        f"{STORAGE}/namespaces/{namespace}/modelartifacts",
+        {
+            "apiVersion": f"{GROUP}/v1alpha1",
+            "kind": "ModelArtifact",
+            "metadata": {"name": "art"},
+            "spec": {"source": {"huggingFace": {"repository": repo}}},
+        },
+    )
 
     def digest():
         obj = worker_kube.get(f"{STORAGE}/namespaces/{namespace}/modelartifacts/art")
@@ -52,9 +58,15 @@ def resolved(worker_stack, worker_kube, namespace, hub):
 
 
 def prefetch(worker_kube, namespace, name, artifact, node_names):
-    return worker_kube.create(f"{STORAGE}/namespaces/{namespace}/modelprefetches", {
-        "apiVersion": f"{GROUP}/v1alpha1", "kind": "ModelPrefetch", "metadata": {"name": name},
-        "spec": {"artifactRef": {"name": artifact}, "nodeNames": node_names}})
+    return worker_kube.create(
+        f"{STORAGE}/namespaces/{namespace}/modelprefetches",
+        {
+            "apiVersion": f"{GROUP}/v1alpha1",
+            "kind": "ModelPrefetch",
+            "metadata": {"name": name},
+            "spec": {"artifactRef": {"name": artifact}, "nodeNames": node_names},
+        },
+    )
 
 
 def test_it_creates_a_store_owned_by_each_node_running_the_plugin(nodes, worker_kube, core):
@@ -103,8 +115,12 @@ def test_it_puts_a_prefetched_digest_on_exactly_the_named_nodes(nodes, resolved,
 
     # A deleted store comes back, owned by its node, with the same spec.models at once.
     worker_kube.delete(f"{STORAGE}/nodemodelstores/{a}")
-    back = wait_for(lambda: (s := store(worker_kube, a)) and s["metadata"].get("deletionTimestamp") is None and s,
-                    timeout=10, interval=0.1, message="the store to come back within 10 s")
+    back = wait_for(
+        lambda: (s := store(worker_kube, a)) and s["metadata"].get("deletionTimestamp") is None and s,
+        timeout=10,
+        interval=0.1,
+        message="the store to come back within 10 s",
+    )
     assert digests(back) == [digest]
     assert back["metadata"]["ownerReferences"][0]["name"] == a
 
@@ -114,8 +130,9 @@ def test_it_puts_a_prefetched_digest_on_exactly_the_named_nodes(nodes, resolved,
 
 
 def put_entries(worker_kube, node, entries):
-    return kube_update(worker_kube, f"{STORAGE}/nodemodelstores/{node}/status",
-                       lambda obj: dict(obj, status={"models": entries}))
+    return kube_update(
+        worker_kube, f"{STORAGE}/nodemodelstores/{node}/status", lambda obj: dict(obj, status={"models": entries})
+    )
 
 
 def entry(digest, state, downloaded=0, size=1000, reason=None):

@@ -42,9 +42,15 @@ class Scenario:
             self.files = files or big_files(self.repo)
             self.hub.add_hf_repo(self.repo, self.files)
         ns = ns or self.ns
-        self.kube.create(f"{STORAGE}/namespaces/{ns}/modelartifacts", {
-            "apiVersion": f"{GROUP}/v1alpha1", "kind": "ModelArtifact", "metadata": {"name": name},
-            "spec": {"source": {"huggingFace": {"repository": self.repo}}}})
+        self.kube.create(
+            f"{STORAGE}/namespaces/{ns}/modelartifacts",
+            {
+                "apiVersion": f"{GROUP}/v1alpha1",
+                "kind": "ModelArtifact",
+                "metadata": {"name": name},
+                "spec": {"source": {"huggingFace": {"repository": self.repo}}},
+            },
+        )
 
         def digest():
             obj = self.kube.get(f"{STORAGE}/namespaces/{ns}/modelartifacts/{name}")
@@ -63,9 +69,15 @@ class Scenario:
         return [self.start_plugin(f"node-{uuid.uuid4().hex[:5]}", next(_addresses), **env) for _ in range(count)]
 
     def prefetch(self, nodes, name="warm"):
-        self.kube.create(f"{STORAGE}/namespaces/{self.ns}/modelprefetches", {
-            "apiVersion": f"{GROUP}/v1alpha1", "kind": "ModelPrefetch", "metadata": {"name": name},
-            "spec": {"artifactRef": {"name": "art"}, "nodeNames": [p.node for p in nodes]}})
+        self.kube.create(
+            f"{STORAGE}/namespaces/{self.ns}/modelprefetches",
+            {
+                "apiVersion": f"{GROUP}/v1alpha1",
+                "kind": "ModelPrefetch",
+                "metadata": {"name": name},
+                "spec": {"artifactRef": {"name": "art"}, "nodeNames": [p.node for p in nodes]},
+            },
+        )
 
     def entry(self, node):
         try:
@@ -109,8 +121,11 @@ def test_it_downloads_to_three_nodes_with_live_progress(scenario, hub, kubectl, 
     scenario.prefetch(plugins)
     for p in plugins:
         scenario.wait_state(p.node, "Downloading", timeout=60)
-    first = wait_for(lambda: (pr := scenario.progress())["downloading"] == 3 and pr["live"] == 3 and pr,
-                     timeout=30, message="three live downloads")
+    first = wait_for(
+        lambda: (pr := scenario.progress())["downloading"] == 3 and pr["live"] == 3 and pr,
+        timeout=30,
+        message="three live downloads",
+    )
     assert "downloadingPercent" in first
     time.sleep(3.5)
     second = scenario.progress()
@@ -144,12 +159,24 @@ def test_it_downloads_to_three_nodes_with_live_progress(scenario, hub, kubectl, 
 
 
 def test_it_answers_zeros_and_a_reason_for_unresolved_and_claim_artifacts(scenario):
-    scenario.kube.create(f"{STORAGE}/namespaces/{scenario.ns}/modelartifacts", {
-        "apiVersion": f"{GROUP}/v1alpha1", "kind": "ModelArtifact", "metadata": {"name": "claim"},
-        "spec": {"source": {"persistentVolumeClaim": {"claimName": "models"}}}})
-    scenario.kube.create(f"{STORAGE}/namespaces/{scenario.ns}/modelartifacts", {
-        "apiVersion": f"{GROUP}/v1alpha1", "kind": "ModelArtifact", "metadata": {"name": "nowhere"},
-        "spec": {"source": {"huggingFace": {"repository": "org/does-not-exist"}}}})
+    scenario.kube.create(
+        f"{STORAGE}/namespaces/{scenario.ns}/modelartifacts",
+        {
+            "apiVersion": f"{GROUP}/v1alpha1",
+            "kind": "ModelArtifact",
+            "metadata": {"name": "claim"},
+            "spec": {"source": {"persistentVolumeClaim": {"claimName": "models"}}},
+        },
+    )
+    scenario.kube.create(
+        f"{STORAGE}/namespaces/{scenario.ns}/modelartifacts",
+        {
+            "apiVersion": f"{GROUP}/v1alpha1",
+            "kind": "ModelArtifact",
+            "metadata": {"name": "nowhere"},
+            "spec": {"source": {"huggingFace": {"repository": "org/does-not-exist"}}},
+        },
+    )
     claim = scenario.progress("claim")
     assert (claim["ready"], claim["downloading"], claim["live"], claim["reason"]) == (0, 0, 0, "ClaimSource")
     nowhere = scenario.progress("nowhere")
@@ -172,11 +199,16 @@ def test_it_resumes_after_a_dropped_connection_and_a_kill(scenario, hub, launche
     hub.faults.throttle(scenario.weights, 500_000)
     scenario.prefetch([plugin])
     scenario.wait_state(plugin.node, "Downloading")
-    wait_for(lambda: live_bytes(plugin, launcher, scenario.digest) >= 4_000_000, timeout=60,
-             message="the download to pass 4 MB")
+    wait_for(
+        lambda: live_bytes(plugin, launcher, scenario.digest) >= 4_000_000,
+        timeout=60,
+        message="the download to pass 4 MB",
+    )
     gets = [r for r in hub.requests if scenario.weights in r.path and r.method == "GET" and r.range]
     starts = [int(r.range.split("=")[1].split("-")[0]) for r in gets]
-    assert len(starts) >= 2 and 0 < starts[1] <= 1_500_000 + 1 and starts[1] >= 1_000_000, starts  # resumed near the drop
+    assert len(starts) >= 2 and 0 < starts[1] <= 1_500_000 + 1 and starts[1] >= 1_000_000, (
+        starts
+    )  # resumed near the drop
     time.sleep(6)  # a checkpoint (every 5 s) past 4 MB
     plugin.stop(kill=True)
     before = len(hub.requests)
@@ -238,9 +270,16 @@ def test_it_restores_a_deleted_store_from_disk_and_collects_after_the_grace(scen
     assert len(hub.requests) == before, "a recreated store caused hub requests"
     # Out of spec.models: kept through the grace, removed after it.
     scenario.kube.delete(f"{STORAGE}/namespaces/{scenario.ns}/modelprefetches/warm")
-    wait_for(lambda: not any(m["digest"] == scenario.digest for m in
-                             (scenario.kube.get(f"{STORAGE}/nodemodelstores/{plugin.node}")["spec"].get("models") or [])),
-             timeout=30, message="the digest to leave spec.models")
+    wait_for(
+        lambda: (
+            not any(
+                m["digest"] == scenario.digest
+                for m in (scenario.kube.get(f"{STORAGE}/nodemodelstores/{plugin.node}")["spec"].get("models") or [])
+            )
+        ),
+        timeout=30,
+        message="the digest to leave spec.models",
+    )
     left = time.monotonic()
     time.sleep(3)
     assert scenario.tree(plugin).exists(), "removed before the grace"
@@ -261,8 +300,12 @@ def test_it_guards_tickets_status_and_live_bytes(scenario, cluster, launcher, wo
     def ticket(token, node, digest):
         s = requests.Session()
         s.trust_env = False
-        return s.post(f"{worker_api.url}/internal/v1/tickets", json={"node": node, "digest": digest},
-                      headers={"Authorization": f"Bearer {token}"}, verify=str(worker_api.ca_file))
+        return s.post(
+            f"{worker_api.url}/internal/v1/tickets",
+            json={"node": node, "digest": digest},
+            headers={"Authorization": f"Bearer {token}"},
+            verify=str(worker_api.ca_file),
+        )
 
     assert ticket(token_a, a.node, scenario.digest).status_code == 200
     assert ticket(tenant, a.node, scenario.digest).status_code == 403
@@ -308,11 +351,16 @@ def test_it_writes_progress_on_thresholds_and_progress_writes_nothing(scenario, 
     hub.faults.throttle(scenario.weights, 250_000)  # ~16 s: several progress intervals
     scenario.prefetch([plugin])
     scenario.wait_state(plugin.node, "Ready", timeout=120)
-    writes = [e for e in cluster.audit_events()
-              if e.get("objectRef", {}).get("resource") == "nodemodelstores"
-              and e["objectRef"].get("subresource") == "status" and e["objectRef"].get("name") == plugin.node
-              and e["verb"] in ("patch", "update") and e["stage"] == "ResponseComplete"
-              and "gpustack-models-plugin" in e["user"]["username"]]
+    writes = [
+        e
+        for e in cluster.audit_events()
+        if e.get("objectRef", {}).get("resource") == "nodemodelstores"
+        and e["objectRef"].get("subresource") == "status"
+        and e["objectRef"].get("name") == plugin.node
+        and e["verb"] in ("patch", "update")
+        and e["stage"] == "ResponseComplete"
+        and "gpustack-models-plugin" in e["user"]["username"]
+    ]
     # The writes of a state (the store's first status, Downloading, Ready) and at least one progress write
     # while downloading; at most 20 of those (one per 5 % step).
     assert 4 <= len(writes) <= 3 + 20, len(writes)
@@ -322,9 +370,13 @@ def test_it_writes_progress_on_thresholds_and_progress_writes_nothing(scenario, 
         scenario.progress()
     time.sleep(1)
     later = cluster.audit_events()[mark:]
-    progress_writes = [e for e in later if e["verb"] in ("create", "update", "patch", "delete")
-                       and e.get("objectRef", {}).get("apiGroup") == GROUP
-                       and "gpustack-models-worker" in e["user"]["username"]]
+    progress_writes = [
+        e
+        for e in later
+        if e["verb"] in ("create", "update", "patch", "delete")
+        and e.get("objectRef", {}).get("apiGroup") == GROUP
+        and "gpustack-models-worker" in e["user"]["username"]
+    ]
     assert progress_writes == []
 
 
@@ -341,15 +393,30 @@ def test_it_reads_at_most_64_plugins_live_and_skips_a_silent_one(scenario, launc
         for node, _ in nodes:
             wait_for(lambda: _store(worker_kube, node), timeout=60, message="the fake nodes' stores")
         with FakePlugins(launcher, [a for _, a in nodes], PLUGIN_PORT) as fakes:
+
             def stored(i):  # node i has stored (i + 1) % of the content; its plugin has 0.5 % more
                 return size * (i + 1) // 100
 
             extra = size // 200
             for i, (node, address) in enumerate(nodes[:70]):
-                _put_entry(worker_kube, node, {"digest": scenario.digest, "state": "Downloading",
-                                               "sizeBytes": size, "downloadedBytes": stored(i)})
-                fakes.plugins[address].downloads = [{"digest": scenario.digest, "downloadedBytes": stored(i) + extra,
-                                                     "sizeBytes": size, "source": "Hub"}]
+                _put_entry(
+                    worker_kube,
+                    node,
+                    {
+                        "digest": scenario.digest,
+                        "state": "Downloading",
+                        "sizeBytes": size,
+                        "downloadedBytes": stored(i),
+                    },
+                )
+                fakes.plugins[address].downloads = [
+                    {
+                        "digest": scenario.digest,
+                        "downloadedBytes": stored(i) + extra,
+                        "sizeBytes": size,
+                        "source": "Hub",
+                    }
+                ]
             wait_for(lambda: scenario.progress()["downloading"] == 70, timeout=60, message="70 downloading nodes")
             answer = scenario.progress()
             assert answer["live"] == 64  # at most 64 read live (the first by name); 6 from stored bytes
@@ -363,8 +430,11 @@ def test_it_reads_at_most_64_plugins_live_and_skips_a_silent_one(scenario, launc
             assert answer["downloadingBytes"] == sum(stored(i) + (extra if 0 < i < 64 else 0) for i in range(70))
             percent = answer["downloadingPercent"]
             assert 30 <= percent <= 40  # the mean of 1..70 % (plus the live half percent)
-            _put_entry(worker_kube, nodes[70][0], {"digest": scenario.digest, "state": "Ready", "sizeBytes": size,
-                                                   "downloadedBytes": size})
+            _put_entry(
+                worker_kube,
+                nodes[70][0],
+                {"digest": scenario.digest, "state": "Ready", "sizeBytes": size, "downloadedBytes": size},
+            )
             wait_for(lambda: scenario.progress()["ready"] == 1, timeout=30, message="the ready node")
             assert scenario.progress()["downloadingPercent"] == percent
     finally:
@@ -388,8 +458,13 @@ def test_it_holds_the_nodes_bytes_per_second(scenario, hub, core, launcher):
     (plugin,) = scenario.plugins(1)
     rate = 1_500_000
     core.patch_node(plugin.node, {"metadata": {"annotations": {f"{GROUP}/download-bytes-per-second": str(rate)}}})
-    wait_for(lambda: scenario.kube.get(f"{STORAGE}/nodemodelstores/{plugin.node}")["spec"]["download"]["bytesPerSecond"]
-             == rate, timeout=30, message="the node's limit in its store's spec")
+    wait_for(
+        lambda: (
+            scenario.kube.get(f"{STORAGE}/nodemodelstores/{plugin.node}")["spec"]["download"]["bytesPerSecond"] == rate
+        ),
+        timeout=30,
+        message="the node's limit in its store's spec",
+    )
     time.sleep(2)  # the plugin follows its spec
     scenario.prefetch([plugin])
     # Measured where the bytes land (the plugin's live count), in the middle of the download: the hub's

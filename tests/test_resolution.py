@@ -48,8 +48,12 @@ def artifacts(worker_stack, worker_api, cluster, admin_http, namespace):
 
         def create(self, name, source, ns=None, **spec):
             url = base.replace(namespace, ns) if ns else base
-            body = {"apiVersion": f"{GROUP}/v1", "kind": "ModelArtifact", "metadata": {"name": name},
-                    "spec": {"source": source, **spec}}
+            body = {
+                "apiVersion": f"{GROUP}/v1",
+                "kind": "ModelArtifact",
+                "metadata": {"name": name},
+                "spec": {"source": source, **spec},
+            }
             resp = admin_http.post(url, json=body)
             assert resp.status_code == 201, resp.text
             return resp.json()
@@ -116,7 +120,9 @@ def test_it_selects_files_with_patterns_exactly(artifacts, hub):
     hub.add_hf_repo(repo, files)
     artifacts.create("weights", hf(repo), allowPatterns=["*.safetensors", "*.json"], ignorePatterns=["tokenizer*"])
     artifacts.create("no-original", hf(repo), ignorePatterns=["original/"])
-    weights = {p: d for p, d in files.items() if p.endswith((".safetensors", ".json")) and not p.startswith("tokenizer")}
+    weights = {
+        p: d for p, d in files.items() if p.endswith((".safetensors", ".json")) and not p.startswith("tokenizer")
+    }
     no_original = {p: d for p, d in files.items() if not p.startswith("original/")}
     assert artifacts.answered("weights")["status"]["resolved"]["manifestDigest"] == expected_digest(weights)
     assert artifacts.answered("no-original")["status"]["resolved"]["manifestDigest"] == expected_digest(no_original)
@@ -156,8 +162,12 @@ def test_it_sends_the_secret_token_and_waits_for_a_missing_secret(artifacts, hub
     hub.add_hf_repo(private, files, private=True, token="hf_good_token")
     artifacts.create("tokened", hf(private, secret="hf-token"))
     artifacts.answered("tokened", reason="SecretNotFound")
-    core.create_namespaced_secret(artifacts.ns, k8s.V1Secret(
-        metadata=k8s.V1ObjectMeta(name="hf-token"), data={"token": base64.b64encode(b"hf_good_token").decode()}))
+    core.create_namespaced_secret(
+        artifacts.ns,
+        k8s.V1Secret(
+            metadata=k8s.V1ObjectMeta(name="hf-token"), data={"token": base64.b64encode(b"hf_good_token").decode()}
+        ),
+    )
     resolved = artifacts.answered("tokened", timeout=60)["status"]["resolved"]
     assert resolved["manifestDigest"] == expected_digest(files)
     authorized = [r for r in hub.requests if private in r.path and r.token == "hf_good_token" and r.status == 200]
@@ -201,9 +211,14 @@ def test_it_reports_a_digest_mismatch(artifacts, hub):
 def test_it_resolves_a_claim_by_its_existence(artifacts, core):
     artifacts.create("claim", {"persistentVolumeClaim": {"claimName": "models", "path": "qwen"}})
     artifacts.answered("claim", reason="ClaimNotFound")
-    core.create_namespaced_persistent_volume_claim(artifacts.ns, k8s.V1PersistentVolumeClaim(
-        metadata=k8s.V1ObjectMeta(name="models"),
-        spec=k8s.V1PersistentVolumeClaimSpec(access_modes=["ReadOnlyMany"],
-                                             resources=k8s.V1VolumeResourceRequirements(requests={"storage": "1Gi"}))))
+    core.create_namespaced_persistent_volume_claim(
+        artifacts.ns,
+        k8s.V1PersistentVolumeClaim(
+            metadata=k8s.V1ObjectMeta(name="models"),
+            spec=k8s.V1PersistentVolumeClaimSpec(
+                access_modes=["ReadOnlyMany"], resources=k8s.V1VolumeResourceRequirements(requests={"storage": "1Gi"})
+            ),
+        ),
+    )
     obj = artifacts.answered("claim", timeout=60)
     assert "manifestDigest" not in obj["status"].get("resolved", {})

@@ -14,9 +14,17 @@ def start_with(**env):
     """Start Django the way every entry point does (``django.setup()``) under the given variables."""
     full = dict(os.environ, **env)
     return subprocess.run(
-        [sys.executable, "-c", "import django; django.setup(); from django.conf import settings; "
-         "print(settings.DATABASES['default']['ENGINE'], settings.CELERY_BROKER_URL)"],
-        cwd=REPO, env=full, capture_output=True, text=True, timeout=60,
+        [
+            sys.executable,
+            "-c",
+            "import django; django.setup(); from django.conf import settings; "
+            "print(settings.DATABASES['default']['ENGINE'], settings.CELERY_BROKER_URL)",
+        ],
+        cwd=REPO,
+        env=full,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
 
 
@@ -28,9 +36,17 @@ def test_it_runs_the_suite_on_the_database_the_test_command_started():
 def test_it_defaults_to_sqlite_and_a_file_broker():
     env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "CELERY_BROKER_URL")}
     proc = subprocess.run(
-        [sys.executable, "-c", "import django; django.setup(); from django.conf import settings; "
-         "print(settings.DATABASES['default']['ENGINE'], settings.CELERY_BROKER_URL)"],
-        cwd=REPO, env=env, capture_output=True, text=True, timeout=60,
+        [
+            sys.executable,
+            "-c",
+            "import django; django.setup(); from django.conf import settings; "
+            "print(settings.DATABASES['default']['ENGINE'], settings.CELERY_BROKER_URL)",
+        ],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert proc.returncode == 0, proc.stderr
     engine, broker = proc.stdout.split()

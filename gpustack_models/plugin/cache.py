@@ -146,9 +146,7 @@ class Cache:
 
     @staticmethod
     def _digests(directory: Path) -> list[str]:
-        return sorted(
-            "sha256:" + name for name in _listdir(directory) if DIGEST_PATTERN.fullmatch("sha256:" + name)
-        )
+        return sorted("sha256:" + name for name in _listdir(directory) if DIGEST_PATTERN.fullmatch("sha256:" + name))
 
     def tree_size(self, digest: str) -> int:
         return tree_bytes(self.tree(digest))

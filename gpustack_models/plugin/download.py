@@ -315,8 +315,10 @@ class Download:
         tree.mkdir(parents=True, exist_ok=True)
         checkpoint = read_json(self.cache.checkpoint_path(self.digest))
         saved = {}
-        if isinstance(checkpoint, dict) and checkpoint.get("version") == CHECKPOINT_VERSION and (
-            checkpoint.get("digest") == self.digest
+        if (
+            isinstance(checkpoint, dict)
+            and checkpoint.get("version") == CHECKPOINT_VERSION
+            and (checkpoint.get("digest") == self.digest)
         ):
             saved = checkpoint.get("files") or {}
         downloaded = 0
@@ -577,7 +579,8 @@ class Download:
             if status == 416:
                 f.bad = True
                 raise DownloadFailed(
-                    INTEGRITY_MISMATCH, f"{where} refused bytes {pos}-{end - 1}: the hub's file is shorter than {f.size}"
+                    INTEGRITY_MISMATCH,
+                    f"{where} refused bytes {pos}-{end - 1}: the hub's file is shorter than {f.size}",
                 )
             if status == 429 or status >= 500:
                 raise _HubStatus(f"{where} answered HTTP {status}{detail}", _retry_after(response))
@@ -609,14 +612,16 @@ class Download:
                 if m.group(3) != "*" and int(m.group(3)) != f.size:
                     f.bad = True
                     raise DownloadFailed(
-                        INTEGRITY_MISMATCH, f"{f.file.path}: the hub serves {m.group(3)} bytes, the manifest says {f.size}"
+                        INTEGRITY_MISMATCH,
+                        f"{f.file.path}: the hub serves {m.group(3)} bytes, the manifest says {f.size}",
                     )
                 stop = min(end, int(m.group(2)) + 1)
             else:  # 200: the whole file, the Range was ignored
                 if response.length is not None and response.length != f.size:
                     f.bad = True
                     raise DownloadFailed(
-                        INTEGRITY_MISMATCH, f"{f.file.path}: the hub serves {response.length} bytes, the manifest says {f.size}"
+                        INTEGRITY_MISMATCH,
+                        f"{f.file.path}: the hub serves {response.length} bytes, the manifest says {f.size}",
                     )
                 skip, stop = pos, end
             pos = self._read_body(f, response, cursor, stop, skip, view)
@@ -797,17 +802,16 @@ class Download:
                 sync_this = False
             else:
                 sync_this = True
-            with f.hash_lock:
-                with f.lock:
-                    entry = {
-                        "checksum": f.file.checksum,
-                        "size": f.size,
-                        "written": [[s, e] for s, e in zip(f.starts, f.ends)],
-                        "hashed": f.hashed,
-                        "hash": f.hasher.state() if f.hashed else None,
-                    }
-                    was_dirty, f.dirty = f.dirty, False
-                    fd = f.fd
+            with f.hash_lock, f.lock:
+                entry = {
+                    "checksum": f.file.checksum,
+                    "size": f.size,
+                    "written": [[s, e] for s, e in zip(f.starts, f.ends)],
+                    "hashed": f.hashed,
+                    "hash": f.hasher.state() if f.hashed else None,
+                }
+                was_dirty, f.dirty = f.dirty, False
+                fd = f.fd
             dirty = dirty or was_dirty
             if was_dirty and sync and sync_this and fd is not None:
                 try:
@@ -835,7 +839,9 @@ class Download:
                 size = -1
             if size != f.size:
                 f.bad = True
-                raise DownloadFailed(INTEGRITY_MISMATCH, f"{f.file.path}: {size} bytes on disk, the manifest says {f.size}")
+                raise DownloadFailed(
+                    INTEGRITY_MISMATCH, f"{f.file.path}: {size} bytes on disk, the manifest says {f.size}"
+                )
             mf = f.file
             verified.append(ManifestFile(mf.path, size, mf.algorithm, f.hexdigest or "", mf.lfs))
         actual = manifest_digest(verified)

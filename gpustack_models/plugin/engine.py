@@ -24,7 +24,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 from .cache import Cache, read_json
@@ -52,7 +52,7 @@ _TOUCH_PERSIST_SECONDS = 60.0
 def rfc3339(epoch: float | None) -> str | None:
     if epoch is None:
         return None
-    return datetime.fromtimestamp(int(epoch), tz=timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return datetime.fromtimestamp(int(epoch), tz=UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 @dataclass
@@ -326,7 +326,9 @@ class Engine:
         return tree if tree.is_dir() else None
 
     def _stored_bytes(self) -> int:
-        stored = sum(item.size for item in self._items.values() if item.state == READY and item.digest not in self._jobs)
+        stored = sum(
+            item.size for item in self._items.values() if item.state == READY and item.digest not in self._jobs
+        )
         stored += sum(self._idle_partial.values())
         stored += sum(job.download.size - job.download.remaining_bytes for job in self._jobs.values())
         return stored
@@ -396,11 +398,7 @@ class Engine:
                     changed = True
                 self._touch(item, now, persist=changed)
                 entry = self._entry(item)
-            elif digest in self._jobs:
-                if changed:
-                    self._persist(item)
-                return self._entry(item)
-            elif item.state == FAILED and item.retry_time is not None and now < item.retry_time and not force:
+            elif digest in self._jobs or item.state == FAILED and item.retry_time is not None and now < item.retry_time and not force:
                 if changed:
                     self._persist(item)
                 return self._entry(item)
@@ -428,7 +426,9 @@ class Engine:
         item.state, item.size = DOWNLOADING, ticket.size
         item.reason = item.message = None
         self._persist(item)
-        job.thread = threading.Thread(target=self._run, args=(item.digest, job), name=f"fetch-{ticket.hex[:12]}", daemon=True)
+        job.thread = threading.Thread(
+            target=self._run, args=(item.digest, job), name=f"fetch-{ticket.hex[:12]}", daemon=True
+        )
         job.thread.start()
 
     def _count_bytes(self, n: int) -> None:

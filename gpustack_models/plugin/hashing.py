@@ -35,7 +35,10 @@ Algorithm = Literal["sha256", "gitsha1"]
 # Nh, data[16], num.
 _CTX_SIZE = {"sha256": 112, "gitsha1": 96}
 _DIGEST_SIZE = {"sha256": 32, "gitsha1": 20}
-_FUNCTIONS = {"sha256": ("SHA256_Init", "SHA256_Update", "SHA256_Final"), "gitsha1": ("SHA1_Init", "SHA1_Update", "SHA1_Final")}
+_FUNCTIONS = {
+    "sha256": ("SHA256_Init", "SHA256_Update", "SHA256_Final"),
+    "gitsha1": ("SHA1_Init", "SHA1_Update", "SHA1_Final"),
+}
 _STATE_TAG = {name: f"openssl-{name}-ctx{size}-{sys.byteorder}" for name, size in _CTX_SIZE.items()}
 
 _lock = threading.Lock()

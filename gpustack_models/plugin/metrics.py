@@ -47,11 +47,13 @@ class _EngineCollector(Collector):
             f"{PREFIX}_download_connections", "Range requests in flight.", value=engine.limits.slots.in_use
         )
         yield GaugeMetricFamily(
-            f"{PREFIX}_download_connections_limit", "Node-wide limit of range requests in flight.",
+            f"{PREFIX}_download_connections_limit",
+            "Node-wide limit of range requests in flight.",
             value=engine.limits.slots.limit,
         )
         yield GaugeMetricFamily(
-            f"{PREFIX}_download_rate_limit_bytes_per_second", "Node-wide download rate limit (0: none).",
+            f"{PREFIX}_download_rate_limit_bytes_per_second",
+            "Node-wide download rate limit (0: none).",
             value=engine.limits.rate.bytes_per_second,
         )
         capacity = engine.capacity()
@@ -65,9 +67,7 @@ class _EngineCollector(Collector):
 class Metrics:
     def __init__(self, registry: CollectorRegistry | None = None):
         self.registry = registry if registry is not None else CollectorRegistry()
-        self._bytes = Counter(
-            f"{PREFIX}_downloaded_bytes", "Bytes received from hubs.", registry=self.registry
-        )
+        self._bytes = Counter(f"{PREFIX}_downloaded_bytes", "Bytes received from hubs.", registry=self.registry)
         self._finished = Counter(
             f"{PREFIX}_downloads_finished", "Downloads that ended, by final state.", ["state"], registry=self.registry
         )

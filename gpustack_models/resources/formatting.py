@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 _UNITS = ("Ki", "Mi", "Gi", "Ti", "Pi", "Ei")
 
@@ -64,5 +64,5 @@ def age(timestamp: str | None, now: datetime | None = None) -> str:
     created = parse_time(timestamp)
     if created is None:
         return "<unknown>"
-    now = now or datetime.now(timezone.utc)
+    now = now or datetime.now(UTC)
     return human_duration((now - created).total_seconds())

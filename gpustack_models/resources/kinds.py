@@ -6,8 +6,8 @@ public v1 API's discovery (verbs, short names, categories), its OpenAPI document
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from .formatting import human_bytes
 from .schema import (
@@ -46,8 +46,12 @@ class Field:
     priority: int = 1
 
     def to_crd(self) -> dict:
-        out = {"name": self.name, "type": self.type, "jsonPath": self.json_path,
-               "description": self.description or f"Raw {self.json_path} for the v1 columns."}
+        out = {
+            "name": self.name,
+            "type": self.type,
+            "jsonPath": self.json_path,
+            "description": self.description or f"Raw {self.json_path} for the v1 columns.",
+        }
         if self.priority:
             out["priority"] = self.priority
         return out
@@ -71,8 +75,13 @@ class Column:
     priority: int = 0
 
     def to_table(self) -> dict:
-        return {"name": self.name, "type": self.type, "format": "", "description": self.description,
-                "priority": self.priority}
+        return {
+            "name": self.name,
+            "type": self.type,
+            "format": "",
+            "description": self.description,
+            "priority": self.priority,
+        }
 
 
 @dataclass(frozen=True)
@@ -117,9 +126,7 @@ class ResourceKind:
         return obj(
             self.description,
             required=("spec",) if self.spec_required else (),
-            apiVersion=string(
-                "APIVersion defines the versioned schema of this representation of an object."
-            ),
+            apiVersion=string("APIVersion defines the versioned schema of this representation of an object."),
             kind=string("Kind is a string value representing the REST resource this object represents."),
             metadata=Schema("object"),
             spec=self.spec,
@@ -174,8 +181,14 @@ AGE = Field("Age", ".metadata.creationTimestamp", "date", "Time since the object
 
 def age_column() -> Column:
     # kube-apiserver renders date columns as kubectl-style ages; v1 shows Age only with -o wide.
-    return Column("Age", "string", "Time since the object was created.", fields=(AGE,),
-                  render=lambda v: v.get("Age") or "<unknown>", priority=1)
+    return Column(
+        "Age",
+        "string",
+        "Time since the object was created.",
+        fields=(AGE,),
+        render=lambda v: v.get("Age") or "<unknown>",
+        priority=1,
+    )
 
 
 # --- ModelArtifact -----------------------------------------------------------------------------------
@@ -278,9 +291,7 @@ _MODEL_ARTIFACT_SPEC = obj(
         "Files to keep, as fnmatch patterns on the repository path; `dir/` keeps everything under dir. "
         f"Hub sources only; at most {PATTERNS_LIMIT} patterns of 1 to {PATTERN_LENGTH} characters."
     ),
-    ignorePatterns=_patterns(
-        "Files to drop, same syntax as allowPatterns; wins over allowPatterns. Hub sources only."
-    ),
+    ignorePatterns=_patterns("Files to drop, same syntax as allowPatterns; wins over allowPatterns. Hub sources only."),
     expectedDigest=digest(
         "The manifest digest resolution must produce (`sha256:` and 64 lowercase hex digits); "
         "resolution fails with DigestMismatch otherwise. Hub sources only."
@@ -368,7 +379,9 @@ MODEL_ARTIFACT = ResourceKind(
             "string",
             "True once resolved, else the reason.",
             fields=(
-                Field("Resolved", '.status.conditions[?(@.type=="Resolved")].status', description="Resolved.", priority=0),
+                Field(
+                    "Resolved", '.status.conditions[?(@.type=="Resolved")].status', description="Resolved.", priority=0
+                ),
                 Field("Resolved Reason", '.status.conditions[?(@.type=="Resolved")].reason'),
             ),
             render=artifact_resolved,
@@ -398,14 +411,18 @@ _NODE_MODEL_STORE_SPEC = obj(
         "Disk use thresholds of the cache: no download starts past high; collection frees down to low.",
         rules=(Rule("self.lowPercent <= self.highPercent", "lowPercent must not exceed highPercent"),),
         default={"highPercent": 80, "lowPercent": 70},
-        highPercent=integer("Percent of the cache's volume that downloads may fill.", default=80, minimum=1, maximum=100),
+        highPercent=integer(
+            "Percent of the cache's volume that downloads may fill.", default=80, minimum=1, maximum=100
+        ),
         lowPercent=integer("Percent collection frees down to.", default=70, minimum=0, maximum=100),
     ),
     download=obj(
         "Download limits across every download of the node.",
         default={"concurrency": 8, "bytesPerSecond": 0},
         concurrency=integer("Parallel connections across all downloads.", default=8, minimum=1, maximum=256),
-        bytesPerSecond=integer("Total bandwidth cap in bytes per second; 0 for none.", int64=True, default=0, minimum=0),
+        bytesPerSecond=integer(
+            "Total bandwidth cap in bytes per second; 0 for none.", int64=True, default=0, minimum=0
+        ),
     ),
     hub=obj(
         "How the node reaches the hubs.",
@@ -577,8 +594,14 @@ MODEL_PREFETCH = ResourceKind(
             "Available",
             "string",
             "Whether enough nodes are ready.",
-            fields=(Field("Available", '.status.conditions[?(@.type=="Available")].status', description="Available.",
-                          priority=0),),
+            fields=(
+                Field(
+                    "Available",
+                    '.status.conditions[?(@.type=="Available")].status',
+                    description="Available.",
+                    priority=0,
+                ),
+            ),
             render=lambda v: v.get("Available") or "Unknown",
         ),
         age_column(),

@@ -162,9 +162,7 @@ def conditions(description: str = "Latest observations of the object's state.") 
         required=("type", "status", "lastTransitionTime", "reason", "message"),
         type=string("Type of condition in CamelCase.", max_length=316),
         status=string("Status of the condition: True, False or Unknown.", enum=("True", "False", "Unknown")),
-        observedGeneration=integer(
-            "The .metadata.generation the condition was set from.", int64=True, minimum=0
-        ),
+        observedGeneration=integer("The .metadata.generation the condition was set from.", int64=True, minimum=0),
         lastTransitionTime=timestamp("When the condition last changed from one status to another."),
         reason=string(
             "A programmatic identifier of the reason for the last transition, in CamelCase.",
@@ -181,9 +179,7 @@ def label_selector(description: str) -> Schema:
         "A label selector requirement: a key, an operator and values.",
         required=("key", "operator"),
         key=string("The label key the selector applies to.", max_length=317),
-        operator=string(
-            "The key's relationship to the values.", enum=("In", "NotIn", "Exists", "DoesNotExist")
-        ),
+        operator=string("The key's relationship to the values.", enum=("In", "NotIn", "Exists", "DoesNotExist")),
         values=array(
             string(max_length=63),
             "Values for In and NotIn; empty for Exists and DoesNotExist.",

@@ -13,7 +13,7 @@ import os
 # Read by huggingface_hub once, at import: set before anything here imports it.
 os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 
-from .errors import (  # noqa: E402
+from .errors import (
     AccessDenied,
     EmptyManifest,
     InvalidManifest,
@@ -21,7 +21,7 @@ from .errors import (  # noqa: E402
     SourceError,
     SourceUnavailable,
 )
-from .manifest import (  # noqa: E402
+from .manifest import (
     InvalidPath,
     ManifestFile,
     Resolution,

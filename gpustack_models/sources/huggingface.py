@@ -22,18 +22,18 @@ import os
 
 os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 
-import contextlib  # noqa: E402
-import re  # noqa: E402
-import ssl  # noqa: E402
-import threading  # noqa: E402
-from collections import OrderedDict  # noqa: E402
-from contextvars import ContextVar  # noqa: E402
-from dataclasses import dataclass  # noqa: E402
+import contextlib
+import re
+import ssl
+import threading
+from collections import OrderedDict
+from contextvars import ContextVar
+from dataclasses import dataclass
 
-import httpx2  # noqa: E402
-from huggingface_hub import HfApi  # noqa: E402
-from huggingface_hub import constants as hf_constants  # noqa: E402
-from huggingface_hub.errors import (  # noqa: E402
+import httpx2
+from huggingface_hub import HfApi
+from huggingface_hub import constants as hf_constants
+from huggingface_hub.errors import (
     DisabledRepoError,
     EntryNotFoundError,
     GatedRepoError,
@@ -43,12 +43,12 @@ from huggingface_hub.errors import (  # noqa: E402
     RepositoryNotFoundError,
     RevisionNotFoundError,
 )
-from huggingface_hub.hf_api import RepoFile  # noqa: E402
-from huggingface_hub.utils import get_session, parse_ratelimit_headers, set_client_factory  # noqa: E402
-from huggingface_hub.utils._http import hf_request_event_hook  # noqa: E402
+from huggingface_hub.hf_api import RepoFile
+from huggingface_hub.utils import get_session, parse_ratelimit_headers, set_client_factory
+from huggingface_hub.utils._http import hf_request_event_hook
 
-from .errors import AccessDenied, InvalidManifest, RevisionNotFound, SourceUnavailable  # noqa: E402
-from .manifest import ManifestFile, Resolution  # noqa: E402
+from .errors import AccessDenied, InvalidManifest, RevisionNotFound, SourceUnavailable
+from .manifest import ManifestFile, Resolution
 
 hf_constants.HF_HUB_DISABLE_TELEMETRY = True
 

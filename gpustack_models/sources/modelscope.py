@@ -101,9 +101,7 @@ class _Hub:
         saying ``missing``.
         """
         try:
-            response = self.client._request(
-                "GET", path, params=params, timeout=self.timeout, single_attempt=True
-            )
+            response = self.client._request("GET", path, params=params, timeout=self.timeout, single_attempt=True)
             body = response.json()
         except (RateLimitError, ServerError, NetworkError) as exc:
             raise SourceUnavailable(f"{what}: {_first_line(exc)}", retry_after=_seconds(exc)) from None

@@ -10,7 +10,7 @@ import sys
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
 
-import django  # noqa: E402
+import django
 
 django.setup()
 
@@ -31,12 +31,25 @@ def fill(prefix, digest, nodes, holding, downloading, addresses):
         name = f"{prefix}-{i:05d}"
         state = "Downloading" if i < downloading else "Ready"
         done = size // 3 if state == "Downloading" else size
-        entries.append(StoreEntry(store_id=stores[name], node=name, digest=digest, state=state, size_bytes=size,
-                                  downloaded_bytes=done))
+        entries.append(
+            StoreEntry(
+                store_id=stores[name], node=name, digest=digest, state=state, size_bytes=size, downloaded_bytes=done
+            )
+        )
     StoreEntry.objects.bulk_create(entries, batch_size=2000)
     PluginPod.objects.bulk_create(
-        [PluginPod(namespace="bench", name=f"{prefix}-{i:05d}", node=f"{prefix}-{i:05d}", pod_ip=address, ready=True,
-                   resource_version=FAR_FUTURE_RV, body={}) for i, address in enumerate(addresses)],
+        [
+            PluginPod(
+                namespace="bench",
+                name=f"{prefix}-{i:05d}",
+                node=f"{prefix}-{i:05d}",
+                pod_ip=address,
+                ready=True,
+                resource_version=FAR_FUTURE_RV,
+                body={},
+            )
+            for i, address in enumerate(addresses)
+        ],
         batch_size=2000,
     )
 

@@ -11,9 +11,14 @@ def test_bench_download_throughput(bench_scale, record):
     parts = []
     for name in ("unthrottled", "throttled"):
         r = result[name]
-        parts.append(f"{name}: plugin {r['engine_mb_s']} MB/s vs hf {r['hf_mb_s_without_startup']} MB/s "
-                     f"(ratio {r['ratio']}, {r['ratio_vs_hf_wall']} against hf's wall time)")
+        parts.append(
+            f"{name}: plugin {r['engine_mb_s']} MB/s vs hf {r['hf_mb_s_without_startup']} MB/s "
+            f"(ratio {r['ratio']}, {r['ratio_vs_hf_wall']} against hf's wall time)"
+        )
         assert r["engine_mb_s"] > 0 and r["hf_mb_s"] > 0
     per_connection = result["per_connection_bps"] / 1e6
-    record(f"download of {size_mb:.0f} MB: " + "; ".join(parts)
-           + f" (target ratio >= 1.0; throttled = {per_connection:.0f} MB/s per connection)")
+    record(
+        f"download of {size_mb:.0f} MB: "
+        + "; ".join(parts)
+        + f" (target ratio >= 1.0; throttled = {per_connection:.0f} MB/s per connection)"
+    )

@@ -33,8 +33,12 @@ def test_bench_facade_overhead(worker_api, cluster, admin_http, storage_http, co
     public = f"{cluster.server}/apis/{GROUP}/v1/namespaces/{namespace}/modelartifacts"
 
     def create(i):
-        body = {"apiVersion": f"{GROUP}/v1alpha1", "kind": "ModelArtifact", "metadata": {"name": f"m-{i:05d}"},
-                "spec": {"source": {"huggingFace": {"repository": f"org/model-{i}"}}, "allowPatterns": ["*.json"]}}
+        body = {
+            "apiVersion": f"{GROUP}/v1alpha1",
+            "kind": "ModelArtifact",
+            "metadata": {"name": f"m-{i:05d}"},
+            "spec": {"source": {"huggingFace": {"repository": f"org/model-{i}"}}, "allowPatterns": ["*.json"]},
+        }
         assert storage_http.post(storage, json=body).status_code == 201
 
     try:

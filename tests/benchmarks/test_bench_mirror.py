@@ -19,16 +19,36 @@ def test_bench_mirror_lag(worker_stack, worker_kube, core, namespace, bench_scal
     objects, rate, seconds = (200, 200, 10) if full else (20, 50, 1)
     base = f"/apis/{GROUP}/v1alpha1/namespaces/{namespace}/modelartifacts"
     # Claim sources resolve once, by the claim existing: no hub traffic while measuring.
-    core.create_namespaced_persistent_volume_claim(namespace, k8s.V1PersistentVolumeClaim(
-        metadata=k8s.V1ObjectMeta(name="models"),
-        spec=k8s.V1PersistentVolumeClaimSpec(access_modes=["ReadOnlyMany"],
-                                             resources=k8s.V1VolumeResourceRequirements(requests={"storage": "1Gi"}))))
+    core.create_namespaced_persistent_volume_claim(
+        namespace,
+        k8s.V1PersistentVolumeClaim(
+            metadata=k8s.V1ObjectMeta(name="models"),
+            spec=k8s.V1PersistentVolumeClaimSpec(
+                access_modes=["ReadOnlyMany"], resources=k8s.V1VolumeResourceRequirements(requests={"storage": "1Gi"})
+            ),
+        ),
+    )
     with ThreadPoolExecutor(8) as pool:
-        list(pool.map(lambda i: worker_kube.create(base, {
-            "apiVersion": f"{GROUP}/v1alpha1", "kind": "ModelArtifact", "metadata": {"name": f"b-{i:04d}"},
-            "spec": {"source": {"persistentVolumeClaim": {"claimName": "models"}}}}), range(objects)))
-    wait_for(lambda: Artifact.objects.live().filter(namespace=namespace, resolved_status="True").count() == objects,
-             timeout=120, interval=0.5, message="the objects to settle")
+        list(
+            pool.map(
+                lambda i: worker_kube.create(
+                    base,
+                    {
+                        "apiVersion": f"{GROUP}/v1alpha1",
+                        "kind": "ModelArtifact",
+                        "metadata": {"name": f"b-{i:04d}"},
+                        "spec": {"source": {"persistentVolumeClaim": {"claimName": "models"}}},
+                    },
+                ),
+                range(objects),
+            )
+        )
+    wait_for(
+        lambda: Artifact.objects.live().filter(namespace=namespace, resolved_status="True").count() == objects,
+        timeout=120,
+        interval=0.5,
+        message="the objects to settle",
+    )
 
     writes: list[tuple[str, int, float]] = []
     seen: dict[tuple[str, int], float] = {}
@@ -43,7 +63,8 @@ def test_bench_mirror_lag(worker_stack, worker_kube, core, namespace, bench_scal
             now, wall = time.monotonic(), timezone.now()
             # Only rows written since the last look (with a margin for clock steps between processes).
             rows = Artifact.objects.filter(namespace=namespace, updated_at__gte=since).values_list(
-                "name", "resource_version")
+                "name", "resource_version"
+            )
             for name, rv in rows:
                 seen.setdefault((name, rv), now)
             since = wall - timedelta(milliseconds=200)
@@ -55,8 +76,12 @@ def test_bench_mirror_lag(worker_stack, worker_kube, core, namespace, bench_scal
     def change(i):
         name = f"b-{i % objects:04d}"
         t0 = time.monotonic()
-        obj = worker_kube.json("PATCH", f"{base}/{name}", body={"metadata": {"labels": {"n": str(i)}}},
-                               content_type="application/merge-patch+json")
+        obj = worker_kube.json(
+            "PATCH",
+            f"{base}/{name}",
+            body={"metadata": {"labels": {"n": str(i)}}},
+            content_type="application/merge-patch+json",
+        )
         writes.append((name, int(obj["metadata"]["resourceVersion"]), time.monotonic()))
         latencies.append(time.monotonic() - t0)
 
@@ -89,5 +114,7 @@ def test_bench_mirror_lag(worker_stack, worker_kube, core, namespace, bench_scal
     lags.sort()
     p50 = statistics.median(lags) * 1000
     p99 = lags[int(len(lags) * 0.99) - 1 if len(lags) > 1 else 0] * 1000
-    record(f"mirror: {len(writes)} changes at {achieved:.0f}/s: lag p50 {p50:.0f} ms, p99 {p99:.0f} ms "
-           f"(target p99 <= 1000; write latency p50 {statistics.median(latencies) * 1000:.0f} ms)")
+    record(
+        f"mirror: {len(writes)} changes at {achieved:.0f}/s: lag p50 {p50:.0f} ms, p99 {p99:.0f} ms "
+        f"(target p99 <= 1000; write latency p50 {statistics.median(latencies) * 1000:.0f} ms)"
+    )

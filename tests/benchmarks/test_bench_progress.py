@@ -13,23 +13,33 @@ from ..fakeplugins import FakePlugins
 
 
 def run_fill(env, *args):
-    subprocess.run([sys.executable, "-m", "tests.benchmarks.mirror_fill", *map(str, args)], cwd=REPO, env=env,
-                   check=True)
+    subprocess.run(
+        [sys.executable, "-m", "tests.benchmarks.mirror_fill", *map(str, args)], cwd=REPO, env=env, check=True
+    )
 
 
-def test_bench_progress(worker_stack, worker_api, worker_kube, admin_http, cluster, namespace, launcher, bench_scale,
-                        record):
+def test_bench_progress(
+    worker_stack, worker_api, worker_kube, admin_http, cluster, namespace, launcher, bench_scale, record
+):
     full = bench_scale == "full"
     calls = 40 if full else 5
     scenarios = [(10_000, 2_000), (1_000, 1_000)] if full else [(300, 60), (100, 60)]
     live = 64 if full else 8
     digest = "sha256:" + uuid.uuid4().hex * 2
     base = f"/apis/{GROUP}/v1alpha1/namespaces/{namespace}/modelartifacts"
-    obj = worker_kube.create(base, {"apiVersion": f"{GROUP}/v1alpha1", "kind": "ModelArtifact",
-                                    "metadata": {"name": "big"},
-                                    "spec": {"source": {"huggingFace": {"repository": "org/big"}}}})
-    obj["status"] = {"resolved": {"revision": "f" * 40, "manifestDigest": digest, "fileCount": 1,
-                                  "sizeBytes": 10 * 1024**3}, "observedGeneration": 1}
+    obj = worker_kube.create(
+        base,
+        {
+            "apiVersion": f"{GROUP}/v1alpha1",
+            "kind": "ModelArtifact",
+            "metadata": {"name": "big"},
+            "spec": {"source": {"huggingFace": {"repository": "org/big"}}},
+        },
+    )
+    obj["status"] = {
+        "resolved": {"revision": "f" * 40, "manifestDigest": digest, "fileCount": 1, "sizeBytes": 10 * 1024**3},
+        "observedGeneration": 1,
+    }
     worker_kube.json("PUT", f"{base}/big/status", body=obj)
     url = f"{cluster.server}/apis/{GROUP}/v1/namespaces/{namespace}/modelartifacts/big/progress"
     addresses = [f"127.0.3.{i + 1}" for i in range(live)]
@@ -37,8 +47,9 @@ def test_bench_progress(worker_stack, worker_api, worker_kube, admin_http, clust
     results = []
     with FakePlugins(launcher, addresses, PLUGIN_PORT, delay=0.005) as fakes:
         for i, address in enumerate(addresses):
-            fakes.plugins[address].downloads = [{"digest": digest, "downloadedBytes": 5 * 1024**3,
-                                                 "sizeBytes": 10 * 1024**3, "source": "Hub"}]
+            fakes.plugins[address].downloads = [
+                {"digest": digest, "downloadedBytes": 5 * 1024**3, "sizeBytes": 10 * 1024**3, "source": "Hub"}
+            ]
         for nodes, holding in scenarios:
             prefix = f"bench{uuid.uuid4().hex[:6]}"
             downloading = 200 if full else live * 2  # the same in both: cost follows the downloading nodes

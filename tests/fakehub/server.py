@@ -65,7 +65,7 @@ import time
 import uuid
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Union
 from urllib.parse import parse_qs, quote, unquote, urlencode, urlsplit
@@ -187,7 +187,7 @@ class Repo:
     branches: dict[str, str] = field(default_factory=dict)
     tags: dict[str, str] = field(default_factory=dict)
     commits: dict[str, Commit] = field(default_factory=dict)
-    created: datetime = field(default_factory=lambda: datetime.now(timezone.utc))
+    created: datetime = field(default_factory=lambda: datetime.now(UTC))
 
     def resolve(self, revision: str) -> Commit | None:
         if revision in self.branches:
@@ -410,7 +410,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
 
     # ---------------------------------------------------------------- plumbing
 
-    def log_message(self, format, *args):  # noqa: A002 - silence the default stderr log
+    def log_message(self, format, *args):
         pass
 
     def setup(self):
@@ -488,7 +488,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
                 self._route()
         except _Respond:
             pass
-        except (BrokenPipeError, ConnectionResetError, ConnectionAbortedError, socket.timeout):
+        except (TimeoutError, BrokenPipeError, ConnectionResetError, ConnectionAbortedError):
             self.close_connection = True
         finally:
             self._rec.duration = time.monotonic() - t0
@@ -669,6 +669,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         if len(rest) == 2 and rest[0] == "revision":
             self._hf_model_info(repo, self._hf_commit(repo, rest[1]))
         if rest == ["refs"]:
+
             def refs(kind: str, names: Mapping[str, str]):
                 return [{"name": n, "ref": f"refs/{kind}/{n}", "targetCommit": c} for n, c in sorted(names.items())]
 
@@ -718,7 +719,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         expand = (self._query.get("expand") or ["false"])[0].lower() in ("true", "1")
         entries = self.server.hub._tree(commit, path, recursive)
         if entries is None:
-            self._hf_error(404, "EntryNotFound", f"{path} does not exist on \"{revision}\"")
+            self._hf_error(404, "EntryNotFound", f'{path} does not exist on "{revision}"')
         start = 0
         cursor = (self._query.get("cursor") or [""])[0]
         if cursor:
@@ -783,7 +784,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         expires = (self._query.get("Expires") or [""])[0]
         signature = (self._query.get("Signature") or [""])[0]
         if blob is None or not hub._cdn_signature_ok(m.group(3), expires, signature):
-            body = b"<?xml version=\"1.0\" encoding=\"UTF-8\"?><Error><Code>AccessDenied</Code></Error>"
+            body = b'<?xml version="1.0" encoding="UTF-8"?><Error><Code>AccessDenied</Code></Error>'
             self._send(403, body, (), "application/xml")
         filename = (self._query.get("filename") or [m.group(3)])[0].rsplit("/", 1)[-1]
         disposition = f"attachment; filename*=UTF-8''{quote(filename)}; filename=\"{filename}\";"
@@ -1133,7 +1134,7 @@ class FakeHub:
                 f"{kind}\0{repo_id}\0{parent}\0{seq}\0{message}\0".encode()
                 + "".join(f"{p}\0{r.git_oid}\0" for p, r in sorted(tree.items())).encode()
             ).hexdigest()
-            date = datetime(2024, 1, 1, tzinfo=timezone.utc) + timedelta(minutes=seq)
+            date = datetime(2024, 1, 1, tzinfo=UTC) + timedelta(minutes=seq)
             repo.commits[digest] = Commit(digest, parent, tree, message, date)
             repo.branches[branch] = digest
             for tag in tags:
@@ -1189,7 +1190,7 @@ class FakeHub:
             target = unquote(r.target)
             if method is not None and r.method != method:
                 continue
-            if (match.search(target) if isinstance(match, re.Pattern) else match in target):
+            if match.search(target) if isinstance(match, re.Pattern) else match in target:
                 out.append(r)
         return out
 

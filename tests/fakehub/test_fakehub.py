@@ -266,7 +266,10 @@ def test_it_snapshot_downloads_with_huggingface_hub_and_the_hf_cli(fakehub, tmp_
     assert {p: (root / p).read_bytes() for p in files} == files
     only = Path(
         snapshot_download(
-            "org/model", endpoint=fakehub.url, cache_dir=tmp_path / "cache2", allow_patterns=["*.json"],
+            "org/model",
+            endpoint=fakehub.url,
+            cache_dir=tmp_path / "cache2",
+            allow_patterns=["*.json"],
             ignore_patterns=["tokenizer/"],
         )
     )
@@ -276,7 +279,10 @@ def test_it_snapshot_downloads_with_huggingface_hub_and_the_hf_cli(fakehub, tmp_
     out = tmp_path / "cli"
     proc = subprocess.run(
         [str(PYTHON_BIN / "hf"), "download", "org/model", "--revision", "main", "--local-dir", str(out)],
-        env=env, capture_output=True, text=True, timeout=120,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert proc.returncode == 0, proc.stderr
     assert {p: (out / p).read_bytes() for p in files} == files
@@ -392,7 +398,14 @@ def test_it_logs_every_request(fakehub):
     s.get(f"{fakehub.url}/org/model/resolve/main/config.json?download=true", headers=headers)
     (r,) = fakehub.requests
     assert (r.listener, r.method, r.path, r.query, r.range, r.status, r.bytes_sent, r.token) == (
-        "hub", "GET", "/org/model/resolve/main/config.json", {"download": ["true"]}, "bytes=0-0", 206, 1, "hf_t",
+        "hub",
+        "GET",
+        "/org/model/resolve/main/config.json",
+        {"download": ["true"]},
+        "bytes=0-0",
+        206,
+        1,
+        "hf_t",
     )
     assert r.client[0] == "127.0.0.1" and r.duration >= 0
     fakehub.clear_requests()

@@ -214,7 +214,7 @@ def run(files_mb: list[int], per_connection_bps: int | None, *, repeat: int = 2,
             hub.throttle(bps)
             engine_times, hf_times = [], []
             for i in range(repeat):
-                for who in (("engine", "hf") if i % 2 == 0 else ("hf", "engine")):
+                for who in ("engine", "hf") if i % 2 == 0 else ("hf", "engine"):
                     work = work_root / f"{name}-{who}-{i}"
                     work.mkdir()
                     try:

@@ -273,7 +273,9 @@ def test_it_sends_the_token_to_the_hub_only(fakehub, make_engine):
 @pytest.mark.parametrize("private", [True, False], ids=["private-no-token", "missing-file"])
 def test_it_maps_refusals_to_access_denied(fakehub, make_engine, private):
     commit = fakehub.add_hf_repo("org/closed", {"config.json": b"{}"}, private=private, token="t" if private else None)
-    files = [ManifestFile("config.json", 2, "gitsha1", fakehub.file_info("org/closed", "config.json", commit).blob.gitsha1)]
+    files = [
+        ManifestFile("config.json", 2, "gitsha1", fakehub.file_info("org/closed", "config.json", commit).blob.gitsha1)
+    ]
     if not private:
         files.append(ManifestFile("missing.bin", 4, "sha256", "0" * 64, True))
     ticket = FetchTicket(manifest_digest(files), "huggingFace", fakehub.url, "org/closed", commit, files)

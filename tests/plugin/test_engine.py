@@ -22,9 +22,7 @@ def test_it_backs_off_from_one_minute_doubling_to_one_hour():
 
 
 @pytest.mark.parametrize("status", [503, 429])
-def test_it_reports_source_unavailable_with_a_retry_time_that_survives_a_restart(
-    fakehub, make_engine, clock, status
-):
+def test_it_reports_source_unavailable_with_a_retry_time_that_survives_a_restart(fakehub, make_engine, clock, status):
     data = random_bytes(1 * MiB, seed=11)
     commit = fakehub.add_hf_repo("org/flaky", {"config.json": b"{}", "model.safetensors": data})
     fakehub.faults.fail("model.safetensors", status, times=None, retry_after=5 if status == 429 else None)
@@ -334,7 +332,11 @@ def test_it_exports_metrics_without_digests_in_labels(fakehub, make_engine, cloc
         engine.wait(ticket.digest, timeout=30)
 
     text = generate_latest(metrics.registry).decode()
-    [value] = [float(line.split()[1]) for line in text.splitlines() if line.startswith("gpustack_models_plugin_downloaded_bytes_total ")]
+    [value] = [
+        float(line.split()[1])
+        for line in text.splitlines()
+        if line.startswith("gpustack_models_plugin_downloaded_bytes_total ")
+    ]
     assert value >= MiB
     assert 'gpustack_models_plugin_download_failures_total{reason="SourceUnavailable"} 1.0' in text
     assert 'gpustack_models_plugin_models{state="Ready"} 1.0' in text

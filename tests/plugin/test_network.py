@@ -167,4 +167,6 @@ def test_it_sends_plain_http_through_the_tickets_proxy(fakehub, proxy, make_engi
     assert engine.wait(ticket.digest, timeout=30).state == READY
 
     assert tree_files(engine.path(ticket.digest)) == fakehub.files("org/plain", commit)
-    assert proxy.seen and all(method == "GET" and target.startswith("http://127.0.0.") for method, target, _ in proxy.seen)
+    assert proxy.seen and all(
+        method == "GET" and target.startswith("http://127.0.0.") for method, target, _ in proxy.seen
+    )

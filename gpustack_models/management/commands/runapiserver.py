@@ -38,19 +38,33 @@ class Command(BaseCommand):
         client_ca.write_text(config.requestheader_ca_pem + "\n" + config.client_ca_pem)
         binds = bind or ([f"127.0.0.1:{port}", f"[::1]:{port}"] if port != settings.API_PORT else settings.API_BIND)
         argv = [
-            sys.executable, "-m", "gunicorn", "config.asgi:application",
-            "--worker-class", "gpustack_models.server.TLSASGIWorker",
-            "--workers", str(workers),
-            "--worker-connections", "2000",
-            "--certfile", certfile,
-            "--keyfile", keyfile,
-            "--ca-certs", str(client_ca),
-            "--cert-reqs", "1",  # request a client certificate, do not require one
-            "--graceful-timeout", "5",
-            "--timeout", "60",
+            sys.executable,
+            "-m",
+            "gunicorn",
+            "config.asgi:application",
+            "--worker-class",
+            "gpustack_models.server.TLSASGIWorker",
+            "--workers",
+            str(workers),
+            "--worker-connections",
+            "2000",
+            "--certfile",
+            certfile,
+            "--keyfile",
+            keyfile,
+            "--ca-certs",
+            str(client_ca),
+            "--cert-reqs",
+            "1",  # request a client certificate, do not require one
+            "--graceful-timeout",
+            "5",
+            "--timeout",
+            "60",
             "--no-control-socket",
-            "--asgi-lifespan", "off",
-            "--log-level", "warning",
+            "--asgi-lifespan",
+            "off",
+            "--log-level",
+            "warning",
         ]
         for address in binds:
             argv += ["--bind", address]

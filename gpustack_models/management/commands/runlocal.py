@@ -25,8 +25,11 @@ class Command(BaseCommand):
     )
 
     def add_arguments(self, parser):
-        parser.add_argument("--console", default=os.environ.get("GPUSTACK_CONSOLE_ADDR", "127.0.0.1:8000"),
-                            help="address of the admin console (default GPUSTACK_CONSOLE_ADDR or 127.0.0.1:8000)")
+        parser.add_argument(
+            "--console",
+            default=os.environ.get("GPUSTACK_CONSOLE_ADDR", "127.0.0.1:8000"),
+            help="address of the admin console (default GPUSTACK_CONSOLE_ADDR or 127.0.0.1:8000)",
+        )
 
     def handle(self, *args, console, **options):
         settings.DATA_DIR.mkdir(parents=True, exist_ok=True)
@@ -57,13 +60,51 @@ class Command(BaseCommand):
                 log = open(log_dir / f"{name}.log", "ab")
                 children[name] = subprocess.Popen(argv, cwd=REPO_DIR, env=env, stdout=log, stderr=subprocess.STDOUT)
 
-            spawn("api", [sys.executable, "manage.py", "runapiserver", f"--port={settings.API_PORT}",
-                          f"--certfile={cert}", f"--keyfile={key}"], worker_env)
-            spawn("console", [sys.executable, "-m", "gunicorn", "config.wsgi:application", "--bind", console,
-                              "--workers", "2", "--no-control-socket"], worker_env)
-            spawn("celery", [sys.executable, "-m", "celery", "-A", "config", "worker", "--pool=prefork",
-                             "--concurrency=2", "--beat", "--loglevel=WARNING", "--without-gossip",
-                             "--without-mingle"], worker_env)
+            spawn(
+                "api",
+                [
+                    sys.executable,
+                    "manage.py",
+                    "runapiserver",
+                    f"--port={settings.API_PORT}",
+                    f"--certfile={cert}",
+                    f"--keyfile={key}",
+                ],
+                worker_env,
+            )
+            spawn(
+                "console",
+                [
+                    sys.executable,
+                    "-m",
+                    "gunicorn",
+                    "config.wsgi:application",
+                    "--bind",
+                    console,
+                    "--workers",
+                    "2",
+                    "--no-control-socket",
+                ],
+                worker_env,
+            )
+            spawn(
+                "celery",
+                [
+                    sys.executable,
+                    "-m",
+                    "celery",
+                    "-A",
+                    "config",
+                    "worker",
+                    "--pool=prefork",
+                    "--concurrency=2",
+                    "--beat",
+                    "--loglevel=WARNING",
+                    "--without-gossip",
+                    "--without-mingle",
+                ],
+                worker_env,
+            )
             spawn("informers", [sys.executable, "manage.py", "runinformers"], worker_env)
             # One local node with its plugin, registered as a kubelet would (a Node, a Running plugin Pod).
             plugin_env = launcher.plugin_env(LOCAL_NODE, LOCAL_NODE_ADDRESS, settings.PLUGIN_PORT)
@@ -74,18 +115,20 @@ class Command(BaseCommand):
             except RuntimeError as exc:
                 raise CommandError(f"{exc}; see {log_dir / 'api.log'}") from None
             kubectl = f"{cluster.kubectl} --kubeconfig {cluster.kubeconfig}"
-            self.stdout.write(self.style.SUCCESS(
-                f"\ngpustack-models is running (Kubernetes {cluster.version})\n"
-                f"  kubeconfig: {cluster.kubeconfig}\n"
-                f"  kubectl:    {cluster.kubectl}\n"
-                f"  API:        worker.gpustack.ai/v1 through {cluster.server} (worker on :{settings.API_PORT})\n"
-                f"  console:    http://{console}/admin/\n"
-                f"  node:       {LOCAL_NODE} (plugin on {LOCAL_NODE_ADDRESS}:{settings.PLUGIN_PORT}, cache "
-                f"{settings.DATA_DIR / 'plugin' / LOCAL_NODE / 'cache'})\n"
-                f"  logs:       {log_dir}/\n"
-                f"  try:        {kubectl} api-resources --api-group=worker.gpustack.ai\n"
-                "Ctrl-C stops everything."
-            ))
+            self.stdout.write(
+                self.style.SUCCESS(
+                    f"\ngpustack-models is running (Kubernetes {cluster.version})\n"
+                    f"  kubeconfig: {cluster.kubeconfig}\n"
+                    f"  kubectl:    {cluster.kubectl}\n"
+                    f"  API:        worker.gpustack.ai/v1 through {cluster.server} (worker on :{settings.API_PORT})\n"
+                    f"  console:    http://{console}/admin/\n"
+                    f"  node:       {LOCAL_NODE} (plugin on {LOCAL_NODE_ADDRESS}:{settings.PLUGIN_PORT}, cache "
+                    f"{settings.DATA_DIR / 'plugin' / LOCAL_NODE / 'cache'})\n"
+                    f"  logs:       {log_dir}/\n"
+                    f"  try:        {kubectl} api-resources --api-group=worker.gpustack.ai\n"
+                    "Ctrl-C stops everything."
+                )
+            )
             while not stop.is_set():
                 for name, child in children.items():
                     if child.poll() is not None:

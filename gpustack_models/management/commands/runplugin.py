@@ -18,21 +18,23 @@ class Command(BaseCommand):
         logging.basicConfig(level=settings.LOGGING["root"]["level"])
         if not (settings.PLUGIN_TLS_CERT_FILE and settings.PLUGIN_TLS_KEY_FILE):
             raise CommandError("GPUSTACK_PLUGIN_TLS_CERT_FILE and GPUSTACK_PLUGIN_TLS_KEY_FILE are required")
-        plugin = Plugin(PluginSettings(
-            node=node,
-            cache_dir=settings.PLUGIN_CACHE_DIR or str(settings.DATA_DIR / "plugin" / node),
-            address=settings.PLUGIN_ADDRESS or f"0.0.0.0:{settings.PLUGIN_PORT}",
-            cert_file=settings.PLUGIN_TLS_CERT_FILE,
-            key_file=settings.PLUGIN_TLS_KEY_FILE,
-            worker_url=settings.WORKER_URL,
-            worker_ca_file=settings.WORKER_CA_FILE,
-            worker_username=sa_user(settings.WORKER_SERVICE_ACCOUNT),
-            grace_seconds=settings.PLUGIN_GRACE_SECONDS,
-            progress_interval=settings.PLUGIN_PROGRESS_INTERVAL,
-            capacity_bytes=settings.PLUGIN_CAPACITY_BYTES or None,
-            auth_cache_ttl=settings.AUTH_CACHE_TTL,
-            retry_base=settings.PLUGIN_RETRY_BASE,
-        ))
+        plugin = Plugin(
+            PluginSettings(
+                node=node,
+                cache_dir=settings.PLUGIN_CACHE_DIR or str(settings.DATA_DIR / "plugin" / node),
+                address=settings.PLUGIN_ADDRESS or f"0.0.0.0:{settings.PLUGIN_PORT}",
+                cert_file=settings.PLUGIN_TLS_CERT_FILE,
+                key_file=settings.PLUGIN_TLS_KEY_FILE,
+                worker_url=settings.WORKER_URL,
+                worker_ca_file=settings.WORKER_CA_FILE,
+                worker_username=sa_user(settings.WORKER_SERVICE_ACCOUNT),
+                grace_seconds=settings.PLUGIN_GRACE_SECONDS,
+                progress_interval=settings.PLUGIN_PROGRESS_INTERVAL,
+                capacity_bytes=settings.PLUGIN_CAPACITY_BYTES or None,
+                auth_cache_ttl=settings.AUTH_CACHE_TTL,
+                retry_base=settings.PLUGIN_RETRY_BASE,
+            )
+        )
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: plugin.stopping.set())
         plugin.run()
