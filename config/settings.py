@@ -6,6 +6,7 @@ The defaults are the embedded local ones: SQLite, a file-based Celery broker and
 plane's kubeconfig under ``GPUSTACK_DATA_DIR``.
 """
 
+import importlib.util
 import os
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -93,6 +94,9 @@ INSTALLED_APPS = [
     "rest_framework",
     "gpustack_models",
 ]
+# Development tools (the local control plane, `runlocal`): in a checkout, not in the image.
+if importlib.util.find_spec("gpustack_models.local") is not None:
+    INSTALLED_APPS.append("gpustack_models.local")
 
 # Which server this process is: "api" (the aggregated API on gunicorn's ASGI worker) runs no middleware:
 # each sync middleware costs the ASGI handler a thread hop per request, and the API authenticates and
@@ -273,7 +277,7 @@ WHITENOISE_USE_FINDERS = True
 
 REST_FRAMEWORK = {
     "UNAUTHENTICATED_USER": None,
-    "EXCEPTION_HANDLER": "gpustack_models.status.exception_handler",
+    "EXCEPTION_HANDLER": "gpustack_models.api.errors.exception_handler",
 }
 # kube-apiserver's own request body limit.
 DATA_UPLOAD_MAX_MEMORY_SIZE = 3 * 1024 * 1024

@@ -3,8 +3,8 @@
 from django.contrib import admin
 from django.utils.html import format_html
 
+from .kinds.formatting import human_bytes
 from .models import Artifact, InformerState, Manifest, Node, NodeStore, PluginPod, Prefetch, StoreEntry
-from .resources.formatting import human_bytes
 
 
 class ReadOnlyAdmin(admin.ModelAdmin):

@@ -10,6 +10,37 @@ from __future__ import annotations
 
 from django.db import models
 
+from .kinds import nodemodelstore
+
+
+class EntryState(models.TextChoices):
+    """The state of a digest on a node (NodeModelStore ``status.models[].state``)."""
+
+    DOWNLOADING = nodemodelstore.DOWNLOADING, "Downloading"
+    READY = nodemodelstore.READY, "Ready"
+    FAILED = nodemodelstore.FAILED, "Failed"
+
+
+class EntrySource(models.TextChoices):
+    """Where most of a digest's bytes on a node came from."""
+
+    HUB = nodemodelstore.SOURCE_HUB, "Hub"
+    PEER = nodemodelstore.SOURCE_PEER, "Peer"
+
+
+class ConditionStatus(models.TextChoices):
+    TRUE = "True", "True"
+    FALSE = "False", "False"
+    UNKNOWN = "Unknown", "Unknown"
+
+
+class SourceKind(models.TextChoices):
+    """The member of a ModelArtifact's ``spec.source``."""
+
+    HUGGING_FACE = "huggingFace", "Hugging Face"
+    MODEL_SCOPE = "modelScope", "ModelScope"
+    CLAIM = "persistentVolumeClaim", "PersistentVolumeClaim"
+
 
 class MirroredQuerySet(models.QuerySet):
     def live(self):
@@ -33,14 +64,16 @@ class Artifact(Mirrored):
     namespace = models.CharField(max_length=253)
     name = models.CharField(max_length=253)
     generation = models.BigIntegerField(default=0)
-    source = models.CharField(max_length=32, blank=True, help_text="huggingFace, modelScope or persistentVolumeClaim")
+    source = models.CharField(max_length=32, blank=True, choices=SourceKind.choices)
     repository = models.CharField(max_length=1024, blank=True)
     revision = models.CharField(max_length=256, blank=True)
     digest = models.CharField(max_length=71, blank=True, db_index=True, help_text="status.resolved.manifestDigest")
     resolved_revision = models.CharField(max_length=256, blank=True)
     size_bytes = models.BigIntegerField(null=True, blank=True)
     file_count = models.IntegerField(null=True, blank=True)
-    resolved_status = models.CharField(max_length=16, blank=True, help_text="The Resolved condition's status")
+    resolved_status = models.CharField(
+        max_length=16, blank=True, choices=ConditionStatus.choices, help_text="The Resolved condition's status"
+    )
     resolved_reason = models.CharField(max_length=64, blank=True)
     nodes = models.JSONField(default=dict, blank=True, help_text="status.nodes as last written")
 
@@ -78,6 +111,9 @@ class Resolution(models.Model):
     secret_name = models.CharField(max_length=253, blank=True)
     resolved_at = models.DateTimeField(auto_now=True)
 
+    def __str__(self):
+        return f"{self.artifact}: {self.source} {self.repository}@{self.commit}"
+
 
 class NodeStore(Mirrored):
     name = models.CharField(max_length=253, unique=True)
@@ -96,14 +132,14 @@ class StoreEntry(models.Model):
     store = models.ForeignKey(NodeStore, on_delete=models.CASCADE, related_name="entries")
     node = models.CharField(max_length=253)
     digest = models.CharField(max_length=71)
-    state = models.CharField(max_length=16)
+    state = models.CharField(max_length=16, choices=EntryState.choices)
     size_bytes = models.BigIntegerField(default=0)
     downloaded_bytes = models.BigIntegerField(default=0)
     reason = models.CharField(max_length=64, blank=True)
     message = models.TextField(blank=True)
     retry_time = models.DateTimeField(null=True, blank=True)
     last_used_time = models.DateTimeField(null=True, blank=True)
-    source = models.CharField(max_length=8, blank=True)
+    source = models.CharField(max_length=8, blank=True, choices=EntrySource.choices)
 
     class Meta:
         constraints = [models.UniqueConstraint(fields=["store", "digest"], name="entry_store_digest")]
@@ -165,3 +201,6 @@ class InformerState(models.Model):
     relists = models.IntegerField(default=0)
     expired = models.IntegerField(default=0, help_text="relists caused by 410 Expired")
     updated_at = models.DateTimeField(auto_now=True)
+
+    def __str__(self):
+        return f"{self.resource} at {self.resource_version}"

@@ -1,7 +1,8 @@
-"""Celery tasks. Each takes ids or small payloads and is safe to run twice, in any order.
+"""Celery tasks: thin entry points into ``gpustack_models.worker``. Each takes ids or small payloads and
+is safe to run twice, in any order.
 
 Mirror tasks apply one informer event (or a relist batch) and then enqueue the reconcilers the change
-concerns; the reconcilers read the mirror and write to Kubernetes as the worker.
+concerns (``worker.reactions``); the reconcilers read the mirror and write to Kubernetes as the worker.
 """
 
 from __future__ import annotations
@@ -13,8 +14,9 @@ from celery import shared_task
 from django.conf import settings
 from django.db import close_old_connections
 
-from . import mirror, reconcile
-from .models import Artifact, InformerState, NodeStore, PluginPod, Prefetch
+from .models import Artifact, ConditionStatus, InformerState, NodeStore, PluginPod, Prefetch
+from .worker import mirror, node_stores, prefetches, resolution, rollup
+from .worker.reactions import react
 
 log = logging.getLogger(__name__)
 
@@ -61,43 +63,6 @@ def mirror_prune(resource: str, keys: list[dict], list_rv: int) -> int:
     return len(removed)
 
 
-def react(kind: mirror.Kind, change: mirror.Change) -> None:
-    """Enqueue what a mirrored change concerns."""
-    before, after = change.before, change.after
-    body = after or before or {}
-    meta = body.get("metadata") or {}
-    name, namespace = meta.get("name", ""), meta.get("namespace", "")
-    if kind is mirror.ARTIFACTS:
-        if after is not None and reconcile.needs_resolution(after):
-            resolve_artifact.delay(namespace, name)
-        old_digest = ((before or {}).get("status") or {}).get("resolved", {}).get("manifestDigest", "")
-        new_digest = ((after or {}).get("status") or {}).get("resolved", {}).get("manifestDigest", "")
-        if old_digest != new_digest or after is None:
-            for prefetch in Prefetch.objects.live().filter(namespace=namespace, artifact_name=name):
-                reconcile_prefetch.delay(namespace, prefetch.name)
-            if new_digest:
-                rollup_digest.delay(new_digest)
-    elif kind is mirror.PREFETCHES:
-        nodes = set(reconcile.prefetch_nodes(before)) | set(reconcile.prefetch_nodes(after))
-        for node in sorted(nodes):
-            reconcile_node_store.delay(node)
-        if after is not None:
-            reconcile_prefetch.delay(namespace, name)
-    elif kind is mirror.STORES:
-        if after is None or (before or {}).get("spec") != after.get("spec"):
-            reconcile_node_store.delay(name)
-        old, new = mirror.entries_of(before), mirror.entries_of(after)
-        changed = {d for d in set(old) | set(new) if old.get(d) != new.get(d)}
-        for digest in sorted(changed):
-            rollup_digest.delay(digest)
-    elif kind is mirror.NODES:
-        reconcile_node_store.delay(name)
-    elif kind is mirror.PODS:
-        for node in {(before or {}).get("spec", {}).get("nodeName"), (after or {}).get("spec", {}).get("nodeName")}:
-            if node:
-                reconcile_node_store.delay(node)
-
-
 @shared_task(name="gpustack_models.record_informer")
 def record_informer(resource: str, resource_version: str, relisted: bool, expired: bool) -> None:
     state, _ = InformerState.objects.get_or_create(resource=resource)
@@ -116,7 +81,7 @@ def resolve_artifact(self, namespace: str, name: str) -> str:
 
     Temporary failures (hub unavailable, Secret or claim missing) retry with backoff; they never remove
     an earlier resolution."""
-    outcome = reconcile.resolve(namespace, name)
+    outcome = resolution.resolve_artifact(namespace, name)
     if outcome.retry:
         countdown = min(settings.RESOLVE_RETRY_MAX, settings.RESOLVE_RETRY_BASE * (2**self.request.retries))
         if outcome.retry_after:
@@ -127,18 +92,18 @@ def resolve_artifact(self, namespace: str, name: str) -> str:
 
 @shared_task(name="gpustack_models.reconcile_node_store", acks_late=True)
 def reconcile_node_store(node: str) -> str:
-    return reconcile.node_store(node)
+    return node_stores.reconcile_node_store(node)
 
 
 @shared_task(name="gpustack_models.reconcile_prefetch", acks_late=True)
 def reconcile_prefetch(namespace: str, name: str) -> bool:
-    return reconcile.prefetch_status(namespace, name)
+    return prefetches.reconcile_prefetch(namespace, name)
 
 
 @shared_task(name="gpustack_models.rollup_digest", acks_late=True)
 def rollup_digest(digest: str) -> int:
-    written = reconcile.rollup(digest)
-    for prefetch in reconcile.prefetches_of_digest(digest):
+    written = rollup.rollup(digest)
+    for prefetch in prefetches.prefetches_of_digest(digest):
         reconcile_prefetch.delay(prefetch.namespace, prefetch.name)
     return written
 
@@ -153,7 +118,7 @@ def revalidate_unresolved(limit: int = 500) -> int:
     count = 0
     for ns, name in (
         Artifact.objects.live()
-        .exclude(resolved_status="True")
+        .exclude(resolved_status=ConditionStatus.TRUE)
         .exclude(source="")
         .values_list("namespace", "name")[:limit]
     ):

@@ -10,7 +10,7 @@ import ssl
 import threading
 from dataclasses import dataclass, field
 
-from gpustack_models import pki
+from gpustack_models.local import pki
 
 
 @dataclass

@@ -6,9 +6,8 @@ import uuid
 import pytest
 from kubernetes import client as k8s
 
-from gpustack_models.resources.kinds import GROUP
-
-from .conftest import token_http, wait_for
+from gpustack_models.kinds import GROUP
+from tests.support import token_http, wait_for
 
 SEED_ROLE_RULES = [
     k8s.V1PolicyRule(
@@ -100,7 +99,7 @@ def test_it_lets_the_seed_role_read_its_namespace_only(how, teams, worker_api, c
     session, base = _client(how, worker_api, cluster, "alice")
     for verb, path in paths(team_a).items():
         resp = wait_for(
-            lambda: (r := session.get(base + path)).status_code == 200 and r,
+            lambda path=path: (r := session.get(base + path)).status_code == 200 and r,
             timeout=15,
             message=f"alice to {verb} in team-a",
         )

@@ -9,9 +9,8 @@ import uuid
 import pytest
 from kubernetes import client as k8s
 
-from gpustack_models.resources.kinds import GROUP
-
-from .conftest import kube_update, token_http, wait_for
+from gpustack_models.kinds import GROUP
+from tests.support import kube_update, token_http, wait_for
 
 DIGEST = "sha256:" + "12" * 32
 FORGED = "sha256:" + "00" * 32
@@ -193,7 +192,7 @@ def test_it_holds_while_the_worker_is_down_and_clients_fall_back(writer, worker_
             namespace,
             "--type=merge",
             "-p",
-            '{"spec":{"expectedDigest":"%s"}}' % FORGED,
+            f'{{"spec":{{"expectedDigest":"{FORGED}"}}}}',
             check=False,
         )
         assert spec.returncode != 0
@@ -206,7 +205,7 @@ def test_it_holds_while_the_worker_is_down_and_clients_fall_back(writer, worker_
             "--type=merge",
             "--subresource=status",
             "-p",
-            '{"status":{"resolved":{"manifestDigest":"%s"}}}' % FORGED,
+            f'{{"status":{{"resolved":{{"manifestDigest":"{FORGED}"}}}}}}',
             check=False,
         )
         assert status.returncode != 0 and "only the gpustack-models worker" in status.stderr

@@ -8,9 +8,8 @@ import uuid
 import pytest
 import yaml
 
-from gpustack_models.resources.kinds import GROUP
-
-from .conftest import kube_update, wait_for
+from gpustack_models.kinds import GROUP
+from tests.support import kube_update, wait_for
 
 DIGEST = "sha256:" + "cd" * 32
 

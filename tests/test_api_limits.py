@@ -6,7 +6,7 @@ import uuid
 
 import pytest
 
-from gpustack_models.resources.kinds import GROUP
+from gpustack_models.kinds import GROUP
 
 
 @pytest.fixture
@@ -140,7 +140,7 @@ def test_it_serves_partial_object_metadata(v1, admin_http):
 
 def test_it_reads_its_own_writes(v1, admin_http):
     # Let the worker answer the artifact first (when it runs, its status write is a write too).
-    from .conftest import wait_for
+    from tests.support import wait_for
 
     def settled():
         first = admin_http.get(f"{v1}/lim").json()["metadata"]["resourceVersion"]

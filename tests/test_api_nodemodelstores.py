@@ -6,9 +6,8 @@ import uuid
 
 import pytest
 
-from gpustack_models.resources.kinds import GROUP
-
-from .conftest import wait_for
+from gpustack_models.kinds import GROUP
+from tests.support import wait_for
 
 DIGEST = "sha256:" + "ef" * 32
 STORAGE = f"/apis/{GROUP}/v1alpha1/nodemodelstores"

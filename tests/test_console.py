@@ -7,9 +7,9 @@ import uuid
 import pytest
 import requests
 
-from gpustack_models.localcluster import free_port
+from gpustack_models.local.cluster import free_port
+from tests.support import REPO, TEST_STATE, wait_for
 
-from .conftest import REPO, TEST_STATE, wait_for
 from .test_node_stores import entry, nodes, prefetch, put_entries, resolved, store  # noqa: F401
 
 CHROMIUM_FLAGS = [
@@ -85,7 +85,7 @@ def test_it_shows_artifacts_node_stores_and_prefetches(console, nodes, resolved,
     artifact, digest = resolved
     a, b, _ = nodes
     for name in (a, b):
-        wait_for(lambda: store(worker_kube, name), timeout=30, message=f"the store of {name}")
+        wait_for(lambda name=name: store(worker_kube, name), timeout=30, message=f"the store of {name}")
     prefetch(worker_kube, namespace, "warm-console", artifact, [a, b])
     put_entries(worker_kube, a, [entry(digest, "Downloading", 420)])
     put_entries(worker_kube, b, [entry(digest, "Ready", 1000)])

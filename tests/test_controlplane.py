@@ -6,9 +6,8 @@ import uuid
 import pytest
 from kubernetes import client as k8s
 
-from gpustack_models.localcluster import TENANT_GROUP, kube_version
-
-from .conftest import token_http, wait_for
+from gpustack_models.local.cluster import TENANT_GROUP, kube_version
+from tests.support import token_http, wait_for
 
 
 def test_it_reports_the_pinned_server_version(cluster, kubectl):

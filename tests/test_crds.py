@@ -5,11 +5,10 @@ import uuid
 
 import pytest
 
-from gpustack_models import manifests
-from gpustack_models.resources import crd as crd_module
-from gpustack_models.resources.kinds import GROUP, KINDS, STORAGE_VERSION
-
-from .conftest import read_modify_write
+from gpustack_models import install
+from gpustack_models.kinds import GROUP, KINDS, STORAGE_VERSION
+from gpustack_models.kinds import crd as crd_module
+from tests.support import read_modify_write
 
 DIGEST = "sha256:" + "ab" * 32
 
@@ -40,21 +39,21 @@ def assert_invalid(resp, field):
 
 
 def test_it_keeps_deploy_in_step_with_the_definitions():
-    assert manifests.stale_files() == [], "run `python manage.py writemanifests`"
+    assert install.stale_files() == [], "run `python manage.py writemanifests`"
 
 
 def test_it_notices_a_stale_crd_file(tmp_path, monkeypatch):
     monkeypatch.setattr(crd_module, "CRD_DIR", tmp_path / "crds")
-    monkeypatch.setattr(manifests, "DEPLOY_DIR", tmp_path)
-    for path, text in manifests.deploy_files().items():
+    monkeypatch.setattr(install, "DEPLOY_DIR", tmp_path)
+    for path, text in install.deploy_files().items():
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text)
-    assert manifests.stale_files() == []
+    assert install.stale_files() == []
     victim = next(iter(crd_module.crd_files()))
     victim.write_text(victim.read_text().replace("maxItems: 32", "maxItems: 33"))
-    assert manifests.stale_files() == [victim]
+    assert install.stale_files() == [victim]
     victim.unlink()
-    assert manifests.stale_files() == [victim]
+    assert install.stale_files() == [victim]
 
 
 def test_it_installs_storage_crds_without_short_names_or_categories(admin_http, cluster):

@@ -7,10 +7,9 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
+from gpustack_models.kinds import GROUP
 from gpustack_models.models import Artifact, InformerState, NodeStore
-from gpustack_models.resources.kinds import GROUP
-
-from .conftest import wait_for
+from tests.support import wait_for
 
 STORAGE = f"/apis/{GROUP}/v1alpha1"
 

@@ -5,9 +5,8 @@ import uuid
 
 import pytest
 
-from gpustack_models.resources.kinds import GROUP
-
-from .conftest import kube_update, wait_for
+from gpustack_models.kinds import GROUP
+from tests.support import kube_update, wait_for
 
 STORAGE = f"/apis/{GROUP}/v1alpha1"
 _ips = itertools.count(20)
@@ -71,7 +70,7 @@ def prefetch(worker_kube, namespace, name, artifact, node_names):
 
 def test_it_creates_a_store_owned_by_each_node_running_the_plugin(nodes, worker_kube, core):
     for name in nodes:
-        obj = wait_for(lambda: store(worker_kube, name), timeout=30, message=f"the store of {name}")
+        obj = wait_for(lambda name=name: store(worker_kube, name), timeout=30, message=f"the store of {name}")
         (owner,) = obj["metadata"]["ownerReferences"]
         node = core.read_node(name)
         assert owner == {"apiVersion": "v1", "kind": "Node", "name": name, "uid": node.metadata.uid}
@@ -99,10 +98,12 @@ def test_it_puts_a_prefetched_digest_on_exactly_the_named_nodes(nodes, resolved,
     artifact, digest = resolved
     a, b, c = nodes
     for name in nodes:
-        wait_for(lambda: store(worker_kube, name), timeout=30, message=f"the store of {name}")
+        wait_for(lambda name=name: store(worker_kube, name), timeout=30, message=f"the store of {name}")
     prefetch(worker_kube, namespace, "warm", artifact, [a, b])
     for name in (a, b):
-        wait_for(lambda: digests(store(worker_kube, name)) == [digest], timeout=30, message=f"{name} to want it")
+        wait_for(
+            lambda name=name: digests(store(worker_kube, name)) == [digest], timeout=30, message=f"{name} to want it"
+        )
     assert digests(store(worker_kube, c)) == []
 
     def status():
@@ -126,7 +127,7 @@ def test_it_puts_a_prefetched_digest_on_exactly_the_named_nodes(nodes, resolved,
 
     worker_kube.delete(f"{STORAGE}/namespaces/{namespace}/modelprefetches/warm")
     for name in (a, b):
-        wait_for(lambda: digests(store(worker_kube, name)) == [], timeout=30, message=f"{name} to drop it")
+        wait_for(lambda name=name: digests(store(worker_kube, name)) == [], timeout=30, message=f"{name} to drop it")
 
 
 def put_entries(worker_kube, node, entries):
@@ -148,7 +149,7 @@ def test_it_rolls_entries_up_into_status_nodes(nodes, resolved, worker_kube, nam
     a, b, c = nodes
     url = f"{STORAGE}/namespaces/{namespace}/modelartifacts/{artifact}"
     for name in nodes:
-        wait_for(lambda: store(worker_kube, name), timeout=30, message=f"the store of {name}")
+        wait_for(lambda name=name: store(worker_kube, name), timeout=30, message=f"the store of {name}")
 
     def rolled(expected):
         def check():

@@ -11,9 +11,8 @@ from pathlib import Path
 import pytest
 import requests
 
-from gpustack_models.resources.kinds import GROUP
-
-from .conftest import PLUGIN_PORT, kube_update, read_modify_write, token_http, wait_for
+from gpustack_models.kinds import GROUP
+from tests.support import PLUGIN_PORT, kube_update, read_modify_write, token_http, wait_for
 
 STORAGE = f"/apis/{GROUP}/v1alpha1"
 _addresses = (f"127.0.1.{i}" for i in itertools.count(10))
@@ -391,7 +390,7 @@ def test_it_reads_at_most_64_plugins_live_and_skips_a_silent_one(scenario, launc
         launcher.register_node(node, address)
     try:
         for node, _ in nodes:
-            wait_for(lambda: _store(worker_kube, node), timeout=60, message="the fake nodes' stores")
+            wait_for(lambda node=node: _store(worker_kube, node), timeout=60, message="the fake nodes' stores")
         with FakePlugins(launcher, [a for _, a in nodes], PLUGIN_PORT) as fakes:
 
             def stored(i):  # node i has stored (i + 1) % of the content; its plugin has 0.5 % more

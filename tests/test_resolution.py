@@ -7,10 +7,9 @@ import uuid
 import pytest
 from kubernetes import client as k8s
 
-from gpustack_models.resources.kinds import GROUP
+from gpustack_models.kinds import GROUP
 from gpustack_models.sources import ManifestFile, manifest_digest
-
-from .conftest import wait_for
+from tests.support import wait_for
 
 LFS_THRESHOLD = 1024
 

@@ -338,7 +338,7 @@ def test_it_sends_huggingface_requests_through_the_given_proxy_only(fakehub, hub
 
 
 def test_it_trusts_the_given_ca_bundle_only(hub_env, tmp_path):
-    from gpustack_models import pki
+    from gpustack_models.local import pki
 
     ca = pki.new_ca("fake hub CA")
     ca_file, _ = ca.write(tmp_path, "ca")

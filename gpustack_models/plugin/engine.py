@@ -398,7 +398,13 @@ class Engine:
                     changed = True
                 self._touch(item, now, persist=changed)
                 entry = self._entry(item)
-            elif digest in self._jobs or item.state == FAILED and item.retry_time is not None and now < item.retry_time and not force:
+            elif (
+                digest in self._jobs
+                or item.state == FAILED
+                and item.retry_time is not None
+                and now < item.retry_time
+                and not force
+            ):
                 if changed:
                     self._persist(item)
                 return self._entry(item)

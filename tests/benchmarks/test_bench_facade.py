@@ -5,7 +5,7 @@ import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 
-from gpustack_models.resources.kinds import GROUP
+from gpustack_models.kinds import GROUP
 
 TABLE = "application/json;as=Table;v=v1;g=meta.k8s.io,application/json"
 
@@ -63,7 +63,8 @@ def test_bench_facade_overhead(worker_api, cluster, admin_http, storage_http, co
         added = p50(get_v1) - p50(get_crd)
         ratio = p50(list_v1) / p50(list_crd)
         record(
-            f"facade: get p50 v1 {p50(get_v1):.1f} ms vs v1alpha1 {p50(get_crd):.1f} ms (+{added:.1f} ms, target <= 5); "
+            f"facade: get p50 v1 {p50(get_v1):.1f} ms vs v1alpha1 {p50(get_crd):.1f} ms "
+            f"(+{added:.1f} ms, target <= 5); "
             f"{count}-item Table list p50 v1 {p50(list_v1):.1f} ms vs v1alpha1 {p50(list_crd):.1f} ms "
             f"(ratio {ratio:.2f}, target <= 1.5)"
         )

@@ -8,10 +8,9 @@ from datetime import timedelta
 
 from kubernetes import client as k8s
 
+from gpustack_models.kinds import GROUP
 from gpustack_models.models import Artifact
-from gpustack_models.resources.kinds import GROUP
-
-from ..conftest import wait_for
+from tests.support import wait_for
 
 
 def test_bench_mirror_lag(worker_stack, worker_kube, core, namespace, bench_scale, record):

@@ -6,9 +6,9 @@ import sys
 import time
 import uuid
 
-from gpustack_models.resources.kinds import GROUP
+from gpustack_models.kinds import GROUP
+from tests.support import PLUGIN_PORT, REPO
 
-from ..conftest import PLUGIN_PORT, REPO
 from ..fakeplugins import FakePlugins
 
 
@@ -46,7 +46,7 @@ def test_bench_progress(
     env = worker_stack.env()
     results = []
     with FakePlugins(launcher, addresses, PLUGIN_PORT, delay=0.005) as fakes:
-        for i, address in enumerate(addresses):
+        for address in addresses:
             fakes.plugins[address].downloads = [
                 {"digest": digest, "downloadedBytes": 5 * 1024**3, "sizeBytes": 10 * 1024**3, "source": "Hub"}
             ]

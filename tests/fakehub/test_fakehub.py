@@ -413,7 +413,7 @@ def test_it_logs_every_request(fakehub):
 
 
 def test_it_serves_https_with_a_given_certificate(hub_env, tmp_path):
-    from gpustack_models import pki
+    from gpustack_models.local import pki
 
     ca = pki.new_ca("fakehub test CA")
     ca_crt, _ = ca.write(tmp_path, "ca")

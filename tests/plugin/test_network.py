@@ -8,7 +8,7 @@ import threading
 
 import pytest
 
-from gpustack_models import pki
+from gpustack_models.local import pki
 from gpustack_models.plugin import FAILED, READY, FetchTicket
 from tests.fakehub import FakeHub
 

@@ -5,7 +5,7 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
 from gpustack_models import kube
-from gpustack_models.authn import AUTH_CONFIGMAP, RequestHeaderConfig
+from gpustack_models.api.authentication import AUTH_CONFIGMAP, RequestHeaderConfig
 
 
 class Command(BaseCommand):
@@ -30,7 +30,7 @@ class Command(BaseCommand):
         # chains to the requestheader CA, checked per request).
         try:
             config = RequestHeaderConfig.from_configmap(kube.worker().get(AUTH_CONFIGMAP))
-        except kube.KubeError as exc:
+        except kube.StatusError as exc:
             raise CommandError(f"reading kube-system/extension-apiserver-authentication: {exc}") from None
         ca_dir = settings.DATA_DIR / "apiserver"
         ca_dir.mkdir(parents=True, exist_ok=True)
@@ -43,7 +43,7 @@ class Command(BaseCommand):
             "gunicorn",
             "config.asgi:application",
             "--worker-class",
-            "gpustack_models.server.TLSASGIWorker",
+            "gpustack_models.api.tls_worker.TLSASGIWorker",
             "--workers",
             str(workers),
             "--worker-connections",

@@ -3,7 +3,7 @@ import signal
 from django.conf import settings
 from django.core.management.base import BaseCommand
 
-from gpustack_models.informers import informers, run_all
+from gpustack_models.worker.informers import informers, run_all
 
 
 class Command(BaseCommand):

@@ -4,8 +4,8 @@ import signal
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
-from gpustack_models.manifests import sa_user
-from gpustack_models.nodeplugin import Plugin, PluginSettings
+from gpustack_models.kube.identity import worker_user
+from gpustack_models.plugin.agent import Plugin, PluginSettings
 
 
 class Command(BaseCommand):
@@ -27,7 +27,7 @@ class Command(BaseCommand):
                 key_file=settings.PLUGIN_TLS_KEY_FILE,
                 worker_url=settings.WORKER_URL,
                 worker_ca_file=settings.WORKER_CA_FILE,
-                worker_username=sa_user(settings.WORKER_SERVICE_ACCOUNT),
+                worker_username=worker_user(),
                 grace_seconds=settings.PLUGIN_GRACE_SECONDS,
                 progress_interval=settings.PLUGIN_PROGRESS_INTERVAL,
                 capacity_bytes=settings.PLUGIN_CAPACITY_BYTES or None,

@@ -1,6 +1,6 @@
 from django.core.management.base import BaseCommand, CommandError
 
-from gpustack_models.manifests import deploy_files, stale_files
+from gpustack_models.install import deploy_files, stale_files
 
 
 class Command(BaseCommand):

@@ -1,0 +1,82 @@
+"""Request bodies of the v1 API as DRF parsers: JSON and YAML objects, and the three patch types.
+
+DRF picks the parser by ``Content-Type`` (``negotiation.KubeContentNegotiation.select_parser``); a type
+no parser of the view takes (a strategic merge patch, say) is DRF's own 415, which the exception handler
+turns into a ``Status`` listing the types the view takes. A body that does not decode is a 400 ``Status``.
+Every parser reads at most ``DATA_UPLOAD_MAX_MEMORY_SIZE`` bytes (kube-apiserver's own limit).
+"""
+
+from __future__ import annotations
+
+import orjson
+import yaml
+from django.conf import settings
+from rest_framework.parsers import BaseParser
+
+from gpustack_models.kube.errors import BadRequest, RequestEntityTooLarge
+
+_YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
+class KubeBodyParser(BaseParser):
+    """Reads the body within the size limit and decodes it; subclasses say how and what shape."""
+
+    shape: type | None = dict  # the JSON type the body must decode to (None: anything)
+    shape_message = "the body of the request must be a JSON object"
+
+    def parse(self, stream, media_type=None, parser_context=None):
+        limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
+        raw = stream.read(limit + 1) if stream is not None else b""
+        if limit is not None and len(raw) > limit:
+            raise RequestEntityTooLarge(f"the request body is larger than {limit} bytes")
+        try:
+            value = self.decode(raw)
+        except (ValueError, yaml.YAMLError) as exc:
+            raise BadRequest(f"the body of the request could not be decoded: {exc}") from None
+        if self.shape is not None and not isinstance(value, self.shape):
+            raise BadRequest(self.shape_message)
+        return value
+
+    def decode(self, raw: bytes):
+        return orjson.loads(raw or b"null")
+
+
+class JSONParser(KubeBodyParser):
+    media_type = "application/json"
+
+
+class YAMLParser(KubeBodyParser):
+    media_type = "application/yaml"
+
+    def decode(self, raw: bytes):
+        return yaml.load(raw, Loader=_YAML_LOADER)
+
+
+class JSONPatchParser(KubeBodyParser):
+    """RFC 6902 JSON patch: a list of operations."""
+
+    media_type = "application/json-patch+json"
+    patch_type = "json"
+    shape = list
+    shape_message = "a JSON patch must be a JSON array of operations"
+
+
+class MergePatchParser(KubeBodyParser):
+    """RFC 7386 JSON merge patch."""
+
+    media_type = "application/merge-patch+json"
+    patch_type = "merge"
+    shape_message = "a merge patch must be a JSON object"
+
+
+class ApplyPatchParser(YAMLParser):
+    """Server-side apply: a YAML (or JSON) object."""
+
+    media_type = "application/apply-patch+yaml"
+    patch_type = "apply"
+    shape_message = "an apply patch must be an object"
+
+
+OBJECT_PARSERS = (JSONParser, YAMLParser)
+PATCH_PARSERS = (JSONPatchParser, MergePatchParser, ApplyPatchParser)
+PATCH_TYPES = {parser.media_type: parser.patch_type for parser in PATCH_PARSERS}

@@ -1,0 +1,193 @@
+"""The ``progress`` subresource of a ModelArtifact: how far its content is across the cluster, now.
+
+Computed per request and never written: the artifact (read from kube-apiserver), the mirror's entries for
+its digest (every node, every namespace: counts of content cross namespaces, nothing else does), then the
+live bytes of at most ``PROGRESS_LIVE_MAX`` downloading nodes, read from their plugins in parallel
+(``GET /model/downloads`` with the worker's token, each within ``PROGRESS_LIVE_TIMEOUT``). A node past the
+cap, or silent in time, contributes the bytes its store last reported and is not counted in ``live``.
+The answer names no node.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ssl
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+
+from asgiref.sync import async_to_sync
+from django.conf import settings
+from rest_framework.response import Response
+
+from gpustack_models import kube
+from gpustack_models.kinds import GROUP, MODEL_ARTIFACT, PUBLIC_VERSION
+from gpustack_models.kube.errors import MethodNotAllowed
+from gpustack_models.models import EntryState, PluginPod, StoreEntry
+
+from .authorization import ResourceAttributes
+from .resources import Target, parse_query, truthy
+from .views import KubeAPIView
+
+_sessions: dict = {}
+
+
+def _zeros(name: str, namespace: str, reason: str, digest: str = "", size: int = 0) -> dict:
+    return {
+        "kind": "ModelArtifactProgress",
+        "apiVersion": f"{GROUP}/{PUBLIC_VERSION}",
+        "metadata": {"name": name, "namespace": namespace},
+        "timestamp": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "manifestDigest": digest,
+        "sizeBytes": size,
+        "ready": 0,
+        "downloading": 0,
+        "failed": 0,
+        "downloadingBytes": 0,
+        "live": 0,
+        "failureReasons": [],
+        **({"reason": reason} if reason else {}),
+    }
+
+
+def _plugin_session():
+    import aiohttp
+
+    loop = asyncio.get_running_loop()
+    session = _sessions.get(loop)
+    if session is None or session.closed:
+        context = ssl.create_default_context(cafile=settings.PLUGIN_CA_FILE) if settings.PLUGIN_CA_FILE else False
+        session = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(ssl=context, limit=0, keepalive_timeout=60), trust_env=False
+        )
+        _sessions[loop] = session
+    return session
+
+
+async def read_live(endpoints: dict[str, str], digest: str, timeout: float) -> dict[str, int]:
+    """node -> downloadedBytes of ``digest`` from each plugin that answered within ``timeout``."""
+    import aiohttp
+
+    session = _plugin_session()
+    headers = kube.worker().auth_headers()
+    per_request = aiohttp.ClientTimeout(total=timeout)
+
+    async def one(node: str, ip: str):
+        host = f"[{ip}]" if ":" in ip else ip
+        try:
+            async with session.get(
+                f"https://{host}:{settings.PLUGIN_PORT}/model/downloads", headers=headers, timeout=per_request
+            ) as resp:
+                if resp.status != 200:
+                    return node, None
+                body = await resp.json(content_type=None)
+        except (TimeoutError, aiohttp.ClientError, ValueError, OSError):
+            return node, None
+        for item in body.get("downloads") or []:
+            if item.get("digest") == digest:
+                return node, int(item.get("downloadedBytes") or 0)
+        return node, None
+
+    results = await asyncio.gather(*(one(node, ip) for node, ip in endpoints.items()))
+    return {node: value for node, value in results if value is not None}
+
+
+@dataclass
+class Tally:
+    """What the mirror says of one digest: counts, failure reasons, and each downloading node's
+    (size, stored bytes)."""
+
+    ready: int = 0
+    failed: int = 0
+    reasons: Counter = field(default_factory=Counter)
+    downloading: dict[str, tuple[int, int]] = field(default_factory=dict)
+
+
+def tally(digest: str, default_size: int) -> Tally:
+    out = Tally()
+    rows = StoreEntry.objects.filter(digest=digest, store__deleted=False).values_list(
+        "node", "state", "size_bytes", "downloaded_bytes", "reason"
+    )
+    for node, state, size, done, reason in rows:
+        if state == EntryState.READY:
+            out.ready += 1
+        elif state == EntryState.DOWNLOADING:
+            out.downloading[node] = (size or default_size, done)
+        elif state == EntryState.FAILED:
+            out.failed += 1
+            out.reasons[reason or "Unknown"] += 1
+    return out
+
+
+def live_bytes(digest: str, downloading: dict, started: float) -> dict[str, int]:
+    """node -> live downloaded bytes, for at most ``PROGRESS_LIVE_MAX`` downloading nodes that answer in time."""
+    chosen = sorted(downloading)[: settings.PROGRESS_LIVE_MAX]
+    endpoints = dict(
+        PluginPod.objects.live().filter(node__in=chosen, ready=True).exclude(pod_ip="").values_list("node", "pod_ip")
+    )
+    remaining = settings.PROGRESS_DEADLINE - (time.monotonic() - started)
+    budget = min(settings.PROGRESS_LIVE_TIMEOUT, remaining - 0.5)
+    if not endpoints or budget <= 0:
+        return {}
+    return async_to_sync(read_live)(endpoints, digest, budget)
+
+
+def compute(name: str, namespace: str, artifact: dict) -> dict:
+    """The progress answer for ``artifact`` (a storage object)."""
+    started = time.monotonic()
+    spec, status = artifact.get("spec") or {}, artifact.get("status") or {}
+    if "persistentVolumeClaim" in (spec.get("source") or {}):
+        return _zeros(name, namespace, "ClaimSource")
+    resolved = status.get("resolved") or {}
+    digest = resolved.get("manifestDigest")
+    if not digest:
+        return _zeros(name, namespace, "NotResolved")
+    out = _zeros(name, namespace, "", digest, resolved.get("sizeBytes") or 0)
+    counts = tally(digest, out["sizeBytes"])
+    live = live_bytes(digest, counts.downloading, started) if counts.downloading else {}
+    out.update(ready=counts.ready, failed=counts.failed, downloading=len(counts.downloading), live=len(live))
+    out["failureReasons"] = [{"reason": r, "count": c} for r, c in sorted(counts.reasons.items())]
+    total_bytes, percents = 0, []
+    for node, (size, stored) in counts.downloading.items():
+        done = live.get(node, stored)
+        total_bytes += done
+        percents.append(min(100, int(done * 100 / size)) if size else 0)
+    out["downloadingBytes"] = total_bytes
+    if percents:
+        out["downloadingPercent"] = int(sum(percents) / len(percents))
+    return out
+
+
+class ProgressView(KubeAPIView):
+    """``GET .../namespaces/<ns>/modelartifacts/<name>/progress``: needs ``get`` on ``modelartifacts/progress``."""
+
+    def initial(self, request, *args, **kwargs):
+        self.target = Target(MODEL_ARTIFACT, kwargs["namespace"], kwargs["name"])
+        super().initial(request, *args, **kwargs)
+
+    def authorization_attributes(self, request):
+        watching = truthy(parse_query(request).get("watch"))
+        verb = "watch" if watching and request.method in ("GET", "HEAD") else _VERBS.get(request.method, "get")
+        return ResourceAttributes(
+            verb=verb,
+            group=GROUP,
+            version=PUBLIC_VERSION,
+            resource=MODEL_ARTIFACT.plural,
+            namespace=self.target.namespace,
+            name=self.target.name,
+            subresource="progress",
+        )
+
+    def get(self, request, **kwargs):
+        if truthy(parse_query(request).get("watch")):
+            raise MethodNotAllowed("watch is not supported on modelartifacts/progress")
+        artifact = kube.worker().request("GET", self.target.storage_path()).raise_for_status().json()
+        return Response(compute(self.target.name, self.target.namespace, artifact))
+
+    def http_method_not_allowed(self, request, *args, **kwargs):
+        verb = _VERBS.get(request.method, request.method.lower())
+        raise MethodNotAllowed(f"{verb} is not supported on modelartifacts/progress")
+
+
+_VERBS = {"GET": "get", "HEAD": "get", "POST": "create", "PUT": "update", "PATCH": "patch", "DELETE": "delete"}

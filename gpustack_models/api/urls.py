@@ -1,0 +1,28 @@
+"""The routes of the aggregated API process (``manage.py runapiserver``)."""
+
+from django.urls import path, re_path
+
+from . import discovery, fetch_tickets, health, openapi, progress, resources
+from .tls_worker import threaded
+
+GROUP = r"apis/worker\.gpustack\.ai"
+NAMESPACE = r"namespaces/(?P<namespace>[^/]+)/"
+RESOURCE = rf"^{GROUP}/v1/(?:{NAMESPACE})?(?P<plural>[^/]+)"
+
+urlpatterns = [
+    path("healthz", health.health),
+    path("livez", health.health),
+    path("readyz", health.health),
+    path("apis", threaded(discovery.APIsView.as_view())),
+    re_path(rf"^{GROUP}/?$", threaded(discovery.GroupView.as_view())),
+    re_path(rf"^{GROUP}/v1/?$", threaded(discovery.VersionView.as_view())),
+    re_path(
+        rf"^{GROUP}/v1/{NAMESPACE}modelartifacts/(?P<name>[^/]+)/progress/?$",
+        threaded(progress.ProgressView.as_view()),
+    ),
+    re_path(rf"{RESOURCE}(?:/(?P<name>[^/]+))?/?$", threaded(resources.ResourceView.as_view())),
+    re_path(rf"{RESOURCE}/(?P<name>[^/]+)/(?P<subresource>[^/]+)/?$", threaded(resources.SubresourceView.as_view())),
+    path("openapi/v2", threaded(openapi.OpenAPIV2View.as_view())),
+    re_path(r"^openapi/v3(?P<rest>/.*)?$", threaded(openapi.OpenAPIV3View.as_view())),
+    path("internal/v1/tickets", threaded(fetch_tickets.TicketView.as_view())),
+]

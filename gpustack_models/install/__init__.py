@@ -1,0 +1,54 @@
+"""Everything installed into a cluster besides the CRDs (``kinds.crd``), from the same definitions:
+the namespace and ServiceAccounts, RBAC (``rbac``), the admission policies guarding the storage version
+(``policies``), and the aggregation (``aggregation``).
+
+``python manage.py writemanifests`` writes the static ones to ``deploy/``; the local launcher and the
+test fixtures apply them, plus the APIService for the local worker with its serving CA.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+
+from gpustack_models.kinds.crd import HEADER, crd_files
+
+from .aggregation import api_service, serving_names
+from .policies import policy_objects
+from .rbac import namespace_objects, rbac_objects
+
+DEPLOY_DIR = Path(__file__).resolve().parents[2] / "deploy"
+
+
+def render(objects: list[dict]) -> str:
+    return HEADER + yaml.safe_dump_all(objects, sort_keys=False, width=100)
+
+
+def manifest_files() -> dict[Path, str]:
+    return {
+        DEPLOY_DIR / "worker" / "namespace.yaml": render(namespace_objects()),
+        DEPLOY_DIR / "worker" / "rbac.yaml": render(rbac_objects()),
+        DEPLOY_DIR / "worker" / "admission-policies.yaml": render(policy_objects()),
+    }
+
+
+def deploy_files() -> dict[Path, str]:
+    """Everything under deploy/ that is generated: the CRDs and the files above."""
+    return {**crd_files(), **manifest_files()}
+
+
+def stale_files() -> list[Path]:
+    return [path for path, text in deploy_files().items() if not path.exists() or path.read_text() != text]
+
+
+__all__ = [
+    "api_service",
+    "deploy_files",
+    "manifest_files",
+    "namespace_objects",
+    "policy_objects",
+    "rbac_objects",
+    "serving_names",
+    "stale_files",
+]

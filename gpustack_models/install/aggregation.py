@@ -1,0 +1,50 @@
+"""Aggregation: the Service and APIService that route ``worker.gpustack.ai/v1`` to the worker's API."""
+
+from __future__ import annotations
+
+import base64
+
+from django.conf import settings
+
+from gpustack_models.kinds import GROUP, PUBLIC_VERSION
+
+from .common import meta
+
+
+def api_service(ca_bundle: bytes, port: int) -> list[dict]:
+    """The Service and APIService that route ``worker.gpustack.ai/v1`` to the worker.
+
+    For a worker outside the cluster (local runs, tests) the Service is an ExternalName ``localhost``:
+    EndpointSlices refuse loopback addresses, and kube-apiserver dials ``<externalName>:<port>``.
+    """
+    name, ns = settings.API_SERVICE_NAME, settings.NAMESPACE
+    return [
+        {
+            "apiVersion": "v1",
+            "kind": "Service",
+            "metadata": meta(name, ns),
+            "spec": {
+                "type": "ExternalName",
+                "externalName": "localhost",
+                "ports": [{"name": "https", "port": port, "protocol": "TCP"}],
+            },
+        },
+        {
+            "apiVersion": "apiregistration.k8s.io/v1",
+            "kind": "APIService",
+            "metadata": meta(f"{PUBLIC_VERSION}.{GROUP}"),
+            "spec": {
+                "group": GROUP,
+                "version": PUBLIC_VERSION,
+                "groupPriorityMinimum": 1000,
+                "versionPriority": 200,
+                "service": {"namespace": ns, "name": name, "port": port},
+                "caBundle": base64.b64encode(ca_bundle).decode(),
+            },
+        },
+    ]
+
+
+def serving_names() -> list[str]:
+    name, ns = settings.API_SERVICE_NAME, settings.NAMESPACE
+    return [f"{name}.{ns}.svc", f"{name}.{ns}.svc.cluster.local", f"{name}.{ns}", "localhost"]

@@ -1,0 +1,80 @@
+"""The service's namespace, ServiceAccounts and RBAC.
+
+The worker: full access to the storage CRDs and their status, read on Nodes and its namespace's Pods,
+``get`` on Secrets and claims (read by name when resolving), delegated authentication and authorization.
+The plugin: read its NodeModelStore, write its status (its own node only: an admission policy), and
+create TokenReviews. Tenants get nothing.
+"""
+
+from __future__ import annotations
+
+from django.conf import settings
+
+from gpustack_models.kinds import GROUP, KINDS
+
+from .common import RBAC, meta, service_account_subject
+
+
+def namespace_objects() -> list[dict]:
+    ns = settings.NAMESPACE
+    return [
+        {"apiVersion": "v1", "kind": "Namespace", "metadata": meta(ns)},
+        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": meta(settings.WORKER_SERVICE_ACCOUNT, ns)},
+        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": meta(settings.PLUGIN_SERVICE_ACCOUNT, ns)},
+    ]
+
+
+def role(kind: str, name: str, rules: list[dict], namespace: str | None = None) -> dict:
+    return {"apiVersion": f"{RBAC}/v1", "kind": kind, "metadata": meta(name, namespace), "rules": rules}
+
+
+def binding(kind: str, name: str, role_kind: str, role_name: str, subjects: list[dict], namespace=None) -> dict:
+    return {
+        "apiVersion": f"{RBAC}/v1",
+        "kind": kind,
+        "metadata": meta(name, namespace),
+        "roleRef": {"apiGroup": RBAC, "kind": role_kind, "name": role_name},
+        "subjects": subjects,
+    }
+
+
+def worker_objects() -> list[dict]:
+    plurals = [k.plural for k in KINDS]
+    subject = service_account_subject(settings.WORKER_SERVICE_ACCOUNT)
+    name, ns = "gpustack-models-worker", settings.NAMESPACE
+    rules = [
+        {"apiGroups": [GROUP], "resources": plurals + [f"{p}/status" for p in plurals], "verbs": ["*"]},
+        {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "watch"]},
+        {"apiGroups": [""], "resources": ["secrets", "persistentvolumeclaims"], "verbs": ["get"]},
+    ]
+    pods = [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]}]
+    return [
+        role("ClusterRole", name, rules),
+        binding("ClusterRoleBinding", name, "ClusterRole", name, subject),
+        binding("ClusterRoleBinding", f"{name}:auth-delegator", "ClusterRole", "system:auth-delegator", subject),
+        binding(
+            "RoleBinding",
+            f"{name}:authentication-reader",
+            "Role",
+            "extension-apiserver-authentication-reader",
+            subject,
+            "kube-system",
+        ),
+        role("Role", name, pods, ns),
+        binding("RoleBinding", name, "Role", name, subject, ns),
+    ]
+
+
+def plugin_objects() -> list[dict]:
+    subject = service_account_subject(settings.PLUGIN_SERVICE_ACCOUNT)
+    name = "gpustack-models-plugin"
+    rules = [
+        {"apiGroups": [GROUP], "resources": ["nodemodelstores"], "verbs": ["get", "list", "watch"]},
+        {"apiGroups": [GROUP], "resources": ["nodemodelstores/status"], "verbs": ["get", "patch", "update"]},
+        {"apiGroups": ["authentication.k8s.io"], "resources": ["tokenreviews"], "verbs": ["create"]},
+    ]
+    return [role("ClusterRole", name, rules), binding("ClusterRoleBinding", name, "ClusterRole", name, subject)]
+
+
+def rbac_objects() -> list[dict]:
+    return worker_objects() + plugin_objects()

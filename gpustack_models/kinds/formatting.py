@@ -1,0 +1,71 @@
+"""How values print in tables: sizes like ``135.4Gi`` and ages exactly as kubectl prints them."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+_UNITS = ("Ki", "Mi", "Gi", "Ti", "Pi", "Ei")
+
+
+def human_bytes(value) -> str:
+    """Binary-suffixed size with one decimal (``953.3Mi``); bytes below 1 KiB print bare."""
+    if value is None or value == "":
+        return ""
+    size = float(value)
+    if size < 1024:
+        return str(int(size))
+    unit = ""
+    for unit in _UNITS:
+        size /= 1024.0
+        if size < 1024 or unit == _UNITS[-1]:
+            break
+    return f"{size:.1f}{unit}"
+
+
+def _pair(major: int, major_unit: str, minor: int, minor_unit: str) -> str:
+    return f"{major}{major_unit}" if minor == 0 else f"{major}{major_unit}{minor}{minor_unit}"
+
+
+def human_duration(seconds: float) -> str:
+    """A port of k8s.io/apimachinery/pkg/util/duration.HumanDuration, which kubectl's AGE uses."""
+    s = int(seconds)
+    if s < -1:
+        return "<invalid>"
+    if s < 0:
+        return "0s"
+    if s < 60 * 2:
+        return f"{s}s"
+    minutes, hours, days = s // 60, s // 3600, s // 86400
+    if hours < 48:
+        return _minutes_and_hours(s, minutes, hours)
+    if hours < 24 * 8:
+        return _pair(days, "d", hours % 24, "h")
+    if hours < 24 * 365 * 2:
+        return f"{days}d"
+    if hours < 24 * 365 * 8:
+        return _pair(days // 365, "y", days % 365, "d")
+    return f"{days // 365}y"
+
+
+def _minutes_and_hours(s: int, minutes: int, hours: int) -> str:
+    if minutes < 10:
+        return _pair(minutes, "m", s % 60, "s")
+    if minutes < 60 * 3:
+        return f"{minutes}m"
+    if hours < 8:
+        return _pair(hours, "h", minutes % 60, "m")
+    return f"{hours}h"
+
+
+def parse_time(value: str | None) -> datetime | None:
+    if not value:
+        return None
+    return datetime.fromisoformat(value.replace("Z", "+00:00"))
+
+
+def age(timestamp: str | None, now: datetime | None = None) -> str:
+    created = parse_time(timestamp)
+    if created is None:
+        return "<unknown>"
+    now = now or datetime.now(UTC)
+    return human_duration((now - created).total_seconds())

@@ -1,0 +1,216 @@
+"""ModelArtifact: a model's files at a source, resolved once to a content digest."""
+
+from __future__ import annotations
+
+from .base import (
+    Column,
+    Field,
+    ResourceKind,
+    age_column,
+    artifact_resolved,
+    artifact_revision,
+    artifact_source,
+    count_of,
+)
+from .formatting import human_bytes
+from .schema import Rule, Schema, array, conditions, digest, integer, obj, object_name, string
+
+SECRET_REF = obj(
+    "A Secret in the artifact's namespace whose key `token` is sent to the hub. The creator must be "
+    "allowed to read it.",
+    required=("name",),
+    name=object_name("Name of the Secret."),
+)
+
+REPOSITORY_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9._-]+)?$"
+
+PATTERNS_LIMIT = 32
+PATTERN_LENGTH = 256
+
+
+def _patterns(description: str) -> Schema:
+    return array(
+        string(min_length=1, max_length=PATTERN_LENGTH),
+        description,
+        max_items=PATTERNS_LIMIT,
+        list_type="atomic",
+    )
+
+
+def _hub_source(hub: str, example: str, default_revision: str) -> Schema:
+    return obj(
+        f"A {hub} model repository at a revision.",
+        required=("repository",),
+        repository=string(
+            f"The repository id, e.g. `{example}`.",
+            pattern=REPOSITORY_PATTERN,
+            min_length=1,
+            max_length=256,
+        ),
+        revision=string(
+            f"A branch, tag or full commit. Defaults to `{default_revision}`; resolved once to a commit.",
+            default=default_revision,
+            min_length=1,
+            max_length=256,
+        ),
+        secretRef=SECRET_REF,
+    )
+
+
+_MODEL_ARTIFACT_SPEC = obj(
+    "What the artifact is: a source and, for hub sources, which of its files. Immutable after creation.",
+    required=("source",),
+    rules=(
+        Rule("self == oldSelf", "spec is immutable after creation"),
+        Rule(
+            "!has(self.source.persistentVolumeClaim) || !has(self.allowPatterns)",
+            "allowPatterns apply to hub sources only",
+            field_path=".allowPatterns",
+            reason="FieldValueForbidden",
+        ),
+        Rule(
+            "!has(self.source.persistentVolumeClaim) || !has(self.ignorePatterns)",
+            "ignorePatterns apply to hub sources only",
+            field_path=".ignorePatterns",
+            reason="FieldValueForbidden",
+        ),
+        Rule(
+            "!has(self.source.persistentVolumeClaim) || !has(self.expectedDigest)",
+            "expectedDigest applies to hub sources only",
+            field_path=".expectedDigest",
+            reason="FieldValueForbidden",
+        ),
+    ),
+    source=obj(
+        "Where the files come from: exactly one of huggingFace, modelScope, persistentVolumeClaim.",
+        rules=(
+            Rule(
+                "[has(self.huggingFace), has(self.modelScope), has(self.persistentVolumeClaim)]"
+                ".filter(x, x).size() == 1",
+                "exactly one of huggingFace, modelScope or persistentVolumeClaim must be set",
+            ),
+        ),
+        huggingFace=_hub_source("Hugging Face", "Qwen/Qwen2.5-7B-Instruct", "main"),
+        modelScope=_hub_source("ModelScope", "qwen/Qwen2.5-7B-Instruct", "master"),
+        persistentVolumeClaim=obj(
+            "A PersistentVolumeClaim in the artifact's namespace holding the files; mounted, never downloaded.",
+            required=("claimName",),
+            claimName=object_name("Name of the claim."),
+            path=string(
+                "A relative directory inside the claim; the claim's root when empty.",
+                pattern=r"^[^/](.*[^/])?$",
+                max_length=1024,
+                rules=(
+                    Rule(
+                        "!self.split('/').exists(s, s == '' || s == '.' || s == '..')",
+                        "path must be relative, without empty, '.' or '..' segments",
+                    ),
+                ),
+            ),
+        ),
+    ),
+    allowPatterns=_patterns(
+        "Files to keep, as fnmatch patterns on the repository path; `dir/` keeps everything under dir. "
+        f"Hub sources only; at most {PATTERNS_LIMIT} patterns of 1 to {PATTERN_LENGTH} characters."
+    ),
+    ignorePatterns=_patterns("Files to drop, same syntax as allowPatterns; wins over allowPatterns. Hub sources only."),
+    expectedDigest=digest(
+        "The manifest digest resolution must produce (`sha256:` and 64 lowercase hex digits); "
+        "resolution fails with DigestMismatch otherwise. Hub sources only."
+    ),
+)
+
+_MODEL_ARTIFACT_STATUS = obj(
+    "What the service observed: the resolved content and how many nodes hold it.",
+    observedGeneration=integer("The generation last processed.", int64=True, minimum=0),
+    resolved=obj(
+        "The immutable content the artifact resolved to.",
+        revision=string("The commit the revision resolved to (40 hex characters on hubs).", max_length=256),
+        manifestDigest=digest("sha256 of the canonical manifest: the content identity shared across namespaces."),
+        fileCount=integer("Number of selected files.", int64=True, minimum=0),
+        sizeBytes=integer("Total size of the selected files in bytes.", int64=True, minimum=0),
+    ),
+    nodes=obj(
+        "Nodes holding the content, rolled up on thresholds; the progress subresource is exact.",
+        ready=integer("Nodes holding the content published.", minimum=0),
+        downloading=integer("Nodes downloading it.", minimum=0),
+        failed=integer("Nodes waiting to retry a failed attempt.", minimum=0),
+        downloadingPercent=integer(
+            "Mean percent of the downloading nodes; absent while none downloads.", minimum=0, maximum=100
+        ),
+    ),
+    conditions=conditions(),
+)
+
+MODEL_ARTIFACT = ResourceKind(
+    kind="ModelArtifact",
+    plural="modelartifacts",
+    singular="modelartifact",
+    namespaced=True,
+    description="A model's files from a Hugging Face or ModelScope repository at a revision, or a volume "
+    "claim, resolved once to an immutable content digest and cached on GPU nodes.",
+    spec=_MODEL_ARTIFACT_SPEC,
+    status=_MODEL_ARTIFACT_STATUS,
+    columns=(
+        Column(
+            "Source",
+            "string",
+            "Where the files come from.",
+            fields=(
+                Field("HF Repository", ".spec.source.huggingFace.repository"),
+                Field("MS Repository", ".spec.source.modelScope.repository"),
+                Field("Claim", ".spec.source.persistentVolumeClaim.claimName"),
+                Field("Claim Path", ".spec.source.persistentVolumeClaim.path"),
+            ),
+            render=artifact_source,
+        ),
+        Column(
+            "Revision",
+            "string",
+            "The resolved commit (first 12 characters), or the requested revision until resolved.",
+            fields=(
+                Field("Revision", ".status.resolved.revision", description="The resolved commit.", priority=0),
+                Field("HF Revision", ".spec.source.huggingFace.revision"),
+                Field("MS Revision", ".spec.source.modelScope.revision"),
+            ),
+            render=artifact_revision,
+        ),
+        Column(
+            "Size",
+            "string",
+            "Total size of the selected files.",
+            fields=(Field("Size", ".status.resolved.sizeBytes", "integer", "Bytes of the selected files.", 0),),
+            render=lambda v: human_bytes(v.get("Size")),
+        ),
+        Column(
+            "Ready",
+            "integer",
+            "Nodes holding the content.",
+            fields=(Field("Ready", ".status.nodes.ready", "integer", "Nodes holding the content.", 0),),
+            render=count_of("Ready"),
+        ),
+        Column(
+            "Downloading",
+            "integer",
+            "Nodes downloading the content.",
+            fields=(Field("Downloading", ".status.nodes.downloading", "integer", "Nodes downloading it.", 0),),
+            render=count_of("Downloading"),
+        ),
+        Column(
+            "Resolved",
+            "string",
+            "True once resolved, else the reason.",
+            fields=(
+                Field(
+                    "Resolved", '.status.conditions[?(@.type=="Resolved")].status', description="Resolved.", priority=0
+                ),
+                Field("Resolved Reason", '.status.conditions[?(@.type=="Resolved")].reason'),
+            ),
+            render=artifact_resolved,
+        ),
+        age_column(),
+    ),
+    verbs=("create", "delete", "get", "list", "patch", "update", "watch"),
+    short_names=("mart",),
+    subresources=(("progress", "ModelArtifactProgress", ("get",)),),
+)

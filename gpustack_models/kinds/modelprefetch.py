@@ -1,0 +1,106 @@
+"""ModelPrefetch: warms an artifact's content on named or selected nodes ahead of use."""
+
+from __future__ import annotations
+
+from .base import Column, Field, ResourceKind, age_column, count_of
+from .schema import Rule, array, boolean, conditions, integer, label_selector, obj, object_name, string
+
+_MODEL_PREFETCH_SPEC = obj(
+    "Which artifact to warm on which nodes.",
+    required=("artifactRef",),
+    rules=(
+        Rule(
+            "has(self.nodeNames) != has(self.nodeSelector)",
+            "exactly one of nodeNames or nodeSelector must be set",
+        ),
+    ),
+    artifactRef=obj(
+        "A ModelArtifact in the prefetch's namespace.",
+        required=("name",),
+        name=object_name("Name of the ModelArtifact."),
+    ),
+    nodeNames=array(
+        object_name("A node name."),
+        "Nodes to warm, by name.",
+        max_items=1024,
+        list_type="set",
+    ),
+    nodeSelector=label_selector("Nodes to warm, by label."),
+    minReady=integer("Nodes that must be ready for Available; 0 means all.", default=0, minimum=0),
+    retention=obj(
+        "How long the nodes keep the content.",
+        pinned=boolean("Keep it regardless of disk pressure while the prefetch exists.", default=False),
+        ttlAfterLastUse=string(
+            "Keep it this long after last use (Go duration, e.g. 24h).",
+            default="24h",
+            pattern=r"^([0-9]+(\.[0-9]+)?(ns|us|µs|ms|s|m|h))+$",
+            max_length=64,
+        ),
+    ),
+)
+
+_MODEL_PREFETCH_STATUS = obj(
+    "How far the prefetch is.",
+    observedGeneration=integer("The generation last processed.", int64=True, minimum=0),
+    desiredNodes=integer("Nodes the prefetch selects.", minimum=0),
+    readyNodes=integer("Selected nodes holding the content.", minimum=0),
+    downloadingNodes=integer("Selected nodes downloading it.", minimum=0),
+    conditions=conditions(),
+)
+
+MODEL_PREFETCH = ResourceKind(
+    kind="ModelPrefetch",
+    plural="modelprefetches",
+    singular="modelprefetch",
+    namespaced=True,
+    description="Warms an artifact's content on named or selected nodes ahead of use.",
+    spec=_MODEL_PREFETCH_SPEC,
+    status=_MODEL_PREFETCH_STATUS,
+    columns=(
+        Column(
+            "Artifact",
+            "string",
+            "The ModelArtifact.",
+            fields=(Field("Artifact", ".spec.artifactRef.name", description="The ModelArtifact.", priority=0),),
+            render=lambda v: v.get("Artifact") or "",
+        ),
+        Column(
+            "Desired",
+            "integer",
+            "Nodes selected.",
+            fields=(Field("Desired", ".status.desiredNodes", "integer", "Nodes selected.", 0),),
+            render=count_of("Desired"),
+        ),
+        Column(
+            "Ready",
+            "integer",
+            "Nodes holding the content.",
+            fields=(Field("Ready", ".status.readyNodes", "integer", "Nodes holding the content.", 0),),
+            render=count_of("Ready"),
+        ),
+        Column(
+            "Downloading",
+            "integer",
+            "Nodes downloading it.",
+            fields=(Field("Downloading", ".status.downloadingNodes", "integer", "Nodes downloading it.", 0),),
+            render=count_of("Downloading"),
+        ),
+        Column(
+            "Available",
+            "string",
+            "Whether enough nodes are ready.",
+            fields=(
+                Field(
+                    "Available",
+                    '.status.conditions[?(@.type=="Available")].status',
+                    description="Available.",
+                    priority=0,
+                ),
+            ),
+            render=lambda v: v.get("Available") or "Unknown",
+        ),
+        age_column(),
+    ),
+    verbs=("create", "delete", "get", "list", "patch", "update", "watch"),
+    short_names=("mpf",),
+)

@@ -1,0 +1,124 @@
+"""NodeModelStore: the model cache of one node, named after it; names no tenant."""
+
+from __future__ import annotations
+
+from .base import Column, Field, ResourceKind, age_column, store_models
+from .formatting import human_bytes
+from .schema import Rule, array, boolean, conditions, digest, integer, obj, string, timestamp
+
+# The states of a digest on a node, and where its bytes came from (shared by the plugin's engine, the
+# mirror and the console).
+DOWNLOADING, READY, FAILED = "Downloading", "Ready", "Failed"
+MODEL_STATES = (DOWNLOADING, READY, FAILED)
+SOURCE_HUB, SOURCE_PEER = "Hub", "Peer"
+FAILURE_REASONS = (
+    "InvalidRequest",
+    "AccessDenied",
+    "SourceUnavailable",
+    "IntegrityMismatch",
+    "InsufficientCapacity",
+    "Canceled",
+)
+
+_NODE_MODEL_STORE_SPEC = obj(
+    "What the node is asked to hold, and how. Written by the service only.",
+    watermarks=obj(
+        "Disk use thresholds of the cache: no download starts past high; collection frees down to low.",
+        rules=(Rule("self.lowPercent <= self.highPercent", "lowPercent must not exceed highPercent"),),
+        default={"highPercent": 80, "lowPercent": 70},
+        highPercent=integer(
+            "Percent of the cache's volume that downloads may fill.", default=80, minimum=1, maximum=100
+        ),
+        lowPercent=integer("Percent collection frees down to.", default=70, minimum=0, maximum=100),
+    ),
+    download=obj(
+        "Download limits across every download of the node.",
+        default={"concurrency": 8, "bytesPerSecond": 0},
+        concurrency=integer("Parallel connections across all downloads.", default=8, minimum=1, maximum=256),
+        bytesPerSecond=integer(
+            "Total bandwidth cap in bytes per second; 0 for none.", int64=True, default=0, minimum=0
+        ),
+    ),
+    hub=obj(
+        "How the node reaches the hubs.",
+        huggingFaceEndpoint=string("Hugging Face endpoint or mirror.", max_length=2048),
+        modelScopeEndpoint=string("ModelScope endpoint or mirror.", max_length=2048),
+        proxy=string("HTTPS proxy URL.", max_length=2048),
+        caBundle=string("PEM CA bundle trusted for the hubs and the proxy.", max_length=262144),
+    ),
+    models=array(
+        obj(
+            "Content the node is asked to hold.",
+            required=("digest",),
+            digest=digest("The manifest digest."),
+            pinned=boolean("Kept regardless of disk pressure.", default=False),
+        ),
+        "Digests the node is asked to hold, computed from every reference to the node.",
+        max_items=256,
+        list_type="map",
+        list_map_keys=("digest",),
+    ),
+)
+
+_NODE_MODEL_STORE_STATUS = obj(
+    "What the node holds, written by the node's plugin only.",
+    observedGeneration=integer("The generation last processed.", int64=True, minimum=0),
+    capacity=obj(
+        "The cache volume.",
+        totalBytes=integer("Size of the cache's volume.", int64=True, minimum=0),
+        storedBytes=integer("Bytes held by the cache, published and partial.", int64=True, minimum=0),
+        usedPercent=integer("Percent of the volume in use.", minimum=0, maximum=100),
+    ),
+    models=array(
+        obj(
+            "One digest on this node.",
+            required=("digest", "state"),
+            digest=digest("The manifest digest."),
+            state=string("Downloading, Ready or Failed.", enum=MODEL_STATES),
+            sizeBytes=integer("Total size of the content.", int64=True, minimum=0),
+            downloadedBytes=integer("Bytes downloaded and verified so far.", int64=True, minimum=0),
+            reason=string("Why it failed: " + ", ".join(FAILURE_REASONS) + ".", max_length=64),
+            message=string("Details of the failure.", max_length=4096),
+            retryTime=timestamp("Earliest next attempt after a failure."),
+            lastUsedTime=timestamp("When the content was last used."),
+            source=string("Where the bytes came from.", enum=(SOURCE_HUB, SOURCE_PEER)),
+        ),
+        "Content on the node, one entry per digest.",
+        max_items=256,
+        list_type="map",
+        list_map_keys=("digest",),
+    ),
+    conditions=conditions(),
+)
+
+NODE_MODEL_STORE = ResourceKind(
+    kind="NodeModelStore",
+    plural="nodemodelstores",
+    singular="nodemodelstore",
+    namespaced=False,
+    description="The model cache of one node (named after it): what the node is asked to hold and what it "
+    "holds. Names no tenant.",
+    spec=_NODE_MODEL_STORE_SPEC,
+    status=_NODE_MODEL_STORE_STATUS,
+    columns=(
+        Column("Ready", "integer", "Models published on the node.", object_render=lambda o: store_models(o, "Ready")),
+        Column(
+            "Used",
+            "string",
+            "Bytes the cache holds.",
+            fields=(Field("Stored", ".status.capacity.storedBytes", "integer", "Bytes the cache holds.", 0),),
+            render=lambda v: human_bytes(v.get("Stored") or 0),
+        ),
+        Column("Models", "integer", "Models on the node.", object_render=store_models),
+        Column(
+            "Downloading",
+            "integer",
+            "Models downloading.",
+            object_render=lambda o: store_models(o, "Downloading"),
+        ),
+        age_column(),
+    ),
+    verbs=("delete", "get", "list", "watch"),
+    short_names=("nms",),
+    spec_required=False,
+)

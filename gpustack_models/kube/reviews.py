@@ -1,0 +1,72 @@
+"""Asking kube-apiserver who a bearer token belongs to (TokenReview), with a small cache of answers.
+
+Both the aggregated API and the node plugin authenticate callers this way; answers are reused for a
+few seconds (``ttl``), keyed by the token's sha256 so no token is kept in memory longer than a request.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+import time
+from collections.abc import Callable
+
+
+class TTLCache:
+    def __init__(self, maxsize: int = 4096):
+        self.maxsize = maxsize
+        self._data: dict = {}
+        self._lock = threading.Lock()
+
+    def get(self, key):
+        entry = self._data.get(key)
+        if entry is None:
+            return None
+        value, expires = entry
+        if expires < time.monotonic():
+            with self._lock:
+                self._data.pop(key, None)
+            return None
+        return value
+
+    def set(self, key, value, ttl: float) -> None:
+        if ttl <= 0:
+            return
+        with self._lock:
+            if len(self._data) >= self.maxsize:
+                now = time.monotonic()
+                self._data = {k: v for k, v in self._data.items() if v[1] >= now}
+                if len(self._data) >= self.maxsize:
+                    self._data.clear()
+            self._data[key] = (value, time.monotonic() + ttl)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._data.clear()
+
+
+class TokenReviewer:
+    """``review(token)``: the TokenReview ``status.user`` of an authenticated token, else ``None``."""
+
+    def __init__(self, client: Callable, ttl: Callable[[], float] | float, maxsize: int = 4096):
+        self._client = client  # a callable returning the Kube client (created lazily)
+        self._ttl = ttl
+        self._cache = TTLCache(maxsize=maxsize)
+
+    def review(self, token: str) -> dict | None:
+        key = hashlib.sha256(token.encode()).hexdigest()
+        hit = self._cache.get(key)
+        if hit is not None:
+            return hit[0]
+        answer = self._client().create(
+            "/apis/authentication.k8s.io/v1/tokenreviews",
+            {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenReview", "spec": {"token": token}},
+        )
+        status = answer.get("status") or {}
+        user = (status.get("user") or {}) if status.get("authenticated") else None
+        ttl = self._ttl() if callable(self._ttl) else self._ttl
+        self._cache.set(key, (user,), ttl)
+        return user
+
+    def clear(self) -> None:
+        self._cache.clear()

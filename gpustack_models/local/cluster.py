@@ -1,0 +1,503 @@
+"""A local Kubernetes control plane of real components: etcd, kube-apiserver, kube-controller-manager.
+
+The binaries are built from the Kubernetes Go modules by ``deploy/controlplane/build.sh`` into a cache
+outside the repository. ``LocalCluster`` generates the PKI, starts the three processes, waits until they
+are healthy, can restart kube-apiserver alone, and stops everything. Its state directory holds:
+
+    pki/            cluster CA, serving and client certificates, front-proxy CA, service-account keys
+    etcd/           etcd's data (kept across restarts of the same state directory)
+    logs/           one log per component
+    audit/audit.log kube-apiserver's audit log (Metadata level for the groups tests count)
+    kubeconfig      an admin kubeconfig
+    bin/kubectl     the matching kubectl
+    tokens.json     static tenant users and their bearer tokens (tokens.csv is the apiserver's file)
+    cluster.json    ports and process ids, so a later command can stop what an earlier one started
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import logging
+import os
+import re
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import time
+import warnings
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import requests
+import urllib3
+import yaml
+
+from . import pki
+
+log = logging.getLogger(__name__)
+
+REPO_DIR = Path(__file__).resolve().parents[2]
+CONTROLPLANE_DIR = REPO_DIR / "deploy" / "controlplane"
+SERVICE_CIDR = "10.96.0.0/16"
+SERVICE_IP = "10.96.0.1"
+AUDITED_GROUPS = ("worker.gpustack.ai", "authentication.k8s.io", "authorization.k8s.io")
+TENANT_USERS = ("alice", "bob", "carol", "dave", "erin")
+TENANT_GROUP = "gpustack:tenants"
+CONTROLLERS = (
+    "garbage-collector-controller",
+    "namespace-controller",
+    "serviceaccount-controller",
+    "root-ca-certificate-publisher-controller",
+)
+
+
+def kube_version() -> str:
+    """The Kubernetes version pinned in the control plane's go.mod (the one place it is pinned)."""
+    match = re.search(
+        r"^\s*(?:require\s+)?k8s\.io/kubernetes\s+(v1\.\S+)", (CONTROLPLANE_DIR / "go.mod").read_text(), re.M
+    )
+    if match:
+        return match.group(1)
+    raise RuntimeError("no k8s.io/kubernetes version in deploy/controlplane/go.mod")
+
+
+def ensure_binaries() -> Path:
+    """Build (or reuse) the control plane binaries; returns their directory. Progress goes to stderr."""
+    proc = subprocess.run([str(CONTROLPLANE_DIR / "build.sh")], stdout=subprocess.PIPE, text=True, check=False)
+    if proc.returncode != 0:
+        raise RuntimeError(f"building the control plane failed (exit {proc.returncode}); see the output above")
+    return Path(proc.stdout.strip().splitlines()[-1])
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def primary_address() -> str:
+    """A non-loopback IPv4 address of this host for --advertise-address (kube-apiserver refuses loopback)."""
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.connect(("10.255.255.255", 1))  # no packet is sent; this only picks the outgoing interface
+            address = s.getsockname()[0]
+        if not address.startswith("127."):
+            return address
+    except OSError:
+        pass
+    # With --endpoint-reconciler-type=none the address is only advertised, never dialled.
+    return "192.0.2.10"
+
+
+def _die_with_parent():
+    libc = ctypes.CDLL("libc.so.6", use_errno=True)
+    libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG: the component stops when its launcher dies
+
+
+@dataclass
+class Ports:
+    apiserver: int
+    etcd_client: int
+    etcd_peer: int
+    controller_manager: int
+
+    @classmethod
+    def free(cls) -> Ports:
+        return cls(free_port(), free_port(), free_port(), free_port())
+
+    @classmethod
+    def defaults(cls) -> Ports:
+        return cls(apiserver=6443, etcd_client=12379, etcd_peer=12380, controller_manager=10257)
+
+
+class LocalCluster:
+    def __init__(
+        self,
+        state_dir: Path,
+        *,
+        ports: Ports | None = None,
+        compaction_interval: str = "5m",
+        advertise_address: str | None = None,
+        bin_dir: Path | None = None,
+        die_with_parent: bool = True,
+    ):
+        self.state_dir = Path(state_dir).resolve()
+        self.ports = ports or Ports.defaults()
+        self.compaction_interval = compaction_interval
+        self.advertise_address = advertise_address or primary_address()
+        self.bin_dir = bin_dir
+        self.die_with_parent = die_with_parent
+        self.procs: dict[str, subprocess.Popen] = {}
+        self.pki_dir = self.state_dir / "pki"
+        self.log_dir = self.state_dir / "logs"
+        self.audit_log = self.state_dir / "audit" / "audit.log"
+        self.kubeconfig = self.state_dir / "kubeconfig"
+        self.token_kubeconfig = self.state_dir / "token-kubeconfig"
+        self.kubectl = self.state_dir / "bin" / "kubectl"
+
+    # --- paths and facts -------------------------------------------------------------------------------
+    @property
+    def server(self) -> str:
+        return f"https://127.0.0.1:{self.ports.apiserver}"
+
+    @property
+    def version(self) -> str:
+        return kube_version()
+
+    def tokens(self) -> dict[str, str]:
+        return json.loads((self.state_dir / "tokens.json").read_text())
+
+    def pki_path(self, name: str) -> Path:
+        return self.pki_dir / name
+
+    # --- set-up --------------------------------------------------------------------------------------
+    def prepare(self) -> None:
+        """Binaries, PKI, token file, audit policy and kubeconfig. Existing PKI is kept."""
+        if self.bin_dir is None:
+            self.bin_dir = ensure_binaries()
+        for sub in (self.pki_dir, self.log_dir, self.audit_log.parent, self.kubectl.parent):
+            sub.mkdir(parents=True, exist_ok=True)
+        if not (self.pki_dir / "ca.crt").exists():
+            self._generate_pki()
+        if not (self.state_dir / "tokens.json").exists():
+            self._write_tokens()
+        self._write_audit_policy()
+        self._write_kubeconfig()
+        if self.kubectl.is_symlink() or self.kubectl.exists():
+            self.kubectl.unlink()
+        self.kubectl.symlink_to(self.bin_dir / "kubectl")
+
+    def _generate_pki(self) -> None:
+        d = self.pki_dir
+        ca = pki.new_ca("gpustack-models-local-ca")
+        ca.write(d, "ca")
+        pki.issue(
+            ca,
+            "kube-apiserver",
+            dns_names=(
+                "localhost",
+                "kubernetes",
+                "kubernetes.default",
+                "kubernetes.default.svc",
+                "kubernetes.default.svc.cluster.local",
+            ),
+            ip_addresses=("127.0.0.1", SERVICE_IP, self.advertise_address),
+            server=True,
+        ).write(d, "apiserver")
+        pki.issue(ca, "kubernetes-admin", organizations=("system:masters",), client=True).write(d, "admin")
+        front_proxy_ca = pki.new_ca("gpustack-models-front-proxy-ca")
+        front_proxy_ca.write(d, "front-proxy-ca")
+        pki.issue(front_proxy_ca, "front-proxy-client", client=True).write(d, "front-proxy-client")
+        pki.new_signing_key(d, "sa")
+
+    def _write_tokens(self) -> None:
+        tokens = {user: secrets.token_urlsafe(24) for user in TENANT_USERS}
+        lines = [f'{token},{user},uid-{user},"{TENANT_GROUP}"' for user, token in tokens.items()]
+        (self.state_dir / "tokens.csv").write_text("\n".join(lines) + "\n")
+        (self.state_dir / "tokens.csv").chmod(0o600)
+        (self.state_dir / "tokens.json").write_text(json.dumps(tokens, indent=2))
+        (self.state_dir / "tokens.json").chmod(0o600)
+
+    def _write_audit_policy(self) -> None:
+        policy = {
+            "apiVersion": "audit.k8s.io/v1",
+            "kind": "Policy",
+            "omitStages": ["RequestReceived"],
+            "rules": [
+                {"level": "Metadata", "resources": [{"group": g} for g in AUDITED_GROUPS]},
+                {"level": "None"},
+            ],
+        }
+        (self.state_dir / "audit-policy.yaml").write_text(yaml.safe_dump(policy))
+
+    def _write_kubeconfig(self) -> None:
+        import base64
+
+        def b64(path: Path) -> str:
+            return base64.b64encode(path.read_bytes()).decode()
+
+        config = {
+            "apiVersion": "v1",
+            "kind": "Config",
+            "clusters": [
+                {
+                    "name": "local",
+                    "cluster": {
+                        "server": self.server,
+                        "certificate-authority-data": b64(self.pki_path("ca.crt")),
+                    },
+                }
+            ],
+            "users": [
+                {
+                    "name": "admin",
+                    "user": {
+                        "client-certificate-data": b64(self.pki_path("admin.crt")),
+                        "client-key-data": b64(self.pki_path("admin.key")),
+                    },
+                }
+            ],
+            "contexts": [{"name": "local", "context": {"cluster": "local", "user": "admin"}}],
+            "current-context": "local",
+        }
+        self.kubeconfig.write_text(yaml.safe_dump(config))
+        self.kubeconfig.chmod(0o600)
+        # The same cluster with no credentials, for clients that bring a bearer token (--token).
+        anonymous = dict(config, users=[{"name": "token", "user": {}}])
+        anonymous["contexts"] = [{"name": "local", "context": {"cluster": "local", "user": "token"}}]
+        self.token_kubeconfig.write_text(yaml.safe_dump(anonymous))
+
+    # --- processes -----------------------------------------------------------------------------------
+    def _etcd_args(self) -> list[str]:
+        p = self.ports
+        return [
+            str(self.bin_dir / "etcd"),
+            "--name=local",
+            f"--data-dir={self.state_dir / 'etcd'}",
+            f"--listen-client-urls=http://127.0.0.1:{p.etcd_client}",
+            f"--advertise-client-urls=http://127.0.0.1:{p.etcd_client}",
+            f"--listen-peer-urls=http://127.0.0.1:{p.etcd_peer}",
+            f"--initial-advertise-peer-urls=http://127.0.0.1:{p.etcd_peer}",
+            f"--initial-cluster=local=http://127.0.0.1:{p.etcd_peer}",
+            "--log-level=warn",
+            "--quota-backend-bytes=4294967296",
+        ]
+
+    def _apiserver_args(self) -> list[str]:
+        d, p = self.pki_dir, self.ports
+        return [
+            str(self.bin_dir / "kube-apiserver"),
+            f"--etcd-servers=http://127.0.0.1:{p.etcd_client}",
+            f"--etcd-compaction-interval={self.compaction_interval}",
+            "--bind-address=127.0.0.1",
+            f"--secure-port={p.apiserver}",
+            f"--advertise-address={self.advertise_address}",
+            "--endpoint-reconciler-type=none",
+            f"--service-cluster-ip-range={SERVICE_CIDR}",
+            f"--cert-dir={self.state_dir / 'apiserver-certs'}",
+            f"--tls-cert-file={d / 'apiserver.crt'}",
+            f"--tls-private-key-file={d / 'apiserver.key'}",
+            f"--client-ca-file={d / 'ca.crt'}",
+            "--authorization-mode=RBAC",
+            f"--token-auth-file={self.state_dir / 'tokens.csv'}",
+            "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+            f"--service-account-key-file={d / 'sa.pub'}",
+            f"--service-account-signing-key-file={d / 'sa.key'}",
+            f"--requestheader-client-ca-file={d / 'front-proxy-ca.crt'}",
+            "--requestheader-allowed-names=front-proxy-client",
+            "--requestheader-username-headers=X-Remote-User",
+            "--requestheader-uid-headers=X-Remote-Uid",
+            "--requestheader-group-headers=X-Remote-Group",
+            "--requestheader-extra-headers-prefix=X-Remote-Extra-",
+            f"--proxy-client-cert-file={d / 'front-proxy-client.crt'}",
+            f"--proxy-client-key-file={d / 'front-proxy-client.key'}",
+            f"--audit-policy-file={self.state_dir / 'audit-policy.yaml'}",
+            f"--audit-log-path={self.audit_log}",
+            "--audit-log-format=json",
+            "--audit-log-maxsize=200",
+            "--audit-log-maxbackup=2",
+            "--profiling=false",
+            "--v=1",
+        ]
+
+    def _controller_manager_args(self) -> list[str]:
+        d, p = self.pki_dir, self.ports
+        return [
+            str(self.bin_dir / "kube-controller-manager"),
+            f"--kubeconfig={self.kubeconfig}",
+            f"--controllers={','.join(CONTROLLERS)}",
+            "--leader-elect=false",
+            "--use-service-account-credentials=false",
+            f"--root-ca-file={d / 'ca.crt'}",
+            "--bind-address=127.0.0.1",
+            f"--secure-port={p.controller_manager}",
+            f"--cert-dir={self.state_dir / 'controller-manager-certs'}",
+            "--authentication-skip-lookup=true",
+            "--profiling=false",
+            "--v=1",
+        ]
+
+    def _spawn(self, name: str, args: list[str]) -> subprocess.Popen:
+        log_file = open(self.log_dir / f"{name}.log", "ab")
+        proc = subprocess.Popen(
+            args,
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            cwd=self.state_dir,
+            start_new_session=True,
+            preexec_fn=_die_with_parent if self.die_with_parent else None,
+        )
+        log_file.close()
+        self.procs[name] = proc
+        self._save_state()
+        return proc
+
+    def _save_state(self) -> None:
+        state = {
+            "ports": asdict(self.ports),
+            "advertiseAddress": self.advertise_address,
+            "binDir": str(self.bin_dir),
+            "pids": {name: proc.pid for name, proc in self.procs.items() if proc.poll() is None},
+        }
+        (self.state_dir / "cluster.json").write_text(json.dumps(state, indent=2))
+
+    @classmethod
+    def from_state(cls, state_dir: Path) -> LocalCluster:
+        """The cluster an earlier process started in ``state_dir`` (for stop/status)."""
+        state = json.loads((Path(state_dir) / "cluster.json").read_text())
+        cluster = cls(
+            state_dir,
+            ports=Ports(**state["ports"]),
+            advertise_address=state["advertiseAddress"],
+            bin_dir=Path(state["binDir"]),
+        )
+        return cluster
+
+    def _recorded_pids(self) -> dict[str, int]:
+        try:
+            state = json.loads((self.state_dir / "cluster.json").read_text())
+        except (OSError, ValueError):
+            return {}
+        alive = {}
+        for name, pid in state.get("pids", {}).items():
+            try:
+                cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+            except OSError:
+                continue
+            if str(self.state_dir).encode() in cmdline or str(self.kubeconfig).encode() in cmdline:
+                alive[name] = pid
+        return alive
+
+    def kill_leftovers(self) -> None:
+        """Stop components a crashed earlier launcher left running on this state directory."""
+        for name, pid in self._recorded_pids().items():
+            log.warning("stopping %s (pid %d) left by an earlier run", name, pid)
+            _terminate_pid(pid)
+
+    def start(self, timeout: float = 180.0) -> None:
+        self.prepare()
+        self.kill_leftovers()
+        t0 = time.monotonic()
+        self._spawn("etcd", self._etcd_args())
+        self._wait("etcd", f"http://127.0.0.1:{self.ports.etcd_client}/health", timeout)
+        self._start_apiserver(timeout)
+        self._spawn("kube-controller-manager", self._controller_manager_args())
+        self._wait("kube-controller-manager", f"https://127.0.0.1:{self.ports.controller_manager}/healthz", timeout)
+        log.info(
+            "control plane %s ready in %.1fs at %s (kubeconfig %s)",
+            self.version,
+            time.monotonic() - t0,
+            self.server,
+            self.kubeconfig,
+        )
+
+    def _start_apiserver(self, timeout: float) -> None:
+        self._spawn("kube-apiserver", self._apiserver_args())
+        self._wait("kube-apiserver", f"{self.server}/readyz", timeout)
+
+    def restart_apiserver(self, timeout: float = 180.0) -> None:
+        """Stop kube-apiserver alone and start it again on the same etcd."""
+        proc = self.procs.pop("kube-apiserver", None)
+        if proc is not None:
+            _terminate(proc)
+        else:
+            pid = self._recorded_pids().get("kube-apiserver")
+            if pid:
+                _terminate_pid(pid)
+        self._start_apiserver(timeout)
+
+    def stop(self) -> None:
+        for name in ("kube-controller-manager", "kube-apiserver", "etcd"):
+            proc = self.procs.pop(name, None)
+            if proc is not None:
+                _terminate(proc)
+        for pid in self._recorded_pids().values():
+            _terminate_pid(pid)
+        self._save_state()
+
+    def is_running(self) -> bool:
+        return bool(self._recorded_pids())
+
+    # --- health --------------------------------------------------------------------------------------
+    def _wait(self, name: str, url: str, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        session = requests.Session()
+        session.trust_env = False  # REQUESTS_CA_BUNDLE or a proxy from the environment must not apply here
+        if url.startswith(self.server):
+            session.verify = str(self.pki_path("ca.crt"))
+            session.cert = (str(self.pki_path("admin.crt")), str(self.pki_path("admin.key")))
+        else:
+            session.verify = False
+        last = ""
+        while time.monotonic() < deadline:
+            proc = self.procs.get(name)
+            if proc is not None and proc.poll() is not None:
+                raise RuntimeError(f"{name} exited with {proc.returncode}; last log lines:\n{self.tail_log(name)}")
+            try:
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore", urllib3.exceptions.InsecureRequestWarning)
+                    resp = session.get(url, timeout=5)
+                if resp.status_code == 200:
+                    return
+                last = f"{resp.status_code} {resp.text[-300:]}"
+            except requests.RequestException as exc:
+                last = str(exc)
+            time.sleep(0.25)
+        raise RuntimeError(f"{name} not healthy after {timeout:.0f}s ({last}); log:\n{self.tail_log(name)}")
+
+    def tail_log(self, name: str, lines: int = 30) -> str:
+        try:
+            text = (self.log_dir / f"{name}.log").read_text(errors="replace")
+        except OSError:
+            return ""
+        return "\n".join(text.splitlines()[-lines:])
+
+    def audit_events(self) -> list[dict]:
+        """Every event in the audit log so far (the active file only)."""
+        events = []
+        try:
+            with open(self.audit_log) as fh:
+                for line in fh:
+                    line = line.strip()
+                    if line:
+                        events.append(json.loads(line))
+        except FileNotFoundError:
+            pass
+        return events
+
+    def wipe(self) -> None:
+        """Remove the whole state directory (the cluster must be stopped)."""
+        shutil.rmtree(self.state_dir, ignore_errors=True)
+
+
+def _terminate(proc: subprocess.Popen, grace: float = 15.0) -> None:
+    if proc.poll() is not None:
+        return
+    proc.terminate()
+    try:
+        proc.wait(grace)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(5)
+
+
+def _terminate_pid(pid: int, grace: float = 15.0) -> None:
+    try:
+        os.kill(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.1)
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass

@@ -1,0 +1,307 @@
+"""Running the service next to a local control plane (``make run`` and the test stack).
+
+In a cluster the Helm chart installs these objects and the worker runs in a Pod with its ServiceAccount.
+Locally the launcher does the same by hand: it applies the CRDs, RBAC and admission policies with the
+admin credentials, gives the worker a token of its ServiceAccount (so the admission policies see the
+worker exactly as in a cluster), makes a serving certificate for ``<service>.<namespace>.svc`` and
+registers the APIService pointing at the local process.
+"""
+
+from __future__ import annotations
+
+import logging
+import subprocess
+import time
+from pathlib import Path
+
+import yaml
+from django.conf import settings
+
+from gpustack_models import install, kube
+from gpustack_models.kinds import GROUP, PUBLIC_VERSION
+from gpustack_models.kinds.crd import CRD_DIR
+
+from . import pki
+from .cluster import LocalCluster
+
+log = logging.getLogger(__name__)
+
+TOKEN_SECONDS = 365 * 24 * 3600
+PLUGIN_LABELS = {"app.kubernetes.io/name": "gpustack-models-plugin"}
+
+
+class Launcher:
+    def __init__(self, cluster: LocalCluster, data_dir: Path):
+        self.cluster = cluster
+        self.data_dir = Path(data_dir)
+        self.pki_dir = self.data_dir / "worker-pki"
+        self.worker_kubeconfig = self.data_dir / "worker-kubeconfig"
+        self.admin = kube.Kube(kube.load_configuration(str(cluster.kubeconfig)))
+
+    # --- kubectl with the admin credentials -----------------------------------------------------------
+    def kubectl(self, *args: str, input: str | None = None) -> str:
+        proc = subprocess.run(
+            [str(self.cluster.kubectl), f"--kubeconfig={self.cluster.kubeconfig}", *args],
+            input=input,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        if proc.returncode != 0:
+            raise RuntimeError(f"kubectl {' '.join(args)}: {proc.stderr.strip()}")
+        return proc.stdout
+
+    def apply(self, objects: list[dict]) -> None:
+        self.kubectl(
+            "apply",
+            "--server-side",
+            "--force-conflicts",
+            "--field-manager=gpustack-models-launcher",
+            "-f",
+            "-",
+            input=yaml.safe_dump_all(objects),
+        )
+
+    # --- install --------------------------------------------------------------------------------------
+    def install(self) -> None:
+        """CRDs, namespace, ServiceAccounts, RBAC and the admission policies."""
+        self.kubectl(
+            "apply",
+            "--server-side",
+            "--force-conflicts",
+            "--field-manager=gpustack-models-launcher",
+            "-f",
+            str(CRD_DIR),
+        )
+        self.kubectl(
+            "wait",
+            "--for=condition=Established",
+            "crd",
+            "-l",
+            "app.kubernetes.io/part-of=gpustack-models",
+            "--timeout=60s",
+        )
+        self.apply(install.namespace_objects() + install.rbac_objects())
+        self.install_policies()
+
+    def install_policies(self) -> None:
+        self.apply(install.policy_objects())
+        # A policy is enforced once kube-apiserver has compiled it; its status says when.
+        deadline = time.monotonic() + 30
+        for policy in install.policy_objects():
+            if policy["kind"] != "ValidatingAdmissionPolicy":
+                continue
+            while time.monotonic() < deadline:
+                current = self.admin.get(
+                    f"/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicies/{policy['metadata']['name']}"
+                )
+                if (current.get("status") or {}).get("observedGeneration") == current["metadata"]["generation"]:
+                    problems = (current["status"].get("typeChecking") or {}).get("expressionWarnings")
+                    if problems:
+                        raise RuntimeError(f"admission policy {policy['metadata']['name']}: {problems}")
+                    break
+                time.sleep(0.2)
+
+    # --- the worker's identity ------------------------------------------------------------------------
+    def write_worker_kubeconfig(self) -> Path:
+        """A kubeconfig carrying a token of the worker's ServiceAccount."""
+        token = self.service_account_token(settings.WORKER_SERVICE_ACCOUNT)
+        config = yaml.safe_load(self.cluster.token_kubeconfig.read_text())
+        config["users"] = [{"name": "worker", "user": {"token": token}}]
+        config["contexts"] = [{"name": "local", "context": {"cluster": "local", "user": "worker"}}]
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self.worker_kubeconfig.write_text(yaml.safe_dump(config))
+        self.worker_kubeconfig.chmod(0o600)
+        return self.worker_kubeconfig
+
+    def service_account_token(self, name: str, seconds: int = TOKEN_SECONDS, bound_object: dict | None = None) -> str:
+        spec = {"expirationSeconds": seconds}
+        if bound_object:
+            spec["boundObjectRef"] = bound_object
+        review = self.admin.create(
+            f"/api/v1/namespaces/{settings.NAMESPACE}/serviceaccounts/{name}/token",
+            {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": spec},
+        )
+        return review["status"]["token"]
+
+    # --- serving certificate and registration ---------------------------------------------------------
+    def serving_pki(self) -> tuple[Path, Path, bytes]:
+        """(cert, key, CA PEM) for the worker's HTTPS endpoint; kept across runs."""
+        crt, key, ca = self.pki_dir / "serving.crt", self.pki_dir / "serving.key", self.pki_dir / "ca.crt"
+        if not (crt.exists() and key.exists() and ca.exists()):
+            authority = pki.new_ca("gpustack-models-worker-ca")
+            authority.write(self.pki_dir, "ca")
+            pki.issue(
+                authority,
+                install.serving_names()[0],
+                dns_names=install.serving_names(),
+                ip_addresses=("127.0.0.1", "::1"),
+                server=True,
+            ).write(self.pki_dir, "serving")
+        return crt, key, ca.read_bytes()
+
+    def register(self, port: int) -> None:
+        _crt, _key, ca = self.serving_pki()
+        self.apply(install.api_service(ca, port))
+
+    def unregister(self) -> None:
+        """Remove the APIService: an unavailable one blocks namespace deletion and garbage collection."""
+        try:
+            self.admin.delete(f"/apis/apiregistration.k8s.io/v1/apiservices/{PUBLIC_VERSION}.{GROUP}")
+        except kube.NotFound:
+            pass
+
+    def wait_available(self, timeout: float = 90.0) -> None:
+        """Until kube-apiserver reports the APIService Available and serves our discovery."""
+        deadline = time.monotonic() + timeout
+        last = ""
+        while time.monotonic() < deadline:
+            try:
+                svc = self.admin.get(f"/apis/apiregistration.k8s.io/v1/apiservices/{PUBLIC_VERSION}.{GROUP}")
+                conditions = {c["type"]: c for c in (svc.get("status") or {}).get("conditions", [])}
+                available = conditions.get("Available", {})
+                last = f"{available.get('reason')}: {available.get('message')}"
+                if available.get("status") == "True":
+                    listed = self.admin.get(f"/apis/{GROUP}/{PUBLIC_VERSION}")
+                    if listed.get("resources"):
+                        return
+            except kube.StatusError as exc:
+                last = str(exc)
+            time.sleep(0.5)
+        raise RuntimeError(f"APIService {PUBLIC_VERSION}.{GROUP} not available after {timeout:.0f}s ({last})")
+
+    # --- nodes and plugin Pods, as a kubelet would report them ------------------------------------------
+    def plugin_pod_name(self, node: str) -> str:
+        return f"gpustack-models-plugin-{node}"[:253]
+
+    def register_node(self, node: str, plugin_ip: str, labels: dict | None = None) -> dict:
+        """Create ``node`` (Ready) and its plugin Pod, bound to it and Running at ``plugin_ip``.
+
+        Where no kubelet runs Pods (local runs, tests) this is what the kubelet and the DaemonSet
+        controller would have written; the worker reads these objects exactly as in a cluster."""
+        now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        try:
+            node_obj = self.admin.create(
+                "/api/v1/nodes",
+                {"apiVersion": "v1", "kind": "Node", "metadata": {"name": node, "labels": labels or {}}},
+            )
+        except kube.Conflict:
+            node_obj = self.admin.get(f"/api/v1/nodes/{node}")
+        node_obj["status"] = {
+            "conditions": [
+                {
+                    "type": "Ready",
+                    "status": "True",
+                    "reason": "KubeletReady",
+                    "message": "local",
+                    "lastHeartbeatTime": now,
+                    "lastTransitionTime": now,
+                }
+            ],
+            "addresses": [{"type": "InternalIP", "address": plugin_ip}, {"type": "Hostname", "address": node}],
+        }
+        self.admin.json("PUT", f"/api/v1/nodes/{node}/status", body=node_obj)
+        name = self.plugin_pod_name(node)
+        pods = f"/api/v1/namespaces/{settings.NAMESPACE}/pods"
+        pod = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": name, "labels": dict(PLUGIN_LABELS)},
+            "spec": {
+                "nodeName": node,
+                "serviceAccountName": settings.PLUGIN_SERVICE_ACCOUNT,
+                "containers": [
+                    {
+                        "name": "plugin",
+                        "image": "gpustack/gpustack-models:local",
+                        "args": ["runplugin", f"--node={node}"],
+                    }
+                ],
+            },
+        }
+        try:
+            created = self.admin.create(pods, pod)
+        except kube.Conflict:
+            created = self.admin.get(f"{pods}/{name}")
+        self.set_plugin_ready(node, plugin_ip, True, pod=created)
+        return created
+
+    def set_plugin_ready(self, node: str, plugin_ip: str, ready: bool, pod: dict | None = None) -> None:
+        path = f"/api/v1/namespaces/{settings.NAMESPACE}/pods/{self.plugin_pod_name(node)}"
+        pod = pod or self.admin.get(path)
+        now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        state = "True" if ready else "False"
+        pod["status"] = {
+            "phase": "Running",
+            "podIP": plugin_ip,
+            "podIPs": [{"ip": plugin_ip}],
+            "hostIP": plugin_ip,
+            "startTime": now,
+            "conditions": [
+                {"type": t, "status": state, "lastTransitionTime": now}
+                for t in ("Initialized", "Ready", "ContainersReady", "PodScheduled")
+            ],
+        }
+        self.admin.json("PUT", f"{path}/status", body=pod)
+
+    def unregister_node(self, node: str) -> None:
+        for path in (
+            f"/api/v1/namespaces/{settings.NAMESPACE}/pods/{self.plugin_pod_name(node)}",
+            f"/api/v1/nodes/{node}",
+        ):
+            try:
+                self.admin.delete(path, query={"gracePeriodSeconds": "0"})
+            except kube.NotFound:
+                pass
+
+    # --- node plugins -----------------------------------------------------------------------------------
+    def plugin_pki(self, node: str, address: str) -> tuple[Path, Path]:
+        """A serving certificate for ``node``'s plugin at ``address``, from the plugin CA the worker trusts."""
+        directory = self.data_dir / "plugin-pki"
+        if not (directory / "ca.crt").exists():
+            pki.new_ca("gpustack-models-plugin-ca").write(directory, "ca")
+        authority = pki.KeyPair.load(directory, "ca")
+        return pki.issue(authority, node, dns_names=(node,), ip_addresses=(address,), server=True).write(
+            directory, node
+        )
+
+    def plugin_kubeconfig(self, node: str) -> Path:
+        """A kubeconfig with a token of the plugin's ServiceAccount bound to its Pod (so kube-apiserver
+        names the node in the token's user info, as for a DaemonSet Pod's projected token)."""
+        pod = self.admin.get(f"/api/v1/namespaces/{settings.NAMESPACE}/pods/{self.plugin_pod_name(node)}")
+        token = self.service_account_token(
+            settings.PLUGIN_SERVICE_ACCOUNT,
+            seconds=24 * 3600,
+            bound_object={
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "name": pod["metadata"]["name"],
+                "uid": pod["metadata"]["uid"],
+            },
+        )
+        config = yaml.safe_load(self.cluster.token_kubeconfig.read_text())
+        config["users"] = [{"name": "plugin", "user": {"token": token}}]
+        config["contexts"] = [{"name": "local", "context": {"cluster": "local", "user": "plugin"}}]
+        path = self.data_dir / "plugin" / node / "kubeconfig"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(yaml.safe_dump(config))
+        path.chmod(0o600)
+        return path
+
+    def plugin_env(self, node: str, address: str, port: int, base_env: dict | None = None) -> dict:
+        """Register ``node`` with its plugin Pod and return the environment of its ``runplugin``."""
+        import os
+
+        self.register_node(node, address)
+        cert, key = self.plugin_pki(node, address)
+        env = dict(base_env if base_env is not None else os.environ)
+        env.update(
+            KUBECONFIG=str(self.plugin_kubeconfig(node)),
+            GPUSTACK_DATA_DIR=str(self.data_dir),
+            GPUSTACK_PLUGIN_ADDRESS=f"{address}:{port}",
+            GPUSTACK_PLUGIN_TLS_CERT_FILE=str(cert),
+            GPUSTACK_PLUGIN_TLS_KEY_FILE=str(key),
+            GPUSTACK_PLUGIN_CACHE_DIR=str(self.data_dir / "plugin" / node / "cache"),
+            GPUSTACK_WORKER_CA_FILE=str(self.pki_dir / "ca.crt"),
+        )
+        return env

@@ -1,0 +1,40 @@
+import os
+import signal
+import threading
+
+from django.conf import settings
+from django.core.management.base import BaseCommand, CommandError
+
+from gpustack_models.local.stack import LocalStack
+
+
+class Command(BaseCommand):
+    help = (
+        "Run the whole service locally on its embedded defaults: the local control plane, the CRDs, RBAC and "
+        "admission policies, the aggregated API worker.gpustack.ai/v1, the informers, a Celery worker with beat, "
+        "one local node with its plugin, and the admin console (SQLite and a "
+        "file-based Celery broker unless DATABASE_URL / CELERY_BROKER_URL say otherwise). Ctrl-C stops all."
+    )
+
+    def add_arguments(self, parser):
+        parser.add_argument(
+            "--console",
+            default=os.environ.get("GPUSTACK_CONSOLE_ADDR", "127.0.0.1:8000"),
+            help="address of the admin console (default GPUSTACK_CONSOLE_ADDR or 127.0.0.1:8000)",
+        )
+
+    def handle(self, *args, console, **options):
+        stack = LocalStack(settings.DATA_DIR, console)
+        stop = threading.Event()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, lambda *_: stop.set())
+        try:
+            self.stdout.write("starting the local control plane (the first run builds it: 10-20 minutes)")
+            stack.start()
+            self.stdout.write(self.style.SUCCESS(stack.banner()))
+            stack.supervise(stop)
+        except RuntimeError as exc:
+            raise CommandError(str(exc)) from None
+        finally:
+            stack.stop()
+            self.stdout.write("stopped")

@@ -1,0 +1,115 @@
+"""The whole service on one machine, as ``manage.py runlocal`` (``make run``) starts it: the local control
+plane, the service installed into it, every process of the service with its log under ``logs/``, and one
+local node with its plugin."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+from django.conf import settings
+from django.core.management import call_command
+
+from .cluster import REPO_DIR, LocalCluster, Ports
+from .launcher import Launcher
+
+LOCAL_NODE = "local-node"
+LOCAL_NODE_ADDRESS = "127.0.0.11"
+
+
+class ProcessExited(RuntimeError):
+    """A process of the stack stopped on its own."""
+
+
+class LocalStack:
+    def __init__(self, data_dir: Path, console: str):
+        self.data_dir = data_dir
+        self.console = console
+        self.cluster = LocalCluster(
+            data_dir, ports=Ports.defaults(), compaction_interval=settings.ETCD_COMPACTION_INTERVAL
+        )
+        self.launcher: Launcher | None = None
+        self.children: dict[str, subprocess.Popen] = {}
+        self.log_dir = data_dir / "logs"
+
+    def start(self) -> None:
+        """Start everything; raises ``RuntimeError`` with what failed."""
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self.cluster.start()
+        self.launcher = Launcher(self.cluster, self.data_dir)
+        self.launcher.install()
+        self.launcher.write_worker_kubeconfig()
+        call_command("migrate", interactive=False, verbosity=0)
+        self.log_dir.mkdir(exist_ok=True)
+        self.start_worker()
+        self.start_node()
+        self.launcher.register(settings.API_PORT)
+        try:
+            self.launcher.wait_available(timeout=90)
+        except RuntimeError as exc:
+            raise RuntimeError(f"{exc}; see {self.log_dir / 'api.log'}") from None
+
+    def spawn(self, name: str, argv: list[str], env: dict) -> None:
+        log = open(self.log_dir / f"{name}.log", "ab")
+        self.children[name] = subprocess.Popen(argv, cwd=REPO_DIR, env=env, stdout=log, stderr=subprocess.STDOUT)
+
+    def start_worker(self) -> None:
+        """The aggregated API, the console, Celery (with beat) and the informers, as the worker."""
+        cert, key, _ca = self.launcher.serving_pki()
+        env = dict(os.environ, KUBECONFIG=str(self.launcher.worker_kubeconfig))
+        python = sys.executable
+        api = ["runapiserver", f"--port={settings.API_PORT}", f"--certfile={cert}", f"--keyfile={key}"]
+        self.spawn("api", [python, "manage.py", *api], env)
+        console = ["config.wsgi:application", "--bind", self.console, "--workers", "2", "--no-control-socket"]
+        self.spawn("console", [python, "-m", "gunicorn", *console], env)
+        celery = ["-A", "config", "worker", "--pool=prefork", "--concurrency=2", "--beat", "--loglevel=WARNING"]
+        self.spawn("celery", [python, "-m", "celery", *celery, "--without-gossip", "--without-mingle"], env)
+        self.spawn("informers", [python, "manage.py", "runinformers"], env)
+
+    def start_node(self) -> None:
+        """One local node with its plugin, registered as a kubelet would (a Node, a Running plugin Pod)."""
+        env = self.launcher.plugin_env(LOCAL_NODE, LOCAL_NODE_ADDRESS, settings.PLUGIN_PORT)
+        self.spawn("plugin", [sys.executable, "manage.py", "runplugin", f"--node={LOCAL_NODE}"], env)
+
+    def banner(self) -> str:
+        cluster = self.cluster
+        kubectl = f"{cluster.kubectl} --kubeconfig {cluster.kubeconfig}"
+        cache = self.data_dir / "plugin" / LOCAL_NODE / "cache"
+        return (
+            f"\ngpustack-models is running (Kubernetes {cluster.version})\n"
+            f"  kubeconfig: {cluster.kubeconfig}\n"
+            f"  kubectl:    {cluster.kubectl}\n"
+            f"  API:        worker.gpustack.ai/v1 through {cluster.server} (worker on :{settings.API_PORT})\n"
+            f"  console:    http://{self.console}/admin/\n"
+            f"  node:       {LOCAL_NODE} (plugin on {LOCAL_NODE_ADDRESS}:{settings.PLUGIN_PORT}, cache {cache})\n"
+            f"  logs:       {self.log_dir}/\n"
+            f"  try:        {kubectl} api-resources --api-group=worker.gpustack.ai\n"
+            "Ctrl-C stops everything."
+        )
+
+    def supervise(self, stop: threading.Event) -> None:
+        """Until ``stop``; raises ``ProcessExited`` when a process stops on its own."""
+        while not stop.wait(0.5):
+            for name, child in self.children.items():
+                if child.poll() is not None:
+                    log = self.log_dir / f"{name}.log"
+                    raise ProcessExited(f"{name} exited with {child.returncode}; see {log}")
+
+    def stop(self) -> None:
+        if self.launcher is not None:
+            try:
+                self.launcher.unregister()
+            except Exception:  # the control plane may already be gone
+                pass
+        for child in self.children.values():
+            if child.poll() is None:
+                child.terminate()
+        for child in self.children.values():
+            try:
+                child.wait(15)
+            except subprocess.TimeoutExpired:
+                child.kill()
+        self.cluster.stop()

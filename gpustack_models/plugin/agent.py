@@ -1,0 +1,214 @@
+"""The node plugin process (``manage.py runplugin --node NAME``, the DaemonSet's entry point).
+
+It watches its own NodeModelStore (``kube.watch``, the one watch loop), holds the digests ``spec.models``
+lists with the download engine (``engine``), asks the worker for a fetch ticket per digest with its
+Pod-bound token, writes the store's status from what is on disk (``store_status``), and serves
+``GET /model/downloads`` (live bytes, for the worker only), ``/readyz``, ``/livez`` and ``/metrics``
+over HTTPS (``endpoints``).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass
+
+import requests
+
+from gpustack_models import kube
+from gpustack_models.kinds import GROUP, STORAGE_VERSION
+from gpustack_models.kube.reviews import TokenReviewer
+from gpustack_models.kube.watch import Collection, WatchHandler, watch_forever
+
+from . import FAILED, READY, DownloadSettings, Engine, FetchTicket
+from .endpoints import serve
+from .failures import DownloadFailed
+from .metrics import Metrics
+from .store_status import StatusWriter
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class PluginSettings:
+    node: str
+    cache_dir: str
+    address: str  # host:port to serve HTTPS on
+    cert_file: str
+    key_file: str
+    worker_url: str  # the worker's HTTPS base URL (ticket endpoint)
+    worker_ca_file: str
+    worker_username: str  # whose token may read /model/downloads
+    grace_seconds: float = 600.0
+    progress_interval: float = 30.0
+    capacity_bytes: int | None = None
+    auth_cache_ttl: float = 10.0
+    retry_base: float = 60.0
+
+
+class StoreWatch(WatchHandler):
+    """The plugin's own NodeModelStore, as the watch sees it."""
+
+    def __init__(self, plugin: Plugin):
+        self.plugin = plugin
+
+    def page(self, items: list[dict]) -> None:
+        for item in items:
+            self.plugin.on_store(item)
+
+    def event(self, type_: str, obj: dict) -> None:
+        if type_ == "DELETED":
+            self.plugin.uid = ""  # the recreated store gets the status back
+        else:
+            self.plugin.on_store(obj)
+
+
+class Plugin:
+    def __init__(self, settings: PluginSettings, client: kube.Kube | None = None):
+        self.settings = settings
+        self.kube = client or kube.worker()
+        self.stopping = threading.Event()
+        self.metrics = Metrics()
+        self.engine = Engine(
+            settings.cache_dir,
+            capacity_bytes=settings.capacity_bytes,
+            on_change=self._changed,
+            metrics=self.metrics,
+            settings=DownloadSettings(),
+            retry_base=settings.retry_base,
+        )
+        self.writer = StatusWriter(self)
+        self.generation = 0
+        self.uid = ""
+        self.wanted: list[str] = []
+        self.spec_seen = threading.Event()
+        self._reviews = TokenReviewer(lambda: self.kube, settings.auth_cache_ttl, maxsize=256)
+        self._fetching: set[str] = set()
+        self._lock = threading.Lock()
+
+    # --- events ----------------------------------------------------------------------------------------
+    def _changed(self, digest, entry) -> None:
+        self.writer.kick.set()
+
+    def on_store(self, obj: dict) -> None:
+        """A version of our NodeModelStore: follow its spec; a new UID gets its status back from disk."""
+        meta, spec = obj.get("metadata") or {}, obj.get("spec") or {}
+        if meta.get("uid") != self.uid:
+            if self.uid:
+                log.info(
+                    "store %s was recreated (uid %s); writing its status from disk", meta.get("name"), meta.get("uid")
+                )
+            self.uid = meta.get("uid", "")
+            self.writer.force = True
+        self.generation = meta.get("generation") or 0
+        download = spec.get("download") or {}
+        self.engine.set_limits(download.get("concurrency") or 8, download.get("bytesPerSecond") or 0)
+        marks = spec.get("watermarks") or {}
+        try:
+            self.engine.set_watermarks(marks.get("highPercent", 80), max(1, marks.get("lowPercent", 70)))
+        except ValueError as exc:
+            log.warning("ignoring watermarks: %s", exc)
+        self.wanted = [m["digest"] for m in spec.get("models") or [] if m.get("digest")]
+        self.spec_seen.set()
+        self.writer.kick.set()
+        self.reconcile()
+
+    def reconcile(self) -> None:
+        """Start what the spec asks for and is not held; collect what it stopped asking for."""
+        running = {d["digest"] for d in self.engine.running()}
+        for digest in list(self.wanted):
+            entry = self.engine.entry(digest)
+            # A download interrupted by a restart is Downloading but not running: resume it.
+            if entry is not None and (entry.state == READY or digest in running):
+                continue
+            if entry is not None and entry.state == FAILED and entry.retry_time and entry.retry_time > time.time():
+                continue
+            with self._lock:
+                if digest in self._fetching:
+                    continue
+                self._fetching.add(digest)
+            threading.Thread(target=self._start, args=(digest,), daemon=True, name=f"ticket-{digest[7:19]}").start()
+        removed = self.engine.collect(self.wanted, self.settings.grace_seconds) if self.spec_seen.is_set() else []
+        for digest in removed:
+            log.info("removed %s after %.0fs out of spec.models", digest, self.settings.grace_seconds)
+        if removed:
+            self.writer.kick.set()
+
+    def _start(self, digest: str) -> None:
+        try:
+            ticket = self.fetch_ticket(digest)
+            if ticket is not None:
+                self.engine.ensure(ticket)
+        except DownloadFailed as exc:
+            log.warning("%s: %s", digest, exc)
+        except Exception as exc:  # the worker unreachable: the next reconcile asks again
+            log.warning("no fetch ticket for %s yet: %s", digest, exc)
+        finally:
+            with self._lock:
+                self._fetching.discard(digest)
+
+    def fetch_ticket(self, digest: str) -> FetchTicket | None:
+        """Ask the worker for ``digest``'s ticket with our Pod-bound token. The hub token in it stays
+        in memory."""
+        session = requests.Session()
+        session.trust_env = False
+        resp = session.post(
+            f"{self.settings.worker_url.rstrip('/')}/internal/v1/tickets",
+            json={"node": self.settings.node, "digest": digest},
+            headers=self.kube.auth_headers(),
+            verify=self.settings.worker_ca_file,
+            timeout=30,
+        )
+        if resp.status_code in (404, 409):
+            log.info("%s: the worker has no ticket yet (%s)", digest, resp.json().get("message", ""))
+            return None
+        if resp.status_code != 200:
+            raise RuntimeError(f"ticket answer {resp.status_code}: {resp.text[:200]}")
+        data = resp.json()
+        return FetchTicket.from_dict(data, token=data.get("token"))
+
+    # --- watching our store ----------------------------------------------------------------------------
+    def watch_store(self) -> None:
+        collection = Collection(
+            f"/apis/{GROUP}/{STORAGE_VERSION}/nodemodelstores", field_selector=f"metadata.name={self.settings.node}"
+        )
+        watch_forever(self.kube, collection, StoreWatch(self), self.stopping, name="store")
+
+    def reconcile_forever(self) -> None:
+        while not self.stopping.wait(2.0):
+            try:
+                self.reconcile()
+            except Exception as exc:
+                log.warning("reconcile: %s", exc)
+
+    # --- who may read live downloads ---------------------------------------------------------------------
+    def authorized_worker(self, header: str | None) -> int:
+        """200 for the worker's token, 401 without a valid token, 403 for anyone else."""
+        if not header or not header.lower().startswith("bearer "):
+            return 401
+        user = self._reviews.review(header[7:].strip())
+        if user is None:
+            return 401
+        return 200 if user.get("username") == self.settings.worker_username else 403
+
+    # --- the process -----------------------------------------------------------------------------------
+    def run(self) -> None:
+        server = serve(self)
+        threads = [
+            threading.Thread(target=server.serve_forever, name="https", daemon=True),
+            threading.Thread(target=self.watch_store, name="store-watch", daemon=True),
+            threading.Thread(target=self.writer.run, name="status-writer", daemon=True),
+            threading.Thread(target=self.reconcile_forever, name="reconcile", daemon=True),
+        ]
+        for thread in threads:
+            thread.start()
+        log.info(
+            "plugin for node %s serving on %s, cache %s",
+            self.settings.node,
+            self.settings.address,
+            self.settings.cache_dir,
+        )
+        self.stopping.wait()
+        server.shutdown()
+        self.engine.close(timeout=10)

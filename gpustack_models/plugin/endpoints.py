@@ -1,0 +1,63 @@
+"""The plugin's HTTPS endpoint: ``/readyz``, ``/livez``, ``/metrics`` and ``GET /model/downloads`` (the
+live bytes of running downloads, for the worker's token only). Requests are not logged: tokens travel in
+headers."""
+
+from __future__ import annotations
+
+import json
+import ssl
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+DENIED = "only the gpustack-models worker reads live downloads"
+
+
+def status(code: int, reason: str, message: str = "") -> bytes:
+    body = {"kind": "Status", "apiVersion": "v1", "status": "Failure", "code": code, "reason": reason}
+    if message:
+        body["message"] = message
+    return json.dumps(body).encode()
+
+
+class PluginRequestHandler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    plugin = None  # set on the subclass ``serve`` makes
+
+    def log_message(self, fmt, *args):
+        pass
+
+    def _send(self, code: int, body: bytes, content_type="application/json"):
+        self.send_response(code)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def do_GET(self):
+        path = self.path.split("?")[0]
+        if path in ("/readyz", "/livez"):
+            return self._send(200, b"ok", "text/plain")
+        if path == "/metrics":
+            return self._send(200, generate_latest(self.plugin.metrics.registry), CONTENT_TYPE_LATEST)
+        if path == "/model/downloads":
+            return self.downloads()
+        return self._send(404, status(404, "NotFound"))
+
+    def downloads(self):
+        code = self.plugin.authorized_worker(self.headers.get("Authorization"))
+        if code != 200:
+            return self._send(code, status(code, "Unauthorized" if code == 401 else "Forbidden", DENIED))
+        return self._send(200, json.dumps({"downloads": self.plugin.engine.running()}).encode())
+
+
+def serve(plugin) -> ThreadingHTTPServer:
+    """The HTTPS server of ``plugin`` (not started: call ``serve_forever``)."""
+    handler = type("Handler", (PluginRequestHandler,), {"plugin": plugin})
+    host, _, port = plugin.settings.address.rpartition(":")
+    server = ThreadingHTTPServer((host.strip("[]"), int(port)), handler)
+    server.daemon_threads = True
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(plugin.settings.cert_file, plugin.settings.key_file)
+    server.socket = context.wrap_socket(server.socket, server_side=True)
+    return server

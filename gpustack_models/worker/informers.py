@@ -1,0 +1,126 @@
+"""Informers: list-then-watch of the storage CRDs, Nodes and the plugin's Pods, feeding the mirror.
+
+Each informer runs ``kube.watch.watch_forever`` (the one watch loop) with a handler that turns what it
+sees into Celery tasks: the pages of a (re)list in batches, then the prune of what the list no longer
+returned, then one task per watch event. No Secret informer: the worker reads a Secret by name when it
+needs one.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+
+from gpustack_models import kube
+from gpustack_models.kinds import GROUP, STORAGE_VERSION
+from gpustack_models.kube.watch import Collection, WatchHandler, watch_forever
+
+log = logging.getLogger(__name__)
+
+BATCH = 100
+
+
+def strip(obj: dict) -> dict:
+    """The object without managedFields (the mirror never needs them; they are most of an object)."""
+    metadata = obj.get("metadata")
+    if isinstance(metadata, dict) and "managedFields" in metadata:
+        obj = {**obj, "metadata": {k: v for k, v in metadata.items() if k != "managedFields"}}
+    return obj
+
+
+class CelerySink:
+    """Each event becomes a Celery task."""
+
+    def event(self, resource: str, kind: str, obj: dict) -> None:
+        from gpustack_models.tasks import mirror_event
+
+        mirror_event.delay(resource, kind, obj)
+
+    def batch(self, resource: str, objects: list[dict]) -> None:
+        from gpustack_models.tasks import mirror_batch
+
+        mirror_batch.delay(resource, objects)
+
+    def prune(self, resource: str, keys: list[dict], list_rv: int) -> None:
+        from gpustack_models.tasks import mirror_prune
+
+        mirror_prune.delay(resource, keys, list_rv)
+
+    def record(self, resource: str, resource_version: str, expired: bool) -> None:
+        from gpustack_models.tasks import record_informer
+
+        record_informer.delay(resource, resource_version, True, expired)
+
+
+@dataclass
+class Informer(WatchHandler):
+    """One mirrored resource: what to watch and where its events go."""
+
+    resource: str  # the mirror kind's resource name
+    collection: Collection
+    client: kube.Kube | None = None
+    sink: object = None  # dispatches to Celery; tests may replace it
+    stop: threading.Event = field(default_factory=threading.Event)
+    listed_keys: list[dict] = field(default_factory=list)
+
+    def __post_init__(self):
+        if self.sink is None:
+            self.sink = CelerySink()
+
+    @property
+    def kube(self) -> kube.Kube:
+        return self.client or kube.worker()
+
+    # --- WatchHandler ----------------------------------------------------------------------------------
+    def relisting(self) -> None:
+        self.listed_keys = []
+
+    def page(self, items: list[dict]) -> None:
+        for start in range(0, len(items), BATCH):
+            self.sink.batch(self.resource, [strip(i) for i in items[start : start + BATCH]])
+        self.listed_keys.extend(key_of(item) for item in items)
+
+    def listed(self, resource_version: str, expired: bool) -> None:
+        keys, self.listed_keys = self.listed_keys, []
+        self.sink.prune(self.resource, keys, int(resource_version))
+        self.sink.record(self.resource, resource_version, expired)
+        log.info("%s: listed %d objects at resourceVersion %s", self.resource, len(keys), resource_version)
+
+    def event(self, type_: str, obj: dict) -> None:
+        self.sink.event(self.resource, type_, strip(obj))
+
+    def run_forever(self) -> None:
+        watch_forever(self.kube, self.collection, self, self.stop, name=self.resource)
+
+
+def key_of(obj: dict) -> dict:
+    meta = obj.get("metadata") or {}
+    key = {"name": meta.get("name", "")}
+    if meta.get("namespace"):
+        key["namespace"] = meta["namespace"]
+    return key
+
+
+def informers(namespace: str, plugin_selector: str) -> list[Informer]:
+    base = f"/apis/{GROUP}/{STORAGE_VERSION}"
+    return [
+        Informer("modelartifacts", Collection(f"{base}/modelartifacts")),
+        Informer("nodemodelstores", Collection(f"{base}/nodemodelstores")),
+        Informer("modelprefetches", Collection(f"{base}/modelprefetches")),
+        Informer("nodes", Collection("/api/v1/nodes")),
+        Informer("pods", Collection(f"/api/v1/namespaces/{namespace}/pods", label_selector=plugin_selector)),
+    ]
+
+
+def run_all(items: list[Informer]) -> None:
+    threads = [threading.Thread(target=i.run_forever, name=f"informer-{i.resource}", daemon=True) for i in items]
+    for thread in threads:
+        thread.start()
+    try:
+        while any(t.is_alive() for t in threads):
+            time.sleep(1)
+    finally:
+        for i in items:
+            i.stop.set()

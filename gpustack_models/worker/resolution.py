@@ -1,0 +1,192 @@
+"""Resolution: an artifact's source, turned once into a commit and a manifest digest, written to its status.
+
+``resolve_artifact`` reads the artifact, and unless it is already resolved for its generation:
+
+1. a claim source is resolved when the claim exists;
+2. a hub source reads its Secret's token (if it names one), asks the hub for the revision's commit and
+   file list, selects the files with the patterns, computes the digest and checks ``expectedDigest``;
+3. the manifest and where it came from are kept in the mirror (the plugins' fetch tickets need them);
+4. the resolver's part of the status is applied (``Resolved`` condition, ``status.resolved``).
+
+A failure that may pass (hub unavailable, Secret or claim missing) asks the caller to retry with backoff
+and never revokes an earlier resolution; the others are written as the ``Resolved=False`` reason.
+"""
+
+from __future__ import annotations
+
+import base64
+import logging
+from dataclasses import dataclass
+
+from django.conf import settings
+from django.db import transaction
+
+from gpustack_models import kube
+from gpustack_models.models import Artifact, ConditionStatus, Manifest, Resolution, SourceKind
+from gpustack_models.sources import SourceError, build_manifest, huggingface, modelscope
+
+from .writes import RESOLVER, apply_status, artifact_path, condition, find_condition
+
+log = logging.getLogger(__name__)
+
+RETRYABLE = ("SourceUnavailable", "SecretNotFound", "ClaimNotFound")
+HUBS = {
+    SourceKind.HUGGING_FACE: (huggingface, "HF_ENDPOINT", "main"),
+    SourceKind.MODEL_SCOPE: (modelscope, "MODELSCOPE_ENDPOINT", "master"),
+}
+
+
+def needs_resolution(obj: dict) -> bool:
+    """Not yet resolved for its generation (a written failure for this generation counts as an answer)."""
+    generation = (obj.get("metadata") or {}).get("generation") or 0
+    status = obj.get("status") or {}
+    if status.get("observedGeneration") != generation:
+        return True
+    return find_condition(obj, "Resolved").get("reason") in RETRYABLE
+
+
+@dataclass
+class Outcome:
+    reason: str
+    retry: bool = False
+    retry_after: float | None = None
+
+
+class Failed(Exception):
+    """A resolution step failed for ``reason``; ``retry``: it may pass later."""
+
+    def __init__(self, reason: str, message: str, retry: bool = False, retry_after: float | None = None):
+        super().__init__(message)
+        self.reason, self.message, self.retry, self.retry_after = reason, message, retry, retry_after
+
+
+def resolve_artifact(namespace: str, name: str) -> Outcome:
+    """Resolve ``namespace/name`` and write its status (see the module's docstring)."""
+    try:
+        obj = kube.worker().get(artifact_path(namespace, name))
+    except kube.NotFound:
+        return Outcome("Gone")
+    return ArtifactResolution(obj).run()
+
+
+class ArtifactResolution:
+    """One resolution of one version of an artifact."""
+
+    def __init__(self, obj: dict):
+        self.obj = obj
+        meta = obj["metadata"]
+        self.namespace, self.name = meta["namespace"], meta["name"]
+        self.generation = meta.get("generation") or 0
+        self.status = obj.get("status") or {}
+        self.spec = obj.get("spec") or {}
+        self.previous = find_condition(obj, "Resolved")
+
+    def run(self) -> Outcome:
+        if self.status.get("observedGeneration") == self.generation and self.previous.get("status") == "True":
+            return Outcome("Resolved")
+        source = self.spec.get("source") or {}
+        try:
+            if SourceKind.CLAIM in source:
+                return self.resolve_claim(source[SourceKind.CLAIM]["claimName"])
+            kind = SourceKind.HUGGING_FACE if SourceKind.HUGGING_FACE in source else SourceKind.MODEL_SCOPE
+            return self.resolve_hub(kind, source.get(kind) or {})
+        except Failed as failure:
+            return self.fail(failure)
+
+    # --- steps -----------------------------------------------------------------------------------------
+    def resolve_claim(self, claim: str) -> Outcome:
+        try:
+            kube.worker().get(f"/api/v1/namespaces/{self.namespace}/persistentvolumeclaims/{claim}")
+        except kube.NotFound:
+            raise Failed(
+                "ClaimNotFound", f"PersistentVolumeClaim {claim!r} does not exist in {self.namespace}", True
+            ) from None
+        self.write({}, self.resolved_condition(f"claim {claim} exists"))
+        return Outcome("Resolved")
+
+    def resolve_hub(self, kind: str, member: dict) -> Outcome:
+        secret_name = (member.get("secretRef") or {}).get("name", "")
+        token = self.read_token(secret_name) if secret_name else None
+        hub, endpoint_setting, default_revision = HUBS[kind]
+        endpoint = getattr(settings, endpoint_setting)
+        revision = member.get("revision") or default_revision
+        try:
+            resolution = hub.resolve(
+                member["repository"],
+                revision,
+                endpoint=endpoint,
+                token=token,
+                proxy=settings.HUB_PROXY or None,
+                ca_bundle=settings.HUB_CA_BUNDLE or None,
+                timeout=settings.HUB_TIMEOUT,
+            )
+            files, digest = build_manifest(
+                resolution.files, self.spec.get("allowPatterns"), self.spec.get("ignorePatterns")
+            )
+        except SourceError as exc:
+            raise Failed(exc.reason, exc.message, exc.retryable, exc.retry_after) from None
+        self.check_expected(digest)
+        origin = {"source": kind, "endpoint": endpoint, "repository": member["repository"]}
+        self.remember(files, digest, dict(origin, commit=resolution.commit, secret_name=secret_name))
+        resolved = {
+            "revision": resolution.commit,
+            "manifestDigest": digest,
+            "fileCount": len(files),
+            "sizeBytes": sum(f.size for f in files),
+        }
+        self.write(resolved, self.resolved_condition(f"{member['repository']}@{revision} is {resolution.commit}"))
+        return Outcome("Resolved")
+
+    def read_token(self, secret_name: str) -> str:
+        try:
+            secret = kube.worker().get(f"/api/v1/namespaces/{self.namespace}/secrets/{secret_name}")
+        except kube.NotFound:
+            raise Failed("SecretNotFound", f"Secret {secret_name!r} does not exist in {self.namespace}", True) from None
+        raw = (secret.get("data") or {}).get("token")
+        if not raw:
+            raise Failed("SecretNotFound", f"Secret {secret_name!r} has no key 'token'", True)
+        return base64.b64decode(raw).decode().strip()
+
+    def check_expected(self, digest: str) -> None:
+        expected = self.spec.get("expectedDigest")
+        if expected and expected != digest:
+            raise Failed("DigestMismatch", f"resolution produced {digest}, spec.expectedDigest is {expected}")
+
+    def remember(self, files: list, digest: str, origin: dict) -> None:
+        """The manifest, and where this artifact's copy of it comes from (for the plugins' tickets)."""
+        size = sum(f.size for f in files)
+        with transaction.atomic():
+            manifest, _ = Manifest.objects.get_or_create(
+                digest=digest,
+                defaults={"files": [f.__dict__ for f in files], "file_count": len(files), "size_bytes": size},
+            )
+            row = Artifact.objects.filter(namespace=self.namespace, name=self.name).first()
+            if row is not None:
+                Resolution.objects.update_or_create(
+                    artifact=row, defaults={"generation": self.generation, "manifest": manifest, **origin}
+                )
+
+    # --- writing the outcome ---------------------------------------------------------------------------
+    def resolved_condition(self, message: str) -> dict:
+        return condition("Resolved", ConditionStatus.TRUE, "Resolved", message, self.previous, self.generation)
+
+    def fail(self, failure: Failed) -> Outcome:
+        already = bool((self.status.get("resolved") or {}).get("manifestDigest"))
+        # A temporary failure never revokes an earlier resolution: keep Resolved=True then.
+        if not (failure.retry and already):
+            cond = condition(
+                "Resolved", ConditionStatus.FALSE, failure.reason, failure.message, self.previous, self.generation
+            )
+            self.write(None, cond)
+        log.info("resolving %s/%s: %s: %s", self.namespace, self.name, failure.reason, failure.message)
+        return Outcome(failure.reason, retry=failure.retry, retry_after=failure.retry_after)
+
+    def write(self, resolved: dict | None, cond: dict) -> None:
+        """Apply the resolver's part of the status. ``resolved=None`` keeps what it was (a failure)."""
+        status = {"observedGeneration": self.generation, "conditions": [cond]}
+        if resolved:
+            status["resolved"] = resolved
+        elif resolved is None and self.status.get("resolved"):
+            status["resolved"] = self.status["resolved"]
+        metadata = {"name": self.name, "namespace": self.namespace}
+        apply_status(artifact_path(self.namespace, self.name), "ModelArtifact", metadata, status, RESOLVER)

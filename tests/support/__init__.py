@@ -1,0 +1,18 @@
+"""Test support: helpers (``waiting``, ``kubernetes``, ``paths``) and the fixtures the root conftest
+loads with ``pytest_plugins`` (``cluster``, ``worker``, ``plugins``)."""
+
+from .kubernetes import kube_update, kubectl_run, read_modify_write, status_of, token_http
+from .paths import PLUGIN_PORT, REPO, TEST_STATE
+from .waiting import wait_for
+
+__all__ = [
+    "PLUGIN_PORT",
+    "REPO",
+    "TEST_STATE",
+    "kube_update",
+    "kubectl_run",
+    "read_modify_write",
+    "status_of",
+    "token_http",
+    "wait_for",
+]

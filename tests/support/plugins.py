@@ -1,0 +1,72 @@
+"""Fixtures: real node plugins (``manage.py runplugin``), one per loopback address and cache directory."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import requests
+
+from .paths import PLUGIN_PORT, REPO, TEST_STATE
+from .waiting import wait_for
+
+
+class PluginProcess:
+    """One ``manage.py runplugin`` for one node, on its own loopback address and cache directory."""
+
+    def __init__(self, launcher, worker_api, node: str, address: str, extra_env: dict):
+        self.node, self.address = node, address
+        self.env = launcher.plugin_env(node, address, PLUGIN_PORT)
+        self.env.update(GPUSTACK_WORKER_URL=worker_api.url, NO_PROXY="*", no_proxy="*", **extra_env)
+        self.cache = Path(self.env["GPUSTACK_PLUGIN_CACHE_DIR"])
+        self.proc = None
+        self.url = f"https://{address}:{PLUGIN_PORT}"
+
+    def start(self):
+        log = open(TEST_STATE / f"plugin-{self.node}.log", "ab")
+        self.proc = subprocess.Popen(
+            [sys.executable, "manage.py", "runplugin", f"--node={self.node}"],
+            cwd=REPO,
+            env=self.env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+        session = requests.Session()
+        session.trust_env = False
+
+        def up():
+            if self.proc.poll() is not None:
+                raise AssertionError(f"plugin {self.node} exited; see plugin-{self.node}.log")
+            try:
+                return session.get(f"{self.url}/readyz", verify=False, timeout=1).status_code == 200
+            except requests.RequestException:
+                return False
+
+        import urllib3
+
+        urllib3.disable_warnings()
+        wait_for(up, timeout=30, message=f"plugin {self.node} to serve")
+        return self
+
+    def stop(self, kill=False):
+        if self.proc and self.proc.poll() is None:
+            self.proc.kill() if kill else self.proc.terminate()
+            self.proc.wait(30)
+
+
+@pytest.fixture
+def start_plugin(worker_stack, worker_api, launcher):
+    """Start node plugins: ``start_plugin(node, address, **env)``; all stopped after the test."""
+    started: list[PluginProcess] = []
+
+    def start(node: str, address: str, **env) -> PluginProcess:
+        plugin = PluginProcess(launcher, worker_api, node, address, {k: str(v) for k, v in env.items()})
+        started.append(plugin)
+        return plugin.start()
+
+    yield start
+    for plugin in started:
+        plugin.stop()
+        launcher.unregister_node(plugin.node)

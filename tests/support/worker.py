@@ -1,0 +1,241 @@
+"""Fixtures: the worker's processes as ``make run`` starts them (the aggregated API, the informers, a
+Celery worker with beat), the fake hub they resolve against, and clients with the worker's identity."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+import requests
+
+from .kubernetes import token_http
+from .paths import PLUGIN_PORT, REPO, TEST_STATE
+from .waiting import wait_for
+
+
+class WorkerAPI:
+    """The worker's API server process, registered as APIService v1.worker.gpustack.ai."""
+
+    def __init__(self, launcher, port: int, db_url: str):
+        self.launcher = launcher
+        self.port = port
+        self.db_url = db_url
+        self.proc = None
+        self.crt, self.key, self.ca_pem = launcher.serving_pki()
+        self.ca_file = launcher.pki_dir / "ca.crt"
+        self.url = f"https://127.0.0.1:{port}"
+
+    def env(self) -> dict:
+        env = dict(os.environ)
+        env.update(
+            KUBECONFIG=str(self.launcher.worker_kubeconfig),
+            GPUSTACK_DATA_DIR=str(TEST_STATE),
+            DATABASE_URL=self.db_url,
+            GPUSTACK_PLUGIN_PORT=str(PLUGIN_PORT),
+            GPUSTACK_PROGRESS_LIVE_TIMEOUT="2",
+        )
+        return env
+
+    def start(self) -> None:
+        log = open(TEST_STATE / "worker-api.log", "ab")
+        self.proc = subprocess.Popen(
+            [
+                sys.executable,
+                "manage.py",
+                "runapiserver",
+                f"--port={self.port}",
+                "--workers=2",
+                f"--certfile={self.crt}",
+                f"--keyfile={self.key}",
+            ],
+            cwd=REPO,
+            env=self.env(),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+        session = requests.Session()
+        session.trust_env = False
+        wait_for(lambda: _healthy(session, self), timeout=60, message="the worker API to listen")
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+
+    def session(self, *, token=None, cert=None, headers=None) -> requests.Session:
+        """A client straight to the worker (not through kube-apiserver)."""
+        session = requests.Session()
+        session.trust_env = False
+        session.verify = str(self.ca_file)
+        if token:
+            session.headers["Authorization"] = f"Bearer {token}"
+        if cert:
+            session.cert = cert
+        session.headers.update(headers or {})
+        session.base = self.url
+        return session
+
+
+def _healthy(session, api) -> bool:
+    if api.proc.poll() is not None:
+        raise AssertionError(f"the worker API exited with {api.proc.returncode}; see {TEST_STATE / 'worker-api.log'}")
+    try:
+        return session.get(f"{api.url}/healthz", verify=str(api.ca_file), timeout=2).status_code == 200
+    except requests.RequestException:
+        return False
+
+
+@pytest.fixture(scope="session")
+def launcher(cluster):
+    from gpustack_models.local.launcher import Launcher
+
+    lc = Launcher(cluster, TEST_STATE)
+    lc.install()
+    lc.write_worker_kubeconfig()
+    return lc
+
+
+@pytest.fixture(scope="session")
+def worker_api(launcher, django_db_setup, django_db_blocker):
+    from gpustack_models.local.cluster import free_port
+
+    with django_db_blocker.unblock():
+        url = database_url()
+    api = WorkerAPI(launcher, free_port(), url)
+    api.start()
+    try:
+        launcher.register(api.port)
+        launcher.wait_available()
+        yield api
+    finally:
+        launcher.unregister()
+        api.stop()
+
+
+@pytest.fixture(scope="session")
+def worker_kube(launcher):
+    """A client with the worker's own identity (its ServiceAccount token)."""
+    from gpustack_models import kube
+
+    return kube.Kube(kube.load_configuration(str(launcher.worker_kubeconfig)))
+
+
+@pytest.fixture(scope="session")
+def storage_http(cluster, launcher):
+    """kube-apiserver with the worker's identity: what the admission policies let write v1alpha1."""
+    import yaml
+
+    token = yaml.safe_load(launcher.worker_kubeconfig.read_text())["users"][0]["user"]["token"]
+    return token_http(cluster, token)
+
+
+# --- The worker's background processes -----------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def hub():
+    """A fake Hugging Face / ModelScope hub for the whole session (the worker resolves against it)."""
+    from tests.fakehub import FakeHub
+
+    with FakeHub() as fake:
+        yield fake
+
+
+def database_url() -> str:
+    """The test database as a URL, for processes the suite starts."""
+    from django.db import connection
+
+    s = connection.settings_dict
+    if connection.vendor == "sqlite":
+        return f"sqlite:///{s['NAME']}"
+    return f"postgres://{s['USER']}:{s.get('PASSWORD') or ''}@{s['HOST']}:{s['PORT']}/{s['NAME']}"
+
+
+class WorkerStack:
+    """The worker's informers and a Celery worker (with beat), as ``make run`` starts them."""
+
+    def __init__(self, launcher, hub, db_url):
+        self.launcher = launcher
+        self.hub = hub
+        self.db_url = db_url
+        self.procs: dict[str, subprocess.Popen] = {}
+
+    def env(self) -> dict:
+        env = dict(os.environ)
+        env.update(
+            KUBECONFIG=str(self.launcher.worker_kubeconfig),
+            GPUSTACK_DATA_DIR=str(TEST_STATE),
+            DATABASE_URL=self.db_url,
+            HF_ENDPOINT=self.hub.url,
+            MODELSCOPE_ENDPOINT=self.hub.url,
+            GPUSTACK_RESOLVE_RETRY_BASE="0.5",
+            GPUSTACK_RESOLVE_RETRY_MAX="3",
+            NO_PROXY="127.0.0.1,127.0.0.2,localhost",
+            no_proxy="127.0.0.1,127.0.0.2,localhost",
+            HF_HOME=str(TEST_STATE / "hf-home"),
+            MODELSCOPE_HOME=str(TEST_STATE / "modelscope-home"),
+        )
+        return env
+
+    def start(self, name: str) -> None:
+        argv = {
+            "informers": [sys.executable, "manage.py", "runinformers"],
+            "celery": [
+                sys.executable,
+                "-m",
+                "celery",
+                "-A",
+                "config",
+                "worker",
+                "--pool=prefork",
+                "--concurrency=4",
+                "--beat",
+                f"--schedule={TEST_STATE / 'beat-schedule'}",
+                "--without-gossip",
+                "--without-mingle",
+                "--loglevel=WARNING",
+            ],
+        }[name]
+        log = open(TEST_STATE / f"{name}.log", "ab")
+        self.procs[name] = subprocess.Popen(argv, cwd=REPO, env=self.env(), stdout=log, stderr=subprocess.STDOUT)
+
+    def stop(self, name: str, kill: bool = False) -> None:
+        proc = self.procs.pop(name, None)
+        if proc is None or proc.poll() is not None:
+            return
+        proc.kill() if kill else proc.terminate()
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(5)
+
+
+@pytest.fixture(scope="session")
+def worker_stack(launcher, hub, django_db_setup, django_db_blocker):
+    with django_db_blocker.unblock():
+        url = database_url()
+    stack = WorkerStack(launcher, hub, url)
+    stack.start("celery")
+    stack.start("informers")
+    try:
+        yield stack
+    finally:
+        stack.stop("informers")
+        stack.stop("celery")
+
+
+@pytest.fixture
+def mirror_db(django_db_blocker):
+    """Read the mirror the worker writes (no per-test transaction, nothing flushed)."""
+    from django.db import connection
+
+    with django_db_blocker.unblock():
+        yield
+        connection.close()
