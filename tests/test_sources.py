@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import random
+import re
 import socket
 import time
 
@@ -201,6 +202,12 @@ def ms(hub, repository, revision="master", **kwargs):
     return modelscope.resolve(repository, revision, endpoint=hub.url, **kwargs)
 
 
+@pytest.fixture
+def hub(request):
+    """The ``fakehub`` fixture, by a name this module does not import (tests added here use this one)."""
+    return request.getfixturevalue("fakehub")
+
+
 def closed_port_url() -> str:
     s = socket.socket()
     s.bind(("127.0.0.1", 0))
@@ -361,6 +368,41 @@ def test_it_trusts_the_given_ca_bundle_only(hub_env, tmp_path):
             ms(hub, "owner/model")
 
 
+def test_it_names_xet_backed_files_by_their_lfs_sha256(hub):
+    from huggingface_hub import HfApi
+    from huggingface_hub.hf_api import RepoFile
+
+    files = model_files()
+    hub.add_hf_repo("org/lfs", files)
+    hub.add_hf_repo("org/xet", files, xet=True)
+    listed = HfApi(endpoint=hub.url, token=False).list_repo_tree("org/xet", recursive=True)
+    xet_paths = {e.path for e in listed if isinstance(e, RepoFile) and e.xet_hash}
+    assert xet_paths == {p for p, c in files.items() if len(c) >= hub.lfs_threshold}
+
+    as_lfs, as_xet = hf(hub, "org/lfs"), hf(hub, "org/xet")
+    assert set(as_xet.files) == set(as_lfs.files)  # the same paths, sizes, checksums and LFS flags
+    assert manifest_text(as_xet.files) == manifest_text(as_lfs.files)
+    xet_digest = build_manifest(as_xet.files)[1]
+    assert xet_digest == build_manifest(as_lfs.files)[1] == expected_digest(files, lfs_threshold=hub.lfs_threshold)
+    for f in as_xet.files:
+        if f.path in xet_paths:
+            assert (f.algorithm, f.hexdigest, f.lfs) == ("sha256", hashlib.sha256(files[f.path]).hexdigest(), True)
+
+
+def test_it_refuses_a_xet_file_listed_without_its_sha256(hub):
+    hub.add_hf_repo("org/xet", model_files(), xet=True)
+    hub.add_hf_repo("org/small", {"config.json": b"{}"}, xet=True)  # nothing big enough for Xet
+    hub.xet_lfs_info = False
+    with pytest.raises(InvalidManifest) as invalid:
+        hf(hub, "org/xet")
+    assert invalid.value.reason == "InvalidManifest" and not invalid.value.retryable
+    message = str(invalid.value)
+    assert message.startswith("InvalidManifest: org/xet@main: model-00001-of-00002.safetensors: stored with Xet")
+    assert hub.file_info("org/xet", "model-00001-of-00002.safetensors").xet_hash in message
+    assert "without its LFS sha256" in message
+    assert hf(hub, "org/small").commit == hub.commit_id("org/small")
+
+
 # --------------------------------------------------------------------------------------------------
 # ModelScope
 # --------------------------------------------------------------------------------------------------
@@ -456,6 +498,50 @@ def test_it_sends_modelscope_requests_through_the_given_proxy_only(fakehub, hub_
     hub_env.setenv("HTTP_PROXY", closed_port_url())
     hub_env.setenv("http_proxy", closed_port_url())
     assert ms(fakehub, "owner/model").commit == resolution.commit
+
+
+# The business codes ModelScope answers with HTTP 200 and ``Success: false``, and what they mean for
+# the repository (its info, its revisions) and for a listing at a revision.
+MS_REFUSALS = [
+    (401, AccessDenied, AccessDenied),
+    (403, AccessDenied, AccessDenied),
+    (10010103009, AccessDenied, AccessDenied),  # AccessToken is invalid or expired
+    ("InvalidAuthentication", AccessDenied, AccessDenied),
+    ("OperationNotAllowed", AccessDenied, AccessDenied),
+    (404, AccessDenied, RevisionNotFound),
+    (400, AccessDenied, RevisionNotFound),
+    ("ResourceNotFound", AccessDenied, RevisionNotFound),
+    ("InputParameterError", AccessDenied, RevisionNotFound),
+    (429, SourceUnavailable, SourceUnavailable),
+    ("RateLimitExceed", SourceUnavailable, SourceUnavailable),
+    (500, SourceUnavailable, SourceUnavailable),
+    (503, SourceUnavailable, SourceUnavailable),
+    (10030000001, SourceUnavailable, SourceUnavailable),  # retryable commit conflict: not a read's answer
+    ("QuotaLimitExceed", SourceUnavailable, SourceUnavailable),
+    (10010101001, SourceUnavailable, SourceUnavailable),  # model already exists: not a read's answer
+    (200, SourceUnavailable, SourceUnavailable),  # "Success": false with Code 200
+    (99999999999, SourceUnavailable, SourceUnavailable),  # a code nobody knows yet
+]
+
+
+@pytest.mark.parametrize("code, on_repository, on_listing", MS_REFUSALS, ids=[str(c[0]) for c in MS_REFUSALS])
+def test_it_maps_modelscope_refusals_answered_with_http_200(hub, code, on_repository, on_listing):
+    commit = hub.add_ms_repo("owner/model", {"config.json": b"{}"}, tags=("v1",))
+    endpoints = [
+        (re.compile(r"^/api/v1/models/owner/model(\?|$)"), "v1", on_repository),
+        ("/api/v1/models/owner/model/revisions", "v1", on_repository),
+        ("/api/v1/models/owner/model/repo/files", "v1", on_listing),
+        ("/api/v1/models/owner/model/repo/files", commit, on_listing),  # a commit: no revisions check
+    ]
+    for match, revision, expected in endpoints:
+        hub.faults.refuse(match, code, "refused by the test")
+        with pytest.raises(SourceError) as refused:
+            ms(hub, "owner/model", revision)
+        assert type(refused.value) is expected, (match, revision)
+        assert refused.value.retryable is (expected is SourceUnavailable)
+        assert f"code {code}: refused by the test" in str(refused.value)
+    assert [r.status for r in hub.requests if r.fault == "refuse"] == [200] * len(endpoints)
+    assert ms(hub, "owner/model", "v1").commit == commit  # every refusal used up
 
 
 # --------------------------------------------------------------------------------------------------

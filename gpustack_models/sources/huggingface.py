@@ -27,8 +27,10 @@ import re
 import ssl
 import threading
 from collections import OrderedDict
+from collections.abc import Callable
 from contextvars import ContextVar
 from dataclasses import dataclass
+from typing import Any
 
 import httpx2
 from huggingface_hub import HfApi
@@ -43,11 +45,11 @@ from huggingface_hub.errors import (
     RepositoryNotFoundError,
     RevisionNotFoundError,
 )
-from huggingface_hub.hf_api import RepoFile
+from huggingface_hub.hf_api import ModelInfo, RepoFile
 from huggingface_hub.utils import get_session, parse_ratelimit_headers, set_client_factory
 from huggingface_hub.utils._http import hf_request_event_hook
 
-from .errors import AccessDenied, InvalidManifest, RevisionNotFound, SourceUnavailable
+from .errors import AccessDenied, InvalidManifest, RevisionNotFound, SourceError, SourceUnavailable
 from .manifest import ManifestFile, Resolution
 
 hf_constants.HF_HUB_DISABLE_TELEMETRY = True
@@ -192,16 +194,123 @@ def _call_settings(settings: _CallSettings):
 
 
 # --------------------------------------------------------------------------------------------------
+# Hub errors -> SourceError
+# --------------------------------------------------------------------------------------------------
+
+
+def _refused(error: type[SourceError], message: str) -> Callable[[Exception, str], SourceError]:
+    return lambda exc, where: error(f"{where}: {message}")
+
+
+def _transport_failed(exc: _HubUnavailable, where: str) -> SourceError:
+    return SourceUnavailable(f"{where}: {exc}", retry_after=exc.retry_after)
+
+
+def _http_refused(exc: HfHubHTTPError, where: str) -> SourceError:
+    status = exc.response.status_code if exc.response is not None else None
+    if status in (401, 403, 404):
+        return AccessDenied(f"{where}: HTTP {status}: {exc.server_message or 'refused'}")
+    return SourceUnavailable(f"{where}: unexpected HTTP {status}: {exc.server_message or exc}")
+
+
+# What each failure of the client means, first match wins (subclasses before their bases).
+_HUB_ERRORS: tuple[tuple[type[Exception] | tuple[type[Exception], ...], Callable[[Any, str], SourceError]], ...] = (
+    (_HubUnavailable, _transport_failed),
+    (GatedRepoError, _refused(AccessDenied, "the repository is gated and this token has not been granted access")),
+    (DisabledRepoError, _refused(AccessDenied, "access to the repository is disabled")),
+    (
+        RepositoryNotFoundError,
+        _refused(AccessDenied, "repository not found, or private and this token has no access to it"),
+    ),
+    (RevisionNotFoundError, _refused(RevisionNotFound, "no such branch, tag or commit")),
+    (EntryNotFoundError, _refused(RevisionNotFound, "the revision has no file tree")),
+    (HfHubHTTPError, _http_refused),
+    (HFValidationError, lambda exc, where: AccessDenied(f"{where}: invalid repository id or revision: {exc}")),
+    (OfflineModeIsEnabled, _refused(SourceUnavailable, "HF_HUB_OFFLINE is set in this process")),
+    (httpx2.HTTPError, lambda exc, where: SourceUnavailable(f"{where}: {type(exc).__name__}: {exc}")),
+    # An answer that does not parse (JSON, missing field): treat as a broken hub or mirror.
+    (
+        (ValueError, KeyError, TypeError),
+        lambda exc, where: SourceUnavailable(f"{where}: unexpected answer from the hub: {type(exc).__name__}: {exc}"),
+    ),
+)
+
+
+def _source_error(exc: Exception, where: str) -> SourceError | None:
+    for types, to_source_error in _HUB_ERRORS:
+        if isinstance(exc, types):
+            return to_source_error(exc, where)
+    return None
+
+
+@contextlib.contextmanager
+def _hub_errors(where: str):
+    """Turn the client's failures inside the block into the ``SourceError`` they mean."""
+    try:
+        yield
+    except Exception as exc:
+        error = _source_error(exc, where)
+        if error is None:
+            raise
+        raise error from None
+
+
+# --------------------------------------------------------------------------------------------------
 # Resolution
 # --------------------------------------------------------------------------------------------------
 
 
 def _manifest_file(entry: RepoFile) -> ManifestFile:
+    """An LFS file (Xet-backed or not) is named by its LFS sha256, any other file by its git blob id.
+
+    A Xet-backed file is an LFS file to git: the hub lists its ``lfs`` object (sha256, size) next to
+    its ``xetHash``, so it gets exactly the line the same file stored in classic LFS gets. The Xet
+    hash is no content checksum anyone can verify a download against, and the listed ``oid`` is the
+    LFS pointer's, not the content's: without the ``lfs`` object the file cannot be named.
+    """
     if entry.lfs is not None:
         return ManifestFile(entry.path, int(entry.lfs.size), "sha256", entry.lfs.sha256, lfs=True)
-    if entry.xet_hash:
-        raise ValueError(f"{entry.path}: stored without an LFS sha256, its content checksum is unknown")
+    if entry.xet_hash is not None:
+        raise ValueError(
+            f"{entry.path}: stored with Xet (xetHash {entry.xet_hash}) but listed without its LFS sha256;"
+            " a Xet hash is not a content checksum, so the file cannot be part of a manifest"
+        )
     return ManifestFile(entry.path, int(entry.size), "gitsha1", entry.blob_id, lfs=False)
+
+
+def _learn_commit(info: ModelInfo, where: str) -> str:
+    """The commit the revision points at, as the model info reports it."""
+    commit = info.sha
+    if not isinstance(commit, str) or not _COMMIT.fullmatch(commit):
+        raise SourceUnavailable(f"{where}: the hub answered without a commit id (sha={commit!r})")
+    return commit
+
+
+def _check_gated_access(api: HfApi, repository: str, info: ModelInfo) -> None:
+    """Gated repositories list their files to anyone; only downloads are refused: ask the hub."""
+    if info.gated:
+        api.auth_check(repository)
+
+
+def _list_tree(api: HfApi, repository: str, commit: str, where: str) -> list[ManifestFile]:
+    """Every file of the repository at ``commit`` (all pages of the recursive tree listing)."""
+    files: list[ManifestFile] = []
+    for entry in api.list_repo_tree(repository, recursive=True, revision=commit):
+        if not isinstance(entry, RepoFile):
+            continue
+        try:
+            files.append(_manifest_file(entry))
+        except ValueError as exc:
+            raise InvalidManifest(f"{where}: {exc}") from None
+    return files
+
+
+def _check_duplicates(files: list[ManifestFile], where: str) -> None:
+    seen: set[str] = set()
+    for f in files:
+        if f.path in seen:
+            raise InvalidManifest(f"{where}: the hub listed {f.path!r} twice")
+        seen.add(f.path)
 
 
 def resolve(
@@ -223,7 +332,8 @@ def resolve(
 
     Raises ``AccessDenied`` (unknown repository, private without access, gated without access, bad
     token), ``RevisionNotFound``, ``SourceUnavailable`` (5xx, 429, network, timeout, proxy; retryable,
-    with ``retry_after`` when the hub gave one) or ``InvalidManifest`` (the hub listed an unusable path).
+    with ``retry_after`` when the hub gave one) or ``InvalidManifest`` (the hub listed an unusable path,
+    or a Xet file without its sha256).
     """
     if not endpoint:
         raise ValueError("endpoint is required")
@@ -231,55 +341,10 @@ def resolve(
     _ensure_client_factory()
     api = HfApi(endpoint=endpoint.rstrip("/"), token=token or False, library_name=LIBRARY_NAME)
     where = f"{repository}@{revision}"
-    with _call_settings(_CallSettings(proxy or None, ca_bundle or None, float(timeout))):
-        try:
-            info = api.model_info(repository, revision=revision, timeout=timeout, expand=["sha", "gated"])
-            commit = info.sha
-            if not isinstance(commit, str) or not _COMMIT.fullmatch(commit):
-                raise SourceUnavailable(f"{where}: the hub answered without a commit id (sha={commit!r})")
-            if info.gated:
-                # Gated repositories list their files to anyone; only downloads are refused.
-                api.auth_check(repository)
-            files: list[ManifestFile] = []
-            for entry in api.list_repo_tree(repository, recursive=True, revision=commit):
-                if not isinstance(entry, RepoFile):
-                    continue
-                try:
-                    files.append(_manifest_file(entry))
-                except ValueError as exc:
-                    raise InvalidManifest(f"{where}: {exc}") from None
-        except _HubUnavailable as exc:
-            raise SourceUnavailable(f"{where}: {exc}", retry_after=exc.retry_after) from None
-        except GatedRepoError:
-            raise AccessDenied(f"{where}: the repository is gated and this token has not been granted access") from None
-        except DisabledRepoError:
-            raise AccessDenied(f"{where}: access to the repository is disabled") from None
-        except RepositoryNotFoundError:
-            raise AccessDenied(
-                f"{where}: repository not found, or private and this token has no access to it"
-            ) from None
-        except RevisionNotFoundError:
-            raise RevisionNotFound(f"{where}: no such branch, tag or commit") from None
-        except EntryNotFoundError:
-            raise RevisionNotFound(f"{where}: the revision has no file tree") from None
-        except HfHubHTTPError as exc:
-            status = exc.response.status_code if exc.response is not None else None
-            if status in (401, 403, 404):
-                raise AccessDenied(f"{where}: HTTP {status}: {exc.server_message or 'refused'}") from None
-            raise SourceUnavailable(f"{where}: unexpected HTTP {status}: {exc.server_message or exc}") from None
-        except HFValidationError as exc:
-            raise AccessDenied(f"{where}: invalid repository id or revision: {exc}") from None
-        except OfflineModeIsEnabled:
-            raise SourceUnavailable(f"{where}: HF_HUB_OFFLINE is set in this process") from None
-        except httpx2.HTTPError as exc:
-            raise SourceUnavailable(f"{where}: {type(exc).__name__}: {exc}") from None
-        except (ValueError, KeyError, TypeError) as exc:
-            # An answer that does not parse (JSON, missing field): treat as a broken hub or mirror.
-            raise SourceUnavailable(f"{where}: unexpected answer from the hub: {type(exc).__name__}: {exc}") from None
-
-    seen: set[str] = set()
-    for f in files:
-        if f.path in seen:
-            raise InvalidManifest(f"{where}: the hub listed {f.path!r} twice")
-        seen.add(f.path)
+    with _call_settings(_CallSettings(proxy or None, ca_bundle or None, float(timeout))), _hub_errors(where):
+        info = api.model_info(repository, revision=revision, timeout=timeout, expand=["sha", "gated"])
+        commit = _learn_commit(info, where)
+        _check_gated_access(api, repository, info)
+        files = _list_tree(api, repository, commit, where)
+    _check_duplicates(files, where)
     return Resolution(commit=commit, files=files)

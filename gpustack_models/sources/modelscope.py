@@ -24,6 +24,7 @@ rather than produce a manifest with files missing.
 
 from __future__ import annotations
 
+import contextlib
 import re
 import uuid
 from typing import Any
@@ -54,6 +55,23 @@ DEFAULT_MAX_LISTINGS = 2000
 
 _COMMIT = re.compile(r"[0-9a-f]{40}")
 _DENIED = "repository not found, or private and this token has no access to it"
+# ModelScope answers many refusals with HTTP 200 and ``{"Code": <business code>, "Message", "RequestId",
+# "Success": false}``; modelscope_hub reads these codes (its ``errors`` module) as: HTTP statuses echoed
+# by the ``/api/v1`` surface, numeric business codes, and the OpenAPI surface's names. What each means
+# here: "denied" is ``AccessDenied``, "missing" the caller's ``on_missing`` (``AccessDenied`` for the
+# repository, ``RevisionNotFound`` for a listing at a revision). Any other code, the client's retryable
+# ones (429, 5xx, ``RateLimitExceed``) included, is ``SourceUnavailable``.
+_REFUSALS = {
+    "401": "denied",
+    "403": "denied",
+    "10010103009": "denied",  # AccessToken is invalid or expired
+    "InvalidAuthentication": "denied",
+    "OperationNotAllowed": "denied",
+    "400": "missing",
+    "404": "missing",
+    "InputParameterError": "missing",
+    "ResourceNotFound": "missing",
+}
 # Stable per process, so the client's user agent never needs the credentials directory.
 _SESSION_ID = uuid.uuid4().hex
 
@@ -97,27 +115,15 @@ class _Hub:
     ) -> Any:
         """GET an ``/api/v1`` path and return the envelope's ``Data``.
 
-        ``what`` names the call in messages; a 404 (or a refused envelope) raises ``on_missing``
-        saying ``missing``.
+        ``what`` names the call in messages; a 404 or 400 (as an HTTP status or as the business code
+        of a refused envelope) raises ``on_missing`` saying ``missing``.
         """
-        try:
+        with _client_errors(what, on_missing, missing):
             response = self.client._request("GET", path, params=params, timeout=self.timeout, single_attempt=True)
             body = response.json()
-        except (RateLimitError, ServerError, NetworkError) as exc:
-            raise SourceUnavailable(f"{what}: {_first_line(exc)}", retry_after=_seconds(exc)) from None
-        except (AuthenticationError, PermissionDeniedError) as exc:
-            raise AccessDenied(f"{what}: {_DENIED} ({_first_line(exc)})") from None
-        except (NotExistError, InvalidParameter) as exc:
-            raise on_missing(f"{what}: {missing} ({_first_line(exc)})") from None
-        except APIError as exc:
-            raise SourceUnavailable(f"{what}: {_first_line(exc)}") from None
-        except (HubError, requests.RequestException, ValueError) as exc:
-            raise SourceUnavailable(f"{what}: {type(exc).__name__}: {_first_line(exc)}") from None
         if not isinstance(body, dict):
             raise SourceUnavailable(f"{what}: unexpected answer from the hub")
-        code = body.get("Code", 200)
-        if str(code) != "200" or body.get("Success") is False:
-            raise on_missing(f"{what}: {missing} (the hub refused: {body.get('Message') or code})")
+        _check_envelope(body, what, on_missing, missing)
         return body.get("Data")
 
     def check_readable(self) -> None:
@@ -169,6 +175,56 @@ class _Hub:
         return data
 
 
+# --------------------------------------------------------------------------------------------------
+# Hub errors -> SourceError
+# --------------------------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def _client_errors(what: str, on_missing: type[SourceError], missing: str):
+    """Turn the client's failures inside the block (HTTP errors, network) into ``SourceError``."""
+    try:
+        yield
+    except (RateLimitError, ServerError, NetworkError) as exc:
+        raise SourceUnavailable(f"{what}: {_first_line(exc)}", retry_after=_seconds(exc)) from None
+    except (AuthenticationError, PermissionDeniedError) as exc:
+        raise AccessDenied(f"{what}: {_DENIED} ({_first_line(exc)})") from None
+    except (NotExistError, InvalidParameter) as exc:
+        raise on_missing(f"{what}: {missing} ({_first_line(exc)})") from None
+    except APIError as exc:
+        raise SourceUnavailable(f"{what}: {_first_line(exc)}") from None
+    except (HubError, requests.RequestException, ValueError) as exc:
+        raise SourceUnavailable(f"{what}: {type(exc).__name__}: {_first_line(exc)}") from None
+
+
+def _field(body: dict[str, Any], name: str, default: Any = None) -> Any:
+    """An envelope field: ``Code`` on the ``/api/v1`` surface, ``code`` on the OpenAPI one."""
+    if name in body:
+        return body[name]
+    return body.get(name.lower(), default)
+
+
+def _check_envelope(body: dict[str, Any], what: str, on_missing: type[SourceError], missing: str) -> None:
+    """Raise the ``SourceError`` an envelope refusing the request (even with HTTP 200) means.
+
+    An envelope is a refusal when ``Success`` is false or ``Code`` is not 200 (an absent ``Code``
+    counts as 200). The business code decides what it means, see ``_REFUSALS``; a code not listed
+    there (a server-side failure, a quota, anything new) is ``SourceUnavailable``, never a success.
+    """
+    code = _field(body, "Code", 200)
+    if _field(body, "Success") is not False and str(code) == "200":
+        return
+    message = _field(body, "Message") or "no message"
+    request_id = _field(body, "RequestId")
+    detail = f"the hub refused with code {code}: {message}" + (f", request id {request_id}" if request_id else "")
+    refusal = _REFUSALS.get(str(code).strip())
+    if refusal == "denied":
+        raise AccessDenied(f"{what}: {_DENIED} ({detail})")
+    if refusal == "missing":
+        raise on_missing(f"{what}: {missing} ({detail})")
+    raise SourceUnavailable(f"{what}: {detail}")
+
+
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip()
     return text.splitlines()[0] if text else type(exc).__name__
@@ -206,6 +262,13 @@ def _manifest_file(entry: dict[str, Any]) -> ManifestFile:
     return ManifestFile(path, size, "sha256", sha256, lfs=bool(entry.get("IsLFS")))
 
 
+def _check_budget(hub: _Hub, revision: str, max_listings: int) -> None:
+    if hub.listings >= max_listings:
+        raise SourceUnavailable(
+            f"{hub.repository}@{revision}: gave up after {hub.listings} listings of a truncated file tree"
+        )
+
+
 def _walk(hub: _Hub, revision: str, first: list[dict[str, Any]], limit: int, max_listings: int) -> list[dict]:
     """Every entry of the tree, re-listing per directory wherever a listing came back full."""
     collected: dict[str, dict[str, Any]] = {}
@@ -220,10 +283,7 @@ def _walk(hub: _Hub, revision: str, first: list[dict[str, Any]], limit: int, max
         absorb(entries)
         if len(entries) < limit:
             continue
-        if hub.listings >= max_listings:
-            raise SourceUnavailable(
-                f"{hub.repository}@{revision}: gave up after {hub.listings} listings of a truncated file tree"
-            )
+        _check_budget(hub, revision, max_listings)
         shallow = hub.listing(revision, root, recursive=False)["Files"]
         if len(shallow) >= limit:
             raise SourceUnavailable(
@@ -233,13 +293,48 @@ def _walk(hub: _Hub, revision: str, first: list[dict[str, Any]], limit: int, max
         absorb(shallow)
         for entry in shallow:
             if _is_directory(entry):
-                if hub.listings >= max_listings:
-                    raise SourceUnavailable(
-                        f"{hub.repository}@{revision}: gave up after {hub.listings} listings of a truncated file tree"
-                    )
+                _check_budget(hub, revision, max_listings)
                 directory = _entry_path(entry)
                 pending.append((directory, hub.listing(revision, directory, recursive=True)["Files"]))
     return list(collected.values())
+
+
+def _check_arguments(repository: str, where: str, endpoint: str, listing_limit: int) -> None:
+    if not endpoint:
+        raise ValueError("endpoint is required")
+    if listing_limit < 1:
+        raise ValueError("listing_limit must be positive")
+    if repository.count("/") != 1 or not all(repository.split("/")):
+        raise AccessDenied(f"{where}: a ModelScope repository id is 'owner/name'")
+
+
+def _check_revision(hub: _Hub, revision: str, where: str) -> bool:
+    """Whether ``revision`` is a commit id; a branch or tag name must be one the hub lists."""
+    is_commit = bool(_COMMIT.fullmatch(revision))
+    if not is_commit and revision not in hub.revision_names():
+        raise RevisionNotFound(f"{where}: no such branch or tag")
+    return is_commit
+
+
+def _learn_commit(first: dict[str, Any], revision: str, is_commit: bool) -> str:
+    """The commit of the revision's first listing (``LatestCommitter.Id``), else the revision itself."""
+    latest = first.get("LatestCommitter")
+    commit = str(latest.get("Id") or "").lower() if isinstance(latest, dict) else ""
+    if is_commit or not _COMMIT.fullmatch(commit):
+        return revision
+    return commit
+
+
+def _manifest_files(entries: list[dict[str, Any]], where: str) -> list[ManifestFile]:
+    files: list[ManifestFile] = []
+    for entry in entries:
+        if _is_directory(entry):
+            continue
+        try:
+            files.append(_manifest_file(entry))
+        except ValueError as exc:
+            raise InvalidManifest(f"{where}: {exc}") from None
+    return files
 
 
 def resolve(
@@ -265,37 +360,18 @@ def resolve(
     revision itself (already a commit when 40 hex characters) is returned instead.
 
     Raises ``AccessDenied``, ``RevisionNotFound``, ``SourceUnavailable`` (retryable) or
-    ``InvalidManifest`` (an unusable path, a file without sha256).
+    ``InvalidManifest`` (an unusable path, a file without sha256). A refusal the hub answers with
+    HTTP 200 (``Success: false`` and a business code) raises the same errors as its HTTP form.
     """
-    if not endpoint:
-        raise ValueError("endpoint is required")
-    if listing_limit < 1:
-        raise ValueError("listing_limit must be positive")
     revision = revision or DEFAULT_REVISION
     where = f"{repository}@{revision}"
-    if repository.count("/") != 1 or not all(repository.split("/")):
-        raise AccessDenied(f"{where}: a ModelScope repository id is 'owner/name'")
+    _check_arguments(repository, where, endpoint, listing_limit)
 
     hub = _Hub(repository, endpoint=endpoint, token=token, proxy=proxy, ca_bundle=ca_bundle, timeout=timeout)
     hub.check_readable()
-    is_commit = bool(_COMMIT.fullmatch(revision))
-    if not is_commit and revision not in hub.revision_names():
-        raise RevisionNotFound(f"{where}: no such branch or tag")
-
+    is_commit = _check_revision(hub, revision, where)
     first = hub.listing(revision, None, recursive=True)
-    latest = first.get("LatestCommitter")
-    commit = str(latest.get("Id") or "").lower() if isinstance(latest, dict) else ""
-    if is_commit or not _COMMIT.fullmatch(commit):
-        commit = revision
-
+    commit = _learn_commit(first, revision, is_commit)
     # Further listings (only when the first one was truncated) ask for the commit, not the branch.
     entries = _walk(hub, commit, first["Files"], listing_limit, max_listings)
-    files: list[ManifestFile] = []
-    for entry in entries:
-        if _is_directory(entry):
-            continue
-        try:
-            files.append(_manifest_file(entry))
-        except ValueError as exc:
-            raise InvalidManifest(f"{where}: {exc}") from None
-    return Resolution(commit=commit, files=files)
+    return Resolution(commit=commit, files=_manifest_files(entries, where))

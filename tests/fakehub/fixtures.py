@@ -25,13 +25,19 @@ def _reset_modelscope_config() -> None:
 @pytest.fixture
 def hub_env(monkeypatch, tmp_path):
     """The clients' environment for a test: loopback never proxied, no saved or ambient credentials,
-    every cache and config directory under the test's tmp_path. Returns the monkeypatch."""
+    every cache and config directory under the test's tmp_path, no Xet transfers (the fake hub has no
+    Xet storage service: Xet-backed files download over HTTP, through the hub's redirect). Returns
+    the monkeypatch."""
+    from huggingface_hub import constants as hf_constants
+
     for name in _PROXY_VARIABLES + _CREDENTIAL_VARIABLES:
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("NO_PROXY", LOOPBACK)
     monkeypatch.setenv("no_proxy", LOOPBACK)
     monkeypatch.setenv("HF_HUB_DISABLE_TELEMETRY", "1")
     monkeypatch.setenv("HF_HUB_DISABLE_UPDATE_CHECK", "1")
+    monkeypatch.setenv("HF_HUB_DISABLE_XET", "1")  # for clients started in a subprocess
+    monkeypatch.setattr(hf_constants, "HF_HUB_DISABLE_XET", True)  # read at import by this process's client
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))
     monkeypatch.setenv("MODELSCOPE_HOME", str(tmp_path / "modelscope-home"))
     monkeypatch.setenv("MODELSCOPE_CACHE", str(tmp_path / "modelscope-cache"))

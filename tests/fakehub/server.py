@@ -7,6 +7,7 @@ Repositories are generated in memory (or point at files on disk, for benchmarks)
     with FakeHub() as hub:  # or the ``fakehub`` fixture of ``tests.fakehub.fixtures``
         commit = hub.add_hf_repo("org/model", {"config.json": b"{}", "model.safetensors": weights})
         hub.add_hf_commit("org/model", {"config.json": b'{"v": 2}'})        # main moves on
+        hub.add_hf_repo("org/xet", files, xet=True)                         # LFS files Xet-backed
         hub.add_ms_repo("owner/model", files, revision="master", tags=("v1.0",))
         hub.files("org/model", commit)                                     # the exact bytes served
         hub.faults.drop("model.safetensors", after_bytes=1 << 20)          # once, mid-file
@@ -19,11 +20,16 @@ Hugging Face (what ``huggingface_hub`` 2.x sends, see ``HfApi`` / ``hf_hub_downl
 - ``GET /api/models/{repo}`` and ``/api/models/{repo}/revision/{rev}``: model info; ``sha`` is the
   commit the branch, tag or full commit id points at; ``siblings`` (with sizes when ``blobs=true``).
 - ``GET /api/models/{repo}/tree/{rev}[/{path}]?recursive=&expand=``: ``{type, oid, size, path,
-  lfs: {oid, size, pointerSize}}`` entries (``type`` ``file`` or ``directory``), ``page_size`` per
-  page, the next page in ``Link: <...>; rel="next"`` (opaque ``cursor``).
+  lfs: {oid, size, pointerSize}, xetHash}`` entries (``type`` ``file`` or ``directory``; ``lfs`` for
+  LFS files, ``xetHash`` for Xet-backed ones), ``page_size`` per page, the next page in
+  ``Link: <...>; rel="next"`` (opaque ``cursor``).
 - ``GET /api/models/{repo}/refs``, ``GET /api/models/{repo}/auth-check``.
 - ``HEAD``/``GET /{repo}/resolve/{rev}/{path}``: ``X-Repo-Commit``, ``ETag`` (git blob id), ``Range``
-  -> 206; LFS files answer 302 to the CDN with ``X-Linked-Etag`` (sha256) and ``X-Linked-Size``.
+  -> 206; LFS files answer 302 to the CDN with ``X-Linked-Etag`` (sha256) and ``X-Linked-Size``;
+  Xet-backed ones the same 302, plus ``X-Xet-Hash`` and ``Link: <.../xet-read-token/{commit}>;
+  rel="xet-auth"``. There is no Xet storage service (no ``xet-read-token``, no CAS): a client fetches
+  Xet files over HTTP through the redirect (the CDN honours ``Range``), as ``huggingface_hub`` does
+  without ``hf_xet`` or with ``HF_HUB_DISABLE_XET`` (which the ``hub_env`` fixture sets).
 - Errors with ``X-Error-Code`` / ``X-Error-Message`` and ``{"error": ...}``: ``RepoNotFound`` (401
   without a token, 404 with one) for unknown repositories and private ones the token may not read,
   ``RevisionNotFound``, ``EntryNotFound`` (404); a token the hub does not know gets 401 "Invalid
@@ -42,6 +48,8 @@ ModelScope (what ``modelscope`` / ``modelscope_hub`` send, envelope ``{"Code": 2
   files 302 to the CDN (``ms_lfs_redirect``).
 - Unknown repository 404, private without token 401, with an ungranted token 403. The OpenAPI
   surface (``/openapi/v1``) answers 404 ``ResourceNotFound``, so the client falls back to ``/api/v1``.
+- The real API answers many errors with HTTP 200 and ``{"Code": <business code>, "Success": false}``:
+  ``hub.faults.refuse(match, code)`` answers matching requests that way.
 
 Faults (``hub.faults``) apply to matching requests a limited number of times; see ``Faults``.
 """
@@ -67,11 +75,10 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Union
 from urllib.parse import parse_qs, quote, unquote, urlencode, urlsplit
 
 CHUNK_SIZE = 256 * 1024
-FileSource = Union[bytes, bytearray, memoryview, os.PathLike, str]
+FileSource = bytes | bytearray | memoryview | os.PathLike | str
 
 
 def git_blob_sha1(data: bytes) -> str:
@@ -142,10 +149,12 @@ class Blob:
 
 @dataclass(frozen=True)
 class FileRef:
-    """A file of a commit: its content and whether the hub stores it in LFS."""
+    """A file of a commit: its content, whether the hub stores it in LFS and whether that LFS file is
+    Xet-backed (stored in Xet storage; to git still an LFS pointer)."""
 
     blob: Blob
     lfs: bool
+    xet: bool = False
 
     @property
     def git_oid(self) -> str:
@@ -157,6 +166,17 @@ class FileRef:
     @property
     def pointer_size(self) -> int:
         return len(lfs_pointer(self.blob.sha256, self.blob.size))
+
+    @property
+    def xet_hash(self) -> str | None:
+        """The ``xetHash`` listed for a Xet-backed file, else None.
+
+        The real hash is a Merkle hash of the content's chunks; this one only has its shape (64 hex
+        characters, fixed by the content, unlike its sha256). Nothing served here is keyed by it.
+        """
+        if not self.xet:
+            return None
+        return hashlib.sha256(b"xet\0" + bytes.fromhex(self.blob.sha256)).hexdigest()
 
 
 @dataclass
@@ -183,6 +203,7 @@ class Repo:
     default_branch: str
     private: bool = False
     gated: bool = False
+    xet: bool = False  # LFS files of its commits are Xet-backed
     tokens: set[str] = field(default_factory=set)
     branches: dict[str, str] = field(default_factory=dict)
     tags: dict[str, str] = field(default_factory=dict)
@@ -234,7 +255,7 @@ class RecordedRequest:
 class Fault:
     """One fault knob. ``times=None`` means every matching request; ``hits`` counts applications."""
 
-    kind: str  # fail, hang, drop, corrupt, throttle
+    kind: str  # fail, hang, refuse, drop, corrupt, throttle
     match: str | re.Pattern | None
     times: int | None
     method: str | None = None
@@ -245,6 +266,8 @@ class Fault:
     after_bytes: int = 0
     offset: int | None = None
     bytes_per_second: int = 0
+    code: int | str | None = None
+    message: str | None = None
     hits: int = 0
 
     @property
@@ -273,10 +296,10 @@ class Faults:
     matches everything. ``method`` (``"GET"``/``"HEAD"``) and ``listener`` (``"hub"``/``"cdn"``)
     narrow it further.
 
-    ``fail`` and ``hang`` apply to any matching request. ``drop``, ``corrupt`` and ``throttle``
-    apply only to answers carrying file bytes (200/206 of a download, on the hub or the CDN), so a
-    ``HEAD`` or a 302 on the way does not use them up. An LFS download of ``name`` matches on both:
-    the CDN URL carries ``?filename=name``.
+    ``fail`` and ``hang`` apply to any matching request, ``refuse`` to matching requests to the
+    ModelScope API. ``drop``, ``corrupt`` and ``throttle`` apply only to answers carrying file bytes
+    (200/206 of a download, on the hub or the CDN), so a ``HEAD`` or a 302 on the way does not use
+    them up. An LFS download of ``name`` matches on both: the CDN URL carries ``?filename=name``.
     """
 
     def __init__(self) -> None:
@@ -303,6 +326,23 @@ class Faults:
         if status == 429 and retry_after is None:
             retry_after = 1
         return self._add(Fault("fail", match, times, method, listener, status=status, retry_after=retry_after))
+
+    def refuse(
+        self,
+        match=None,
+        code: int | str = 404,
+        message: str | None = None,
+        *,
+        times: int | None = 1,
+        method: str | None = None,
+    ) -> Fault:
+        """ModelScope API only: answer HTTP 200 with a refusing envelope, ``{"Code": code, "Data": null,
+        "Message": message, "RequestId": ..., "Success": false}``, as the real API answers many errors
+        (an unknown or private repository, an unknown revision...) with a business code. One endpoint
+        of repository ``id``: ``f"/api/v1/models/{id}/revisions"``, ``f"/api/v1/models/{id}/repo/files"``,
+        or ``re.compile(rf"^/api/v1/models/{id}(\\?|$)")`` for the repository itself."""
+        message = message or f"request refused (code {code})"
+        return self._add(Fault("refuse", match, times, method, "hub", status=200, code=code, message=message))
 
     def hang(
         self, match=None, *, times: int | None = 1, seconds: float | None = None, method=None, listener=None
@@ -470,13 +510,16 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         hub._record(self._rec)  # logged now, completed in place: final before the client has the answer
         t0 = time.monotonic()
         try:
-            fault = hub.faults._take(("fail", "hang"), self.server.listener, method, self._target)
+            kinds = ("fail", "hang", "refuse") if self._is_ms() else ("fail", "hang")
+            fault = hub.faults._take(kinds, self.server.listener, method, self._target)
             if fault is not None:
                 self._rec.fault = fault.kind
                 if fault.kind == "hang":
                     hub._stopping.wait(fault.seconds)
                     self._abort()
                     return
+                if fault.kind == "refuse":
+                    self._ms_refuse(fault.code, fault.message)
                 self._fail(fault)
                 return
             if method not in ("GET", "HEAD"):
@@ -687,8 +730,9 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             if blobs:
                 sibling["size"] = ref.blob.size
                 sibling["blobId"] = ref.git_oid
-                if ref.lfs:
-                    sibling["lfs"] = {"sha256": ref.blob.sha256, "size": ref.blob.size, "pointerSize": ref.pointer_size}
+                lfs = self.server.hub._lfs_info(ref, "sha256")
+                if lfs is not None:
+                    sibling["lfs"] = lfs
             siblings.append(sibling)
         author = repo.repo_id.split("/")[0] if "/" in repo.repo_id else None
         self._json(
@@ -737,8 +781,11 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             else:
                 ref = commit.files[entry_path]
                 item = {"type": "file", "oid": ref.git_oid, "size": ref.blob.size, "path": entry_path}
-                if ref.lfs:
-                    item["lfs"] = {"oid": ref.blob.sha256, "size": ref.blob.size, "pointerSize": ref.pointer_size}
+                lfs = self.server.hub._lfs_info(ref, "oid")
+                if lfs is not None:
+                    item["lfs"] = lfs
+                if ref.xet:
+                    item["xetHash"] = ref.xet_hash
             if expand:
                 item["lastCommit"] = {"id": commit.id, "title": commit.message, "date": _iso(commit.date)}
             out.append(item)
@@ -772,6 +819,9 @@ class _Handler(http.server.BaseHTTPRequestHandler):
                 ("X-Linked-Size", str(ref.blob.size)),
                 ("Vary", "Origin, Accept"),
             ]
+            if ref.xet:
+                token_url = f"{self.server.hub.url}/api/models/{repo_id}/xet-read-token/{commit.id}"
+                headers += [("X-Xet-Hash", ref.xet_hash), ("Link", f'<{token_url}>; rel="xet-auth"')]
             self._send(302, f"Found. Redirecting to {location}".encode(), headers, "text/plain; charset=utf-8")
         self._send_blob(ref.blob, common + [("ETag", f'"{ref.blob.gitsha1}"')])
 
@@ -797,6 +847,11 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             200,
             {"Code": 200, "Data": data, "Message": "success", "RequestId": uuid.uuid4().hex, "Success": True},
             headers,
+        )
+
+    def _ms_refuse(self, code: int | str, message: str):
+        self._json(
+            200, {"Code": code, "Data": None, "Message": message, "RequestId": uuid.uuid4().hex, "Success": False}
         )
 
     def _ms_error(self, status: int, message: str, headers=()):
@@ -938,8 +993,10 @@ class FakeHub:
     1000 as the real hub), ``ms_page_size`` (entries at which a ModelScope listing is truncated,
     default 3000 as the real API), ``lfs_threshold`` (files of at least this many bytes are LFS;
     applies to files added afterwards), ``ms_lfs_redirect`` (ModelScope LFS downloads go through the
-    CDN), ``faults`` (see ``Faults``). ``requests`` is the log of every request, both listeners,
-    in arrival order.
+    CDN), ``xet_lfs_info`` (Hugging Face listings give Xet-backed files their ``lfs`` object, sha256
+    included, as the real hub does; ``False`` lists only their ``xetHash``, as a hub or mirror that
+    dropped it would), ``faults`` (see ``Faults``). ``requests`` is the log of every request, both
+    listeners, in arrival order.
 
     ``tls=(certfile, keyfile)`` serves HTTPS on both listeners (the certificate must name 127.0.0.1
     and the CDN address); ``cdn_host=None`` puts the CDN on a second port of ``host``.
@@ -954,9 +1011,11 @@ class FakeHub:
         host: str = "127.0.0.1",
         cdn_host: str | None = "127.0.0.2",
         ms_lfs_redirect: bool = True,
+        xet_lfs_info: bool = True,
         tls: tuple[str | os.PathLike, str | os.PathLike] | None = None,
     ):
         self.lfs_threshold = lfs_threshold
+        self.xet_lfs_info = xet_lfs_info
         self.page_size = page_size
         self.ms_page_size = ms_page_size
         self.ms_lfs_redirect = ms_lfs_redirect
@@ -1052,14 +1111,18 @@ class FakeHub:
         private: bool = False,
         token: str | Iterable[str] | None = None,
         gated: bool = False,
+        xet: bool = False,
         message: str = "initial commit",
     ) -> str:
         """Create a Hugging Face model repository with one commit on ``branch``; return the commit id.
 
         ``files`` maps paths to bytes (or to a file on disk). ``token``: the token(s) granted access
-        (for private or gated repositories).
+        (for private or gated repositories). ``xet``: the repository stores its LFS files (those of at
+        least ``lfs_threshold`` bytes, in this and later commits) in Xet storage, as repositories on
+        the real hub now do: tree entries carry ``xetHash`` (and the ``lfs`` object, see
+        ``xet_lfs_info``), downloads answer ``X-Xet-Hash`` on their redirect to the CDN.
         """
-        return self._add_repo("hf", repo_id, files, branch, tags, private, token, gated, message)
+        return self._add_repo("hf", repo_id, files, branch, tags, private, token, gated, message, xet=xet)
 
     def add_hf_commit(
         self,
@@ -1104,20 +1167,24 @@ class FakeHub:
         """As ``add_hf_commit``, for a ModelScope repository."""
         return self._add_commit("ms", repo_id, files, revision, tags, message, parent)
 
-    def _add_repo(self, kind, repo_id, files, branch, tags, private, token, gated, message) -> str:
+    def _add_repo(self, kind, repo_id, files, branch, tags, private, token, gated, message, *, xet=False) -> str:
         with self._lock:
             if (kind, repo_id) in self._repos:
                 raise ValueError(f"{kind} repository {repo_id} exists already")
             tokens = {token} if isinstance(token, str) else set(token or ())
             self._tokens |= tokens
-            self._repos[(kind, repo_id)] = Repo(kind, repo_id, branch, private=private, gated=gated, tokens=tokens)
+            self._repos[(kind, repo_id)] = Repo(
+                kind, repo_id, branch, private=private, gated=gated, xet=xet, tokens=tokens
+            )
             return self._add_commit(kind, repo_id, files, branch, tags, message, None)
 
     def _add_commit(self, kind, repo_id, files, branch, tags, message, parent) -> str:
-        refs = {
-            path: None if source is None else FileRef(self._blob(source), self._size(source) >= self.lfs_threshold)
-            for path, source in files.items()
-        }
+        with self._lock:
+            xet = self._repos[(kind, repo_id)].xet
+        refs = {}
+        for path, source in files.items():
+            lfs = source is not None and self._size(source) >= self.lfs_threshold
+            refs[path] = None if source is None else FileRef(self._blob(source), lfs, xet=xet and lfs)
         with self._lock:
             repo = self._repos[(kind, repo_id)]
             if parent is None:
@@ -1232,6 +1299,12 @@ class FakeHub:
                 entries.append((kind, p))
         entries.sort(key=lambda e: e[1].encode())
         return entries
+
+    def _lfs_info(self, ref: FileRef, sha256_key: str) -> dict | None:
+        """The ``lfs`` object listed for ``ref`` (``sha256_key``: ``oid`` in trees, ``sha256`` in siblings)."""
+        if not ref.lfs or (ref.xet and not self.xet_lfs_info):
+            return None
+        return {sha256_key: ref.blob.sha256, "size": ref.blob.size, "pointerSize": ref.pointer_size}
 
     def _cdn_link(self, blob: Blob, filename: str) -> str:
         expires = str(int(time.time()) + 3600)

@@ -166,6 +166,51 @@ def test_it_answers_heads_and_ranges_like_the_hub(fakehub):
     assert (log.method, log.range, log.status, log.bytes_sent) == ("GET", "bytes=5-14", 206, 10)
 
 
+def test_it_serves_xet_backed_files_like_the_hub(fakehub, tmp_path):
+    from huggingface_hub import get_hf_file_metadata, hf_hub_download, hf_hub_url
+    from huggingface_hub.hf_api import RepoFile
+
+    files = sample_files()
+    commit = fakehub.add_hf_repo("org/xet", files, xet=True)
+    fakehub.add_hf_repo("org/lfs", files)
+    api = hf_api(fakehub)
+
+    entries = {e.path: e for e in api.list_repo_tree("org/xet", recursive=True) if isinstance(e, RepoFile)}
+    classic = {e.path: e for e in api.list_repo_tree("org/lfs", recursive=True) if isinstance(e, RepoFile)}
+    for path, data in files.items():
+        entry, ref = entries[path], fakehub.file_info("org/xet", path)
+        if len(data) < fakehub.lfs_threshold:  # a plain git blob, as in any repository
+            assert entry.xet_hash is None and entry.lfs is None and not ref.xet
+            continue
+        # An LFS file to git (same oid and lfs object as in classic LFS), its content in Xet storage.
+        assert ref.xet and re.fullmatch(r"[0-9a-f]{64}", entry.xet_hash) and entry.xet_hash == ref.xet_hash
+        assert entry.xet_hash != hashlib.sha256(data).hexdigest()
+        assert entry.lfs == classic[path].lfs and entry.blob_id == classic[path].blob_id
+        assert entry.lfs.sha256 == hashlib.sha256(data).hexdigest() and entry.size == len(data)
+
+    big = "model-00001-of-00002.safetensors"
+    meta = get_hf_file_metadata(hf_hub_url("org/xet", big, endpoint=fakehub.url), token=False)
+    assert meta.xet_file_data.file_hash == entries[big].xet_hash
+    assert meta.xet_file_data.refresh_route == f"{fakehub.url}/api/models/org/xet/xet-read-token/{commit}"
+    assert (meta.commit_hash, meta.etag, meta.size) == (commit, entries[big].lfs.sha256, len(files[big]))
+    assert meta.location.startswith(fakehub.cdn_url)
+
+    # Without Xet transfers (the hub_env fixture), the client downloads through the redirect.
+    assert Path(hf_hub_download("org/xet", big, endpoint=fakehub.url, cache_dir=tmp_path)).read_bytes() == files[big]
+    # So does a range downloader: the CDN honours Range.
+    part = http().get(f"{fakehub.url}/org/xet/resolve/{commit}/{big}", headers={"Range": "bytes=10-19"})
+    assert part.status_code == 206 and part.content == files[big][10:20]
+    assert part.history[0].status_code == 302 and part.history[0].headers["X-Xet-Hash"] == entries[big].xet_hash
+    assert part.url.startswith(fakehub.cdn_url)
+
+    # A hub (or mirror) that lists Xet files without their lfs object.
+    fakehub.xet_lfs_info = False
+    bare = {e.path: e for e in api.list_repo_tree("org/xet", recursive=True) if isinstance(e, RepoFile)}
+    assert bare[big].lfs is None and bare[big].xet_hash == entries[big].xet_hash
+    relisted = {e.path: e for e in api.list_repo_tree("org/lfs", recursive=True) if isinstance(e, RepoFile)}
+    assert relisted[big].lfs == classic[big].lfs  # classic LFS files keep theirs
+
+
 def test_it_serves_files_from_disk(fakehub, tmp_path):
     from huggingface_hub import snapshot_download
 
@@ -472,6 +517,39 @@ def test_it_answers_the_modelscope_api(fakehub):
     assert missing.status_code == 404 and ms_envelope(missing)["Success"] is False
     bad_revision = s.get(f"{base}/repo/files", params={"Revision": "nope"})
     assert bad_revision.status_code == 404
+
+
+def test_it_refuses_modelscope_requests_with_http_200_like_the_real_api(fakehub):
+    fakehub.add_ms_repo("owner/model", {"config.json": b"{}"})
+    fakehub.add_hf_repo("org/model", {"config.json": b"{}"})
+    s = http()
+    base = f"{fakehub.url}/api/v1/models/owner/model"
+
+    fakehub.faults.refuse(re.compile(r"^/api/v1/models/owner/model(\?|$)"), 10010103009, "AccessToken is invalid")
+    fakehub.faults.refuse("/repo/files", "ResourceNotFound", times=2)
+    fakehub.faults.refuse(None, 404, times=None)  # every other ModelScope request, never a Hugging Face one
+    assert s.get(f"{fakehub.url}/api/models/org/model").status_code == 200
+
+    info = s.get(base)
+    assert info.status_code == 200
+    assert ms_envelope(info) | {"RequestId": None} == {
+        "Code": 10010103009,
+        "Data": None,
+        "Message": "AccessToken is invalid",
+        "RequestId": None,
+        "Success": False,
+    }
+    for _ in range(2):
+        listing = s.get(f"{base}/repo/files", params={"Revision": "master"})
+        assert listing.status_code == 200 and ms_envelope(listing)["Code"] == "ResourceNotFound"
+    revisions = s.get(f"{base}/revisions")
+    assert revisions.status_code == 200 and ms_envelope(revisions)["Code"] == 404
+    assert ms_envelope(s.get(base))["Code"] == 404  # the first knob is used up
+    refused = [r for r in fakehub.requests if r.fault == "refuse"]
+    assert len(refused) == 5 and {r.status for r in refused} == {200}
+
+    fakehub.faults.clear()
+    assert ms_envelope(s.get(base))["Success"] is True
 
 
 def test_it_truncates_modelscope_listings_like_the_real_api(fakehub):
