@@ -28,7 +28,6 @@ from gpustack_models.sources import (
     select_files,
 )
 from tests.fakehub import FakeHub
-from tests.fakehub.fixtures import fakehub, hub_env  # noqa: F401
 
 # --------------------------------------------------------------------------------------------------
 # Manifest: fixed vectors
@@ -202,12 +201,6 @@ def ms(hub, repository, revision="master", **kwargs):
     return modelscope.resolve(repository, revision, endpoint=hub.url, **kwargs)
 
 
-@pytest.fixture
-def hub(request):
-    """The ``fakehub`` fixture, by a name this module does not import (tests added here use this one)."""
-    return request.getfixturevalue("fakehub")
-
-
 def closed_port_url() -> str:
     s = socket.socket()
     s.bind(("127.0.0.1", 0))
@@ -368,39 +361,39 @@ def test_it_trusts_the_given_ca_bundle_only(hub_env, tmp_path):
             ms(hub, "owner/model")
 
 
-def test_it_names_xet_backed_files_by_their_lfs_sha256(hub):
+def test_it_names_xet_backed_files_by_their_lfs_sha256(fakehub):
     from huggingface_hub import HfApi
     from huggingface_hub.hf_api import RepoFile
 
     files = model_files()
-    hub.add_hf_repo("org/lfs", files)
-    hub.add_hf_repo("org/xet", files, xet=True)
-    listed = HfApi(endpoint=hub.url, token=False).list_repo_tree("org/xet", recursive=True)
+    fakehub.add_hf_repo("org/lfs", files)
+    fakehub.add_hf_repo("org/xet", files, xet=True)
+    listed = HfApi(endpoint=fakehub.url, token=False).list_repo_tree("org/xet", recursive=True)
     xet_paths = {e.path for e in listed if isinstance(e, RepoFile) and e.xet_hash}
-    assert xet_paths == {p for p, c in files.items() if len(c) >= hub.lfs_threshold}
+    assert xet_paths == {p for p, c in files.items() if len(c) >= fakehub.lfs_threshold}
 
-    as_lfs, as_xet = hf(hub, "org/lfs"), hf(hub, "org/xet")
+    as_lfs, as_xet = hf(fakehub, "org/lfs"), hf(fakehub, "org/xet")
     assert set(as_xet.files) == set(as_lfs.files)  # the same paths, sizes, checksums and LFS flags
     assert manifest_text(as_xet.files) == manifest_text(as_lfs.files)
     xet_digest = build_manifest(as_xet.files)[1]
-    assert xet_digest == build_manifest(as_lfs.files)[1] == expected_digest(files, lfs_threshold=hub.lfs_threshold)
+    assert xet_digest == build_manifest(as_lfs.files)[1] == expected_digest(files, lfs_threshold=fakehub.lfs_threshold)
     for f in as_xet.files:
         if f.path in xet_paths:
             assert (f.algorithm, f.hexdigest, f.lfs) == ("sha256", hashlib.sha256(files[f.path]).hexdigest(), True)
 
 
-def test_it_refuses_a_xet_file_listed_without_its_sha256(hub):
-    hub.add_hf_repo("org/xet", model_files(), xet=True)
-    hub.add_hf_repo("org/small", {"config.json": b"{}"}, xet=True)  # nothing big enough for Xet
-    hub.xet_lfs_info = False
+def test_it_refuses_a_xet_file_listed_without_its_sha256(fakehub):
+    fakehub.add_hf_repo("org/xet", model_files(), xet=True)
+    fakehub.add_hf_repo("org/small", {"config.json": b"{}"}, xet=True)  # nothing big enough for Xet
+    fakehub.xet_lfs_info = False
     with pytest.raises(InvalidManifest) as invalid:
-        hf(hub, "org/xet")
+        hf(fakehub, "org/xet")
     assert invalid.value.reason == "InvalidManifest" and not invalid.value.retryable
     message = str(invalid.value)
     assert message.startswith("InvalidManifest: org/xet@main: model-00001-of-00002.safetensors: stored with Xet")
-    assert hub.file_info("org/xet", "model-00001-of-00002.safetensors").xet_hash in message
+    assert fakehub.file_info("org/xet", "model-00001-of-00002.safetensors").xet_hash in message
     assert "without its LFS sha256" in message
-    assert hf(hub, "org/small").commit == hub.commit_id("org/small")
+    assert hf(fakehub, "org/small").commit == fakehub.commit_id("org/small")
 
 
 # --------------------------------------------------------------------------------------------------
@@ -525,8 +518,8 @@ MS_REFUSALS = [
 
 
 @pytest.mark.parametrize("code, on_repository, on_listing", MS_REFUSALS, ids=[str(c[0]) for c in MS_REFUSALS])
-def test_it_maps_modelscope_refusals_answered_with_http_200(hub, code, on_repository, on_listing):
-    commit = hub.add_ms_repo("owner/model", {"config.json": b"{}"}, tags=("v1",))
+def test_it_maps_modelscope_refusals_answered_with_http_200(fakehub, code, on_repository, on_listing):
+    commit = fakehub.add_ms_repo("owner/model", {"config.json": b"{}"}, tags=("v1",))
     endpoints = [
         (re.compile(r"^/api/v1/models/owner/model(\?|$)"), "v1", on_repository),
         ("/api/v1/models/owner/model/revisions", "v1", on_repository),
@@ -534,14 +527,14 @@ def test_it_maps_modelscope_refusals_answered_with_http_200(hub, code, on_reposi
         ("/api/v1/models/owner/model/repo/files", commit, on_listing),  # a commit: no revisions check
     ]
     for match, revision, expected in endpoints:
-        hub.faults.refuse(match, code, "refused by the test")
+        fakehub.faults.refuse(match, code, "refused by the test")
         with pytest.raises(SourceError) as refused:
-            ms(hub, "owner/model", revision)
+            ms(fakehub, "owner/model", revision)
         assert type(refused.value) is expected, (match, revision)
         assert refused.value.retryable is (expected is SourceUnavailable)
         assert f"code {code}: refused by the test" in str(refused.value)
-    assert [r.status for r in hub.requests if r.fault == "refuse"] == [200] * len(endpoints)
-    assert ms(hub, "owner/model", "v1").commit == commit  # every refusal used up
+    assert [r.status for r in fakehub.requests if r.fault == "refuse"] == [200] * len(endpoints)
+    assert ms(fakehub, "owner/model", "v1").commit == commit  # every refusal used up
 
 
 # --------------------------------------------------------------------------------------------------

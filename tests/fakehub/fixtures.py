@@ -1,7 +1,7 @@
 """Pytest fixtures for talking to a ``FakeHub`` with the real clients.
 
-Import them into a test module (``from tests.fakehub.fixtures import fakehub, hub_env  # noqa: F401``);
-``tests/fakehub/conftest.py`` does so for the fake hub's own tests.
+The root ``conftest.py`` loads this module with ``pytest_plugins``: every test may ask for ``fakehub``
+(a fresh hub per test) and ``hub_env``.
 """
 
 from __future__ import annotations

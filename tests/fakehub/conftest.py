@@ -1,1 +1,0 @@
-from tests.fakehub.fixtures import fakehub, hub_env  # noqa: F401
