@@ -1,27 +1,36 @@
 # One image for every role; the Deployment or DaemonSet picks the command:
 #   python manage.py runapiserver            the aggregated API (HTTPS :8443) and the plugins' tickets
 #   python manage.py runinformers            list/watch into Celery
-#   celery -A config worker --beat           the reconcilers (one beat in the cluster)
+#   celery -A config worker                  the reconcilers
+#   celery -A config beat                    periodic work (one in the cluster)
 #   python manage.py runplugin --node $NODE  the node plugin (DaemonSet; HTTPS :9443)
 #   gunicorn config.wsgi:application         the admin console
-FROM python:3.11-slim-bookworm
+# Only the runtime requirements are installed; tests, linters and the local control plane stay out
+# (.dockerignore).
+ARG BASE_IMAGE=python:3.11-slim-bookworm
 
-ENV PYTHONDONTWRITEBYTECODE=1 \
+FROM ${BASE_IMAGE} AS build
+ENV PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    PIP_NO_CACHE_DIR=1
+COPY requirements.txt /tmp/requirements.txt
+RUN python -m venv /opt/gpustack-models \
+    && /opt/gpustack-models/bin/pip install --no-compile -r /tmp/requirements.txt
+
+FROM ${BASE_IMAGE}
+ENV PATH=/opt/gpustack-models/bin:$PATH \
+    PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
     HF_HUB_DISABLE_TELEMETRY=1 \
     GPUSTACK_DATA_DIR=/var/lib/gpustack-models
-
+COPY --from=build /opt/gpustack-models /opt/gpustack-models
 WORKDIR /app
-COPY requirements.txt .
-RUN pip install --no-cache-dir -r requirements.txt
 COPY manage.py ./
 COPY config ./config
 COPY gpustack_models ./gpustack_models
 COPY templates ./templates
-COPY deploy/crds ./deploy/crds
-RUN python manage.py collectstatic --noinput --verbosity 0
-
-RUN useradd --system --uid 10001 --home-dir /var/lib/gpustack-models --create-home gpustack
+RUN useradd --system --uid 10001 --home-dir /var/lib/gpustack-models --create-home gpustack \
+    && python manage.py collectstatic --noinput --verbosity 0 \
+    && chown -R 10001 /var/lib/gpustack-models
 USER 10001
 EXPOSE 8443 9443 8000
 CMD ["python", "manage.py", "runapiserver"]

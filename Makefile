@@ -4,14 +4,14 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: run test bench venv controlplane manifests clean
+.PHONY: run test unit lint bench venv controlplane manifests clean
 
 venv: $(VENV)/.installed
 
-$(VENV)/.installed: requirements.txt
+$(VENV)/.installed: requirements.txt requirements-dev.txt
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --disable-pip-version-check -q -r requirements.txt
-	@cp requirements.txt $@
+	$(PY) -m pip install --disable-pip-version-check -q -r requirements-dev.txt
+	@cat requirements.txt requirements-dev.txt > $@
 
 # Builds (or reuses) etcd, kube-apiserver, kube-controller-manager and kubectl in a cache outside the repo.
 controlplane:
@@ -20,7 +20,19 @@ controlplane:
 run: venv controlplane
 	$(PY) manage.py runlocal
 
-test: venv controlplane
+# Lint, format, the Dockerfile, and nothing generated out of date (migrations, deploy/).
+lint: venv
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/hadolint Dockerfile
+	$(PY) manage.py makemigrations --check --dry-run
+	$(PY) manage.py writemanifests --check
+
+# The fast tests of pure functions: no control plane, no database server, seconds.
+unit: venv
+	$(PY) -m pytest tests/unit -q $(PYTEST_ARGS)
+
+test: venv controlplane lint
 	$(PY) -m tests.services -- $(PY) -m pytest $(PYTEST_ARGS)
 
 # Benchmarks at full size, results printed together at the end.

@@ -1,10 +1,25 @@
 """The admin console: read-only views of the mirror (Kubernetes is the store of record)."""
 
 from django.contrib import admin
+from django.db.models import Count, Exists, OuterRef, Q, Subquery
 from django.utils.html import format_html
 
 from .kinds.formatting import human_bytes
-from .models import Artifact, InformerState, Manifest, Node, NodeStore, PluginPod, Prefetch, StoreEntry
+from .models import (
+    Artifact,
+    ConditionStatus,
+    EntryState,
+    InformerState,
+    Manifest,
+    Node,
+    NodeStore,
+    PluginPod,
+    Prefetch,
+    StoreEntry,
+)
+
+admin.site.site_header = admin.site.site_title = "GPUStack models"
+admin.site.index_title = "Model caches and artifacts"
 
 
 class ReadOnlyAdmin(admin.ModelAdmin):
@@ -41,7 +56,7 @@ class ArtifactAdmin(ReadOnlyAdmin):
 
     @admin.display(description="state")
     def state(self, obj):
-        if obj.resolved_status == "True":
+        if obj.resolved_status == ConditionStatus.TRUE:
             return format_html('<span class="state-ready">Resolved</span>')
         return format_html('<span class="state-pending">{}</span>', obj.resolved_reason or "Pending")
 
@@ -75,8 +90,8 @@ class StoreEntryInline(admin.TabularInline):
 
     @admin.display(description="progress")
     def progress(self, obj):
-        if obj.state == "Ready" or not obj.size_bytes:
-            return "100%" if obj.state == "Ready" else ""
+        if obj.state == EntryState.READY or not obj.size_bytes:
+            return "100%" if obj.state == EntryState.READY else ""
         return f"{int(obj.downloaded_bytes * 100 / obj.size_bytes)}%"
 
     @admin.display(description="size")
@@ -93,32 +108,39 @@ class NodeStoreAdmin(ReadOnlyAdmin):
     readonly_fields = ("name", "resource_version", "spec_models", "total_bytes", "stored_bytes", "used_percent")
     exclude = ("body", "uid", "deleted")
 
-    def _count(self, obj, state=None):
-        entries = obj.entries.all()
-        return sum(1 for e in entries if state is None or e.state == state)
+    def get_queryset(self, request):
+        """Entry counts computed by the database in the list's one query, not a query per row."""
+        entries = lambda state=None: Count("entries", filter=Q(entries__state=state) if state else None)  # noqa: E731
+        return (
+            super()
+            .get_queryset(request)
+            .annotate(
+                model_count=entries(),
+                ready_count=entries(EntryState.READY),
+                downloading_count=entries(EntryState.DOWNLOADING),
+                failed_count=entries(EntryState.FAILED),
+            )
+        )
 
-    @admin.display(description="used")
+    @admin.display(description="used", ordering="stored_bytes")
     def used(self, obj):
         return human_bytes(obj.stored_bytes)
 
-    @admin.display(description="models")
+    @admin.display(description="models", ordering="model_count")
     def models(self, obj):
-        return self._count(obj)
+        return obj.model_count
 
-    @admin.display(description="ready")
+    @admin.display(description="ready", ordering="ready_count")
     def ready(self, obj):
-        return self._count(obj, "Ready")
+        return obj.ready_count
 
-    @admin.display(description="downloading")
+    @admin.display(description="downloading", ordering="downloading_count")
     def downloading(self, obj):
-        return self._count(obj, "Downloading")
+        return obj.downloading_count
 
-    @admin.display(description="failed")
+    @admin.display(description="failed", ordering="failed_count")
     def failed(self, obj):
-        return self._count(obj, "Failed")
-
-    def get_queryset(self, request):
-        return super().get_queryset(request).prefetch_related("entries")
+        return obj.failed_count
 
 
 @admin.register(Prefetch)
@@ -156,10 +178,23 @@ class NodeAdmin(ReadOnlyAdmin):
     readonly_fields = ("name", "labels", "resource_version")
     exclude = ("body", "uid", "deleted")
 
+    def get_queryset(self, request):
+        pods = PluginPod.objects.live().filter(node=OuterRef("name"))
+        return (
+            super()
+            .get_queryset(request)
+            .annotate(
+                plugin_ip=Subquery(pods.values("pod_ip")[:1]),
+                plugin_ready=Exists(pods.filter(ready=True)),
+                has_plugin=Exists(pods),
+            )
+        )
+
     @admin.display(description="plugin endpoint")
     def plugin_endpoint(self, obj):
-        pod = PluginPod.objects.live().filter(node=obj.name).first()
-        return f"{pod.pod_ip} ({'ready' if pod.ready else 'not ready'})" if pod else "no plugin"
+        if not obj.has_plugin:
+            return "no plugin"
+        return f"{obj.plugin_ip} ({'ready' if obj.plugin_ready else 'not ready'})"
 
 
 @admin.register(Manifest)

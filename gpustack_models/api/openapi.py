@@ -12,6 +12,7 @@ import hashlib
 import json
 import logging
 import threading
+from dataclasses import dataclass
 
 from django.http import HttpResponse
 
@@ -157,65 +158,98 @@ def _operation(kind: ResourceKind, action: str, op_id: str, ref: str, *, body=Fa
     return op
 
 
-def _paths(kind: ResourceKind) -> dict:
-    paths = {}
-    name = kind.kind
-    obj_ref = f"{DEFINITION_PREFIX}{name}"
-    list_ref = f"{DEFINITION_PREFIX}{kind.list_kind}"
-    scoped = "Namespaced" if kind.namespaced else ""
-    ns_path = "/namespaces/{namespace}" if kind.namespaced else ""
-    ns_param = (
-        [_param("namespace", "path", required=True, description="object name and auth scope")]
-        if kind.namespaced
-        else []
-    )
-    name_param = [_param("name", "path", required=True, description=f"name of the {name}")]
-    collection = f"/apis/{GROUP_VERSION}{ns_path}/{kind.plural}"
-    item = collection + "/{name}"
-    ops = {}
-    ops["get"] = _operation(
-        kind, "list", f"listWorker{PUBLIC_VERSION.capitalize()}{scoped}{name}", list_ref, params=LIST_PARAMS
-    )
+@dataclass(frozen=True)
+class _Names:
+    """How one kind's paths and operations are named."""
+
+    kind: ResourceKind
+
+    @property
+    def scoped(self) -> str:
+        return "Namespaced" if self.kind.namespaced else ""
+
+    def operation_id(self, action: str, suffix: str = "") -> str:
+        return f"{action}WorkerV1{self.scoped}{self.kind.kind}{suffix}"
+
+    @property
+    def object_ref(self) -> str:
+        return f"{DEFINITION_PREFIX}{self.kind.kind}"
+
+    @property
+    def list_ref(self) -> str:
+        return f"{DEFINITION_PREFIX}{self.kind.list_kind}"
+
+    @property
+    def collection(self) -> str:
+        ns_path = "/namespaces/{namespace}" if self.kind.namespaced else ""
+        return f"/apis/{GROUP_VERSION}{ns_path}/{self.kind.plural}"
+
+    @property
+    def namespace_params(self) -> list[dict]:
+        if not self.kind.namespaced:
+            return []
+        return [_param("namespace", "path", required=True, description="object name and auth scope")]
+
+    @property
+    def item_params(self) -> list[dict]:
+        return self.namespace_params + [
+            _param("name", "path", required=True, description=f"name of the {self.kind.kind}")
+        ]
+
+
+def _collection_operations(kind: ResourceKind, names: _Names) -> dict:
+    ops = {"get": _operation(kind, "list", names.operation_id("list"), names.list_ref, params=LIST_PARAMS)}
     if "create" in kind.verbs:
-        ops["post"] = _operation(kind, "post", f"createWorkerV1{scoped}{name}", obj_ref, body=True, params=WRITE_PARAMS)
-    ops["parameters"] = ns_param
-    paths[collection] = ops
-    item_ops = {"get": _operation(kind, "get", f"readWorkerV1{scoped}{name}", obj_ref)}
+        ops["post"] = _operation(
+            kind, "post", names.operation_id("create"), names.object_ref, body=True, params=WRITE_PARAMS
+        )
+    ops["parameters"] = names.namespace_params
+    return ops
+
+
+def _patch_operation(kind: ResourceKind, names: _Names) -> dict:
+    force = _param("force", type_="boolean", description="Force apply.")
+    patch = _operation(
+        kind,
+        "patch",
+        names.operation_id("patch"),
+        names.object_ref,
+        consumes=PATCH_TYPES,
+        params=WRITE_PARAMS + [force],
+    )
+    body = {"name": "body", "in": "body", "required": True, "schema": {"$ref": f"#/definitions/{META}Patch"}}
+    patch["parameters"].append(body)
+    return patch
+
+
+def _item_operations(kind: ResourceKind, names: _Names) -> dict:
+    ops = {"get": _operation(kind, "get", names.operation_id("read"), names.object_ref)}
     if "update" in kind.verbs:
-        item_ops["put"] = _operation(
-            kind, "put", f"replaceWorkerV1{scoped}{name}", obj_ref, body=True, params=WRITE_PARAMS
+        ops["put"] = _operation(
+            kind, "put", names.operation_id("replace"), names.object_ref, body=True, params=WRITE_PARAMS
         )
     if "patch" in kind.verbs:
-        patch = _operation(
-            kind,
-            "patch",
-            f"patchWorkerV1{scoped}{name}",
-            obj_ref,
-            consumes=PATCH_TYPES,
-            params=WRITE_PARAMS + [_param("force", type_="boolean", description="Force apply.")],
-        )
-        patch["parameters"].append(
-            {"name": "body", "in": "body", "required": True, "schema": {"$ref": f"#/definitions/{META}Patch"}}
-        )
-        item_ops["patch"] = patch
+        ops["patch"] = _patch_operation(kind, names)
     if "delete" in kind.verbs:
-        item_ops["delete"] = _operation(
-            kind,
-            "delete",
-            f"deleteWorkerV1{scoped}{name}",
-            f"{META}Status",
-            params=[_param("gracePeriodSeconds", type_="integer"), _param("propagationPolicy"), _param("dryRun")],
-        )
-    item_ops["parameters"] = ns_param + name_param
-    paths[item] = item_ops
+        delete_params = [_param("gracePeriodSeconds", type_="integer"), _param("propagationPolicy"), _param("dryRun")]
+        ops["delete"] = _operation(kind, "delete", names.operation_id("delete"), f"{META}Status", params=delete_params)
+    ops["parameters"] = names.item_params
+    return ops
+
+
+def _paths(kind: ResourceKind) -> dict:
+    names = _Names(kind)
+    item = names.collection + "/{name}"
+    paths = {names.collection: _collection_operations(kind, names), item: _item_operations(kind, names)}
     if kind.namespaced:
+        every_namespace = f"listWorkerV1{kind.kind}ForAllNamespaces"
         paths[f"/apis/{GROUP_VERSION}/{kind.plural}"] = {
-            "get": _operation(kind, "list", f"listWorkerV1{name}ForAllNamespaces", list_ref, params=LIST_PARAMS)
+            "get": _operation(kind, "list", every_namespace, names.list_ref, params=LIST_PARAMS)
         }
     for sub, sub_kind, _verbs in kind.subresources:
-        op = _operation(kind, "get", f"readWorkerV1{scoped}{name}{sub.capitalize()}", f"{DEFINITION_PREFIX}{sub_kind}")
+        op = _operation(kind, "get", names.operation_id("read", sub.capitalize()), f"{DEFINITION_PREFIX}{sub_kind}")
         op["x-kubernetes-group-version-kind"] = _gvk(sub_kind)
-        paths[f"{item}/{sub}"] = {"get": op, "parameters": ns_param + name_param}
+        paths[f"{item}/{sub}"] = {"get": op, "parameters": names.item_params}
     return paths
 
 

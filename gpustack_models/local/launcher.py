@@ -179,52 +179,45 @@ class Launcher:
 
         Where no kubelet runs Pods (local runs, tests) this is what the kubelet and the DaemonSet
         controller would have written; the worker reads these objects exactly as in a cluster."""
-        now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        self.ready_node(node, plugin_ip, labels)
+        created = self.create_or_get(f"/api/v1/namespaces/{settings.NAMESPACE}/pods", self.plugin_pod(node))
+        self.set_plugin_ready(node, plugin_ip, True, pod=created)
+        return created
+
+    def create_or_get(self, collection: str, obj: dict) -> dict:
         try:
-            node_obj = self.admin.create(
-                "/api/v1/nodes",
-                {"apiVersion": "v1", "kind": "Node", "metadata": {"name": node, "labels": labels or {}}},
-            )
+            return self.admin.create(collection, obj)
         except kube.Conflict:
-            node_obj = self.admin.get(f"/api/v1/nodes/{node}")
+            return self.admin.get(f"{collection}/{obj['metadata']['name']}")
+
+    def ready_node(self, node: str, address: str, labels: dict | None) -> None:
+        node_obj = self.create_or_get(
+            "/api/v1/nodes", {"apiVersion": "v1", "kind": "Node", "metadata": {"name": node, "labels": labels or {}}}
+        )
+        now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        ready = {"type": "Ready", "status": "True", "reason": "KubeletReady", "message": "local"}
         node_obj["status"] = {
-            "conditions": [
-                {
-                    "type": "Ready",
-                    "status": "True",
-                    "reason": "KubeletReady",
-                    "message": "local",
-                    "lastHeartbeatTime": now,
-                    "lastTransitionTime": now,
-                }
-            ],
-            "addresses": [{"type": "InternalIP", "address": plugin_ip}, {"type": "Hostname", "address": node}],
+            "conditions": [dict(ready, lastHeartbeatTime=now, lastTransitionTime=now)],
+            "addresses": [{"type": "InternalIP", "address": address}, {"type": "Hostname", "address": node}],
         }
         self.admin.json("PUT", f"/api/v1/nodes/{node}/status", body=node_obj)
-        name = self.plugin_pod_name(node)
-        pods = f"/api/v1/namespaces/{settings.NAMESPACE}/pods"
-        pod = {
+
+    def plugin_pod(self, node: str) -> dict:
+        container = {
+            "name": "plugin",
+            "image": "gpustack/gpustack-models:local",
+            "args": ["runplugin", f"--node={node}"],
+        }
+        return {
             "apiVersion": "v1",
             "kind": "Pod",
-            "metadata": {"name": name, "labels": dict(PLUGIN_LABELS)},
+            "metadata": {"name": self.plugin_pod_name(node), "labels": dict(PLUGIN_LABELS)},
             "spec": {
                 "nodeName": node,
                 "serviceAccountName": settings.PLUGIN_SERVICE_ACCOUNT,
-                "containers": [
-                    {
-                        "name": "plugin",
-                        "image": "gpustack/gpustack-models:local",
-                        "args": ["runplugin", f"--node={node}"],
-                    }
-                ],
+                "containers": [container],
             },
         }
-        try:
-            created = self.admin.create(pods, pod)
-        except kube.Conflict:
-            created = self.admin.get(f"{pods}/{name}")
-        self.set_plugin_ready(node, plugin_ip, True, pod=created)
-        return created
 
     def set_plugin_ready(self, node: str, plugin_ip: str, ready: bool, pod: dict | None = None) -> None:
         path = f"/api/v1/namespaces/{settings.NAMESPACE}/pods/{self.plugin_pod_name(node)}"

@@ -96,8 +96,11 @@ def issue(
     ip_addresses=(),
     server=False,
     client=False,
+    not_before: datetime.datetime | None = None,
+    validity: datetime.timedelta = VALIDITY,
 ) -> KeyPair:
     key = ec.generate_private_key(ec.SECP256R1())
+    start = not_before or _now()
     usages = []
     if server:
         usages.append(ExtendedKeyUsageOID.SERVER_AUTH)
@@ -109,8 +112,8 @@ def issue(
         .issuer_name(ca.cert.subject)
         .public_key(key.public_key())
         .serial_number(x509.random_serial_number())
-        .not_valid_before(_now())
-        .not_valid_after(_now() + VALIDITY)
+        .not_valid_before(start)
+        .not_valid_after(start + validity)
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
         .add_extension(
             x509.KeyUsage(

@@ -1,5 +1,6 @@
 import os
 import sys
+from pathlib import Path
 
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
@@ -25,9 +26,20 @@ class Command(BaseCommand):
         for path in (certfile, keyfile):
             if not os.path.exists(path):
                 raise CommandError(f"serving certificate file {path} does not exist (GPUSTACK_TLS_CERT_FILE/KEY_FILE)")
-        # Trust for client certificates: the requestheader CA (front proxy) and the cluster's client CA,
-        # so a direct caller's certificate is not refused at the handshake (it is then ignored unless it
-        # chains to the requestheader CA, checked per request).
+        client_ca = self.write_client_ca()
+        binds = bind or ([f"127.0.0.1:{port}", f"[::1]:{port}"] if port != settings.API_PORT else settings.API_BIND)
+        argv = [sys.executable, "-m", "gunicorn", "config.asgi:application", *gunicorn_options(workers)]
+        argv += ["--certfile", certfile, "--keyfile", keyfile, "--ca-certs", str(client_ca)]
+        for address in binds:
+            argv += ["--bind", address]
+        sys.stdout.flush()
+        os.environ["GPUSTACK_SERVER_ROLE"] = "api"
+        os.execv(sys.executable, argv)
+
+    def write_client_ca(self) -> Path:
+        """Trust for client certificates: the requestheader CA (front proxy) and the cluster's client CA,
+        so a direct caller's certificate is not refused at the handshake (it is then ignored unless it
+        chains to the requestheader CA, checked per request)."""
         try:
             config = RequestHeaderConfig.from_configmap(kube.worker().get(AUTH_CONFIGMAP))
         except kube.StatusError as exc:
@@ -36,38 +48,26 @@ class Command(BaseCommand):
         ca_dir.mkdir(parents=True, exist_ok=True)
         client_ca = ca_dir / "client-ca.pem"
         client_ca.write_text(config.requestheader_ca_pem + "\n" + config.client_ca_pem)
-        binds = bind or ([f"127.0.0.1:{port}", f"[::1]:{port}"] if port != settings.API_PORT else settings.API_BIND)
-        argv = [
-            sys.executable,
-            "-m",
-            "gunicorn",
-            "config.asgi:application",
-            "--worker-class",
-            "gpustack_models.api.tls_worker.TLSASGIWorker",
-            "--workers",
-            str(workers),
-            "--worker-connections",
-            "2000",
-            "--certfile",
-            certfile,
-            "--keyfile",
-            keyfile,
-            "--ca-certs",
-            str(client_ca),
-            "--cert-reqs",
-            "1",  # request a client certificate, do not require one
-            "--graceful-timeout",
-            "5",
-            "--timeout",
-            "60",
-            "--no-control-socket",
-            "--asgi-lifespan",
-            "off",
-            "--log-level",
-            "warning",
-        ]
-        for address in binds:
-            argv += ["--bind", address]
-        sys.stdout.flush()
-        os.environ["GPUSTACK_SERVER_ROLE"] = "api"
-        os.execv(sys.executable, argv)
+        return client_ca
+
+
+def gunicorn_options(workers: int) -> list[str]:
+    return [
+        "--worker-class",
+        "gpustack_models.api.tls_worker.TLSASGIWorker",
+        "--workers",
+        str(workers),
+        "--worker-connections",
+        "2000",
+        "--cert-reqs",
+        "1",  # request a client certificate, do not require one
+        "--graceful-timeout",
+        "5",
+        "--timeout",
+        "60",
+        "--no-control-socket",
+        "--asgi-lifespan",
+        "off",
+        "--log-level",
+        "warning",
+    ]

@@ -1,0 +1,79 @@
+"""Kubernetes errors: one class per reason at the client edge, one Status for every error the API answers."""
+
+import json
+
+import pytest
+from django.core.exceptions import RequestDataTooBig
+from rest_framework import exceptions as drf
+
+from gpustack_models import kube
+from gpustack_models.api.errors import exception_handler
+from gpustack_models.api.resources import ResourceView
+
+
+def test_it_makes_the_exception_of_each_reason():
+    assert isinstance(kube.error_for(404, b'{"kind":"Status","reason":"NotFound","message":"x"}'), kube.NotFound)
+    exists = kube.error_for(409, {"kind": "Status", "reason": "AlreadyExists", "code": 409})
+    assert isinstance(exists, kube.AlreadyExists) and isinstance(exists, kube.Conflict)
+    deleting = kube.error_for(409, {"reason": "Conflict", "message": "object is being deleted: x"})
+    assert type(deleting) is kube.Conflict and deleting.being_deleted
+    assert isinstance(kube.error_for(410, b"{}"), kube.Expired)
+    odd = kube.error_for(418, b"not json")
+    assert type(odd) is kube.StatusError and odd.code == 418 and odd.message == "not json"
+
+
+def test_it_keeps_kube_apiservers_status_as_it_came():
+    body = {"kind": "Status", "apiVersion": "v1", "code": 422, "reason": "Invalid", "details": {"causes": []}}
+    assert kube.error_for(422, json.dumps(body).encode()).to_status() == body
+
+
+def render(exc, view=None):
+    response = exception_handler(exc, {"view": view})
+    return response.status_code, json.loads(response.content)
+
+
+def test_it_answers_our_own_errors_as_status():
+    code, body = render(kube.Forbidden("no", details={"kind": "modelartifacts"}))
+    assert code == 403
+    assert body == {
+        "kind": "Status",
+        "apiVersion": "v1",
+        "metadata": {},
+        "status": "Failure",
+        "message": "no",
+        "reason": "Forbidden",
+        "code": 403,
+        "details": {"kind": "modelartifacts"},
+    }
+
+
+def test_it_tells_storage_errors_at_v1():
+    upstream = {"kind": "Status", "code": 400, "reason": "BadRequest", "message": 'X in version "v1alpha1" ...'}
+    code, body = render(kube.error_for(400, upstream))
+    assert code == 400 and body["message"] == 'X in version "v1" ...'
+
+
+@pytest.mark.parametrize(
+    "exc, code, reason",
+    [
+        (drf.MethodNotAllowed("OPTIONS"), 405, "MethodNotAllowed"),
+        (drf.NotAcceptable(), 406, "NotAcceptable"),
+        (drf.ParseError(), 400, "BadRequest"),
+        (drf.NotAuthenticated(), 401, "Unauthorized"),
+        (RequestDataTooBig(), 413, "RequestEntityTooLarge"),
+        (ZeroDivisionError(), 500, "InternalError"),
+    ],
+)
+def test_it_maps_every_other_error_to_its_reason(exc, code, reason):
+    got_code, body = render(exc, ResourceView())
+    assert (got_code, body["reason"], body["code"]) == (code, reason, code)
+
+
+def test_it_names_the_body_types_a_view_takes_on_415():
+    view = ResourceView()
+    view.request = type("R", (), {"method": "PATCH"})()
+    code, body = render(drf.UnsupportedMediaType("application/strategic-merge-patch+json"), view)
+    assert code == 415 and body["reason"] == "UnsupportedMediaType"
+    assert body["message"].endswith(
+        "application/json-patch+json, application/merge-patch+json, application/apply-patch+yaml"
+    )

@@ -1,0 +1,108 @@
+"""The shape of the code base: which package may import what, how long a function may grow, and that
+the image carries the product only."""
+
+import ast
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.support.paths import REPO
+
+PACKAGE = REPO / "gpustack_models"
+MAX_FUNCTION_LINES = 40
+
+
+def modules(root: Path):
+    for path in sorted(root.rglob("*.py")):
+        if "migrations" not in path.parts:
+            yield path
+
+
+def imported(path: Path) -> set[str]:
+    """Absolute names of the gpustack_models modules ``path`` imports."""
+    package = ".".join(path.relative_to(REPO).with_suffix("").parts[:-1])
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")
+                base = ".".join(parts[: len(parts) - node.level + 1] + ([base] if base else []))
+            names.add(base)
+            names.update(f"{base}.{alias.name}" for alias in node.names)
+    return {n for n in names if n.startswith("gpustack_models")}
+
+
+@pytest.mark.parametrize("module", ["gpustack_models.plugin.engine", "gpustack_models.sources"])
+def test_it_keeps_django_out_of_the_engine_and_the_sources(module):
+    code = f"import sys, {module}; print(sorted(m for m in sys.modules if m.split('.')[0] in ('django', 'rest_framework')))"
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(REPO)}
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+LAYERS = {
+    # package: what it must never import
+    "gpustack_models/kube": ("gpustack_models.api", "gpustack_models.worker", "gpustack_models.plugin"),
+    "gpustack_models/kinds": ("gpustack_models.api", "gpustack_models.worker", "gpustack_models.kube"),
+    "gpustack_models/sources": ("gpustack_models.api", "gpustack_models.worker", "gpustack_models.kube"),
+    "gpustack_models/api": ("gpustack_models.worker", "gpustack_models.plugin", "gpustack_models.local"),
+    "gpustack_models/worker": ("gpustack_models.api", "gpustack_models.plugin", "gpustack_models.local"),
+    "gpustack_models/plugin": ("gpustack_models.api", "gpustack_models.worker", "gpustack_models.local"),
+}
+
+
+@pytest.mark.parametrize("package", sorted(LAYERS))
+def test_it_keeps_each_role_out_of_the_others(package):
+    offenders = []
+    for path in modules(REPO / package):
+        for name in imported(path):
+            if name.startswith(LAYERS[package]):
+                offenders.append(f"{path.relative_to(REPO)} imports {name}")
+    assert offenders == []
+
+
+def test_it_ships_no_development_code_in_product_modules():
+    offenders = []
+    for path in modules(PACKAGE):
+        if "local" in path.relative_to(PACKAGE).parts:
+            continue
+        offenders += [f"{path.relative_to(REPO)}: {n}" for n in imported(path) if n.startswith("gpustack_models.local")]
+    assert offenders == []
+    ignored = (REPO / ".dockerignore").read_text().split()
+    assert "gpustack_models/local/" in ignored and "!tests/" not in ignored
+    runtime = (REPO / "requirements.txt").read_text().lower()
+    for tool in ("pytest", "playwright", "ruff", "hadolint"):
+        assert not re.search(rf"^{tool}", runtime, re.M), tool
+
+
+def function_lengths():
+    for path in modules(PACKAGE):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                continue
+            body = node.body
+            docstring = isinstance(body[0], ast.Expr) and isinstance(getattr(body[0], "value", None), ast.Constant)
+            if docstring and len(body) > 1:
+                body = body[1:]
+            yield path, node, node.end_lineno - body[0].lineno + 1
+
+
+def test_it_keeps_functions_short():
+    long = [f"{p.relative_to(REPO)}:{n.lineno} {n.name} ({lines})" for p, n, lines in function_lengths()
+            if lines > MAX_FUNCTION_LINES]  # fmt: skip
+    assert long == []
+
+
+def test_it_documents_the_layout_it_has():
+    readme = (REPO / "README.md").read_text()
+    layout = readme[readme.index("## Layout") :]
+    layout = layout[: layout.index("\n## ", 5)]
+    listed = set(re.findall(r"`gpustack_models/([a-z_]+)/`", layout))
+    packages = {p.name for p in PACKAGE.iterdir() if p.is_dir() and (p / "__init__.py").exists()}
+    assert listed == packages - {"migrations", "management"}
