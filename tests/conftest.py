@@ -8,6 +8,7 @@ pytest_plugins = [
     "tests.support.cluster",
     "tests.support.worker",
     "tests.support.plugins",
+    "tests.support.stores",
     "tests.fakehub.fixtures",
 ]
 

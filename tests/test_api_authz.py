@@ -134,9 +134,10 @@ def test_it_records_its_own_subject_access_review_in_the_audit_log(teams, worker
 
     _, team_b, _ = teams
     # A fresh user, so no cached answer hides the review.
+    auditee = f"auditee-{uuid.uuid4().hex[:6]}"
     session = worker_api.session(
         cert=(str(cluster.pki_path("front-proxy-client.crt")), str(cluster.pki_path("front-proxy-client.key"))),
-        headers={"X-Remote-User": f"auditee-{uuid.uuid4().hex[:6]}"},
+        headers={"X-Remote-User": auditee},
     )
     assert session.get(worker_api.url + paths(team_b)["list"]).status_code == 403
     worker = f"system:serviceaccount:{settings.NAMESPACE}:{settings.WORKER_SERVICE_ACCOUNT}"
@@ -146,11 +147,15 @@ def test_it_records_its_own_subject_access_review_in_the_audit_log(teams, worker
             e
             for e in cluster.audit_events()
             if e.get("objectRef", {}).get("resource") == "subjectaccessreviews"
-            and e["user"]["username"] == worker
             and e["stage"] == "ResponseComplete"
+            and (e.get("requestObject") or {}).get("spec", {}).get("user") == auditee
         ]
 
-    assert wait_for(reviewed, timeout=10, message="the worker's SubjectAccessReview in the audit log")
+    (event,) = wait_for(reviewed, timeout=10, message="the worker's SubjectAccessReview of the caller in the audit log")
+    assert event["user"]["username"] == worker
+    attributes = event["requestObject"]["spec"]["resourceAttributes"]
+    assert (attributes["verb"], attributes["resource"], attributes["namespace"]) == ("list", "modelartifacts", team_b)
+    assert "system:authenticated" in event["requestObject"]["spec"]["groups"]
 
 
 def test_it_passes_a_group_with_a_comma_as_one_group(worker_api, kubectl, core, api_client, worker_kube):

@@ -60,11 +60,13 @@ def test_it_serves_nodemodelstores_at_v1(api, worker_kube):
         },
     )
     try:
-        doc = yaml.safe_load(api("get", "nms", "-o", "yaml").stdout)
+        # kubectl 1.36 hides managedFields unless asked: ask, so the rewrite inside them is checked.
+        doc = yaml.safe_load(api("get", "nms", "-o", "yaml", "--show-managed-fields").stdout)
         items = [i for i in doc["items"] if i["metadata"]["name"] == "yaml-node"]
         assert items and items[0]["apiVersion"] == f"{GROUP}/v1"
-        for entry in items[0]["metadata"].get("managedFields", []):
-            assert entry["apiVersion"] == f"{GROUP}/v1"
+        managed = items[0]["metadata"]["managedFields"]
+        assert managed, "the store was created by the worker: it has a field manager"
+        assert {entry["apiVersion"] for entry in managed} == {f"{GROUP}/v1"}
     finally:
         worker_kube.delete(f"/apis/{GROUP}/v1alpha1/nodemodelstores/yaml-node")
 
@@ -279,3 +281,17 @@ def test_it_refuses_a_delete_whose_uid_precondition_does_not_match(api, namespac
     assert resp.status_code == 409
     assert resp.json()["reason"] == "Conflict"
     assert api("get", "mart", "pre", "-n", namespace, check=False).returncode == 0
+
+
+def test_it_tells_errors_of_the_storage_at_v1(api, namespace):
+    body = yaml.safe_load(artifact_yaml("typo", namespace))
+    body["spec"]["sourc"] = body["spec"].pop("source")  # a misspelled field, as a new user writes it
+    refused = api("create", "-f", "-", input=yaml.safe_dump(body), check=False)
+    assert refused.returncode != 0
+    assert 'unknown field "spec.sourc"' in refused.stderr, refused.stderr
+    assert "v1alpha1" not in refused.stderr, refused.stderr
+    # The same through server-side apply, whose conflicts and errors name versions too.
+    body["spec"] = {"source": {"huggingFace": {"repository": "Qwen/Qwen2.5-0.5B"}}, "expectedDigest": "sha256:x"}
+    invalid = api("apply", "--server-side", "-f", "-", input=yaml.safe_dump(body), check=False)
+    assert invalid.returncode != 0 and "expectedDigest" in invalid.stderr, invalid.stderr
+    assert "v1alpha1" not in invalid.stderr, invalid.stderr

@@ -1,11 +1,11 @@
 """NodeModelStores at v1: read and delete only, with Kubernetes garbage collection working."""
 
 import json
-import time
 import uuid
 
 import pytest
 
+from gpustack_models import kube
 from gpustack_models.kinds import GROUP
 from tests.support import wait_for
 
@@ -32,7 +32,7 @@ def store(worker_kube):
     yield name
     try:
         worker_kube.delete(f"{STORAGE}/{name}")
-    except Exception:
+    except kube.NotFound:  # deleted by the test itself
         pass
 
 
@@ -103,9 +103,7 @@ def test_it_answers_415_for_strategic_merge_before_the_verb_limit(worker_api, ad
 def test_it_deletes_a_store_with_every_cascade(worker_api, kubectl, worker_kube, cascade):
     name = f"node-{uuid.uuid4().hex[:8]}"
     make_store(worker_kube, name)
-    started = time.monotonic()
-    kubectl("delete", "nms", name, f"--cascade={cascade}", "--timeout=30s")
-    assert time.monotonic() - started < 30
+    kubectl("delete", "nms", name, f"--cascade={cascade}", "--timeout=30s")  # fails if not gone in time
     assert kubectl("get", "nms", name, check=False).returncode != 0
 
 

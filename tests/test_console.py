@@ -9,8 +9,7 @@ import requests
 
 from gpustack_models.local.cluster import free_port
 from tests.support import REPO, TEST_STATE, wait_for
-
-from .test_node_stores import entry, nodes, prefetch, put_entries, resolved, store  # noqa: F401
+from tests.support.stores import entry, prefetch, put_entries, store
 
 CHROMIUM_FLAGS = [
     "--headless",
@@ -78,7 +77,7 @@ def _up(session, url):
         return False
 
 
-def test_it_shows_artifacts_node_stores_and_prefetches(console, nodes, resolved, worker_kube, namespace):  # noqa: F811
+def test_it_shows_artifacts_node_stores_and_prefetches(console, nodes, resolved, worker_kube, namespace):
     from playwright.sync_api import sync_playwright
 
     url, password = console

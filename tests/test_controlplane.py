@@ -150,7 +150,8 @@ def test_it_records_audited_requests(cluster, admin_http):
         return [e for e in cluster.audit_events() if e["auditID"] == audit_id and e["stage"] == "ResponseComplete"]
 
     (event,) = wait_for(recorded, timeout=10, message="the SubjectAccessReview in the audit log")
-    assert event["level"] == "Metadata"
+    assert event["level"] == "Request"
+    assert event["requestObject"]["spec"]["user"] == marker
     assert event["verb"] == "create"
     assert event["objectRef"]["resource"] == "subjectaccessreviews"
     assert event["user"]["username"] == "kubernetes-admin"

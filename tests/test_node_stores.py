@@ -1,71 +1,12 @@
 """NodeModelStore lifecycle, desired contents from ModelPrefetch, and the artifacts' status.nodes roll-up."""
 
-import itertools
 import uuid
 
-import pytest
-
 from gpustack_models.kinds import GROUP
-from tests.support import kube_update, wait_for
+from tests.support import wait_for
+from tests.support.stores import digests, entry, prefetch, put_entries, store
 
 STORAGE = f"/apis/{GROUP}/v1alpha1"
-_ips = itertools.count(20)
-
-
-@pytest.fixture
-def nodes(worker_stack, launcher):
-    """Three fresh nodes, each running the plugin (as a kubelet would report it)."""
-    names = [f"n-{uuid.uuid4().hex[:6]}-{i}" for i in range(3)]
-    for name in names:
-        launcher.register_node(name, f"127.0.0.{next(_ips)}")
-    yield names
-    for name in names:
-        launcher.unregister_node(name)
-
-
-def store(worker_kube, name):
-    try:
-        return worker_kube.get(f"{STORAGE}/nodemodelstores/{name}")
-    except Exception:
-        return None
-
-
-def digests(obj):
-    return sorted(m["digest"] for m in ((obj or {}).get("spec") or {}).get("models") or [])
-
-
-@pytest.fixture
-def resolved(worker_stack, worker_kube, namespace, hub):
-    """A resolved artifact in the test namespace; returns (name, digest)."""
-    repo = f"org/w-{uuid.uuid4().hex[:6]}"
-    hub.add_hf_repo(repo, {"config.json": repo.encode(), "model.safetensors": b"w" * 4096})
-    worker_kube.create(
-        f"{STORAGE}/namespaces/{namespace}/modelartifacts",
-        {
-            "apiVersion": f"{GROUP}/v1alpha1",
-            "kind": "ModelArtifact",
-            "metadata": {"name": "art"},
-            "spec": {"source": {"huggingFace": {"repository": repo}}},
-        },
-    )
-
-    def digest():
-        obj = worker_kube.get(f"{STORAGE}/namespaces/{namespace}/modelartifacts/art")
-        return (obj.get("status") or {}).get("resolved", {}).get("manifestDigest")
-
-    return "art", wait_for(digest, timeout=60, message="the artifact to resolve")
-
-
-def prefetch(worker_kube, namespace, name, artifact, node_names):
-    return worker_kube.create(
-        f"{STORAGE}/namespaces/{namespace}/modelprefetches",
-        {
-            "apiVersion": f"{GROUP}/v1alpha1",
-            "kind": "ModelPrefetch",
-            "metadata": {"name": name},
-            "spec": {"artifactRef": {"name": artifact}, "nodeNames": node_names},
-        },
-    )
 
 
 def test_it_creates_a_store_owned_by_each_node_running_the_plugin(nodes, worker_kube, core):
@@ -130,21 +71,9 @@ def test_it_puts_a_prefetched_digest_on_exactly_the_named_nodes(nodes, resolved,
         wait_for(lambda name=name: digests(store(worker_kube, name)) == [], timeout=30, message=f"{name} to drop it")
 
 
-def put_entries(worker_kube, node, entries):
-    return kube_update(
-        worker_kube, f"{STORAGE}/nodemodelstores/{node}/status", lambda obj: dict(obj, status={"models": entries})
-    )
+def test_it_rolls_entries_up_into_status_nodes(nodes, resolved, worker_kube, namespace, cluster, mirror_db):
+    from gpustack_models.models import StoreEntry
 
-
-def entry(digest, state, downloaded=0, size=1000, reason=None):
-    out = {"digest": digest, "state": state, "sizeBytes": size, "downloadedBytes": downloaded}
-    if reason:
-        out["reason"] = reason
-        out["retryTime"] = "2030-01-01T00:00:00Z"
-    return out
-
-
-def test_it_rolls_entries_up_into_status_nodes(nodes, resolved, worker_kube, namespace):
     artifact, digest = resolved
     a, b, c = nodes
     url = f"{STORAGE}/namespaces/{namespace}/modelartifacts/{artifact}"
@@ -158,6 +87,18 @@ def test_it_rolls_entries_up_into_status_nodes(nodes, resolved, worker_kube, nam
 
         return wait_for(check, timeout=20, message=f"status.nodes == {expected}")
 
+    def rollup_writes(since: int) -> list[dict]:
+        return [
+            e
+            for e in cluster.audit_events()[since:]
+            if e["stage"] == "ResponseComplete"
+            and e["verb"] == "patch"
+            and e.get("objectRef", {}).get("subresource") == "status"
+            and e["objectRef"].get("name") == artifact
+            and e["objectRef"].get("namespace") == namespace
+            and "fieldManager=gpustack-models-rollup" in e["requestURI"]
+        ]
+
     put_entries(worker_kube, a, [entry(digest, "Downloading", 100)])
     put_entries(worker_kube, b, [entry(digest, "Ready", 1000)])
     rolled({"ready": 1, "downloading": 1, "failed": 0, "downloadingPercent": 10})
@@ -165,13 +106,16 @@ def test_it_rolls_entries_up_into_status_nodes(nodes, resolved, worker_kube, nam
     put_entries(worker_kube, a, [entry(digest, "Downloading", 120)])
     put_entries(worker_kube, c, [entry(digest, "Failed", reason="SourceUnavailable")])
     rolled({"ready": 1, "downloading": 1, "failed": 1, "downloadingPercent": 12})
-    # The failed count changed at once (and carried the current percent along). Now 14 %: no write.
+    # The failed count changed at once (and carried the current percent along). Now 14 %: no write; 16 %: one.
+    mark = len(cluster.audit_events())
     put_entries(worker_kube, a, [entry(digest, "Downloading", 140)])
-    import time
-
-    time.sleep(3)
-    assert worker_kube.get(url)["status"]["nodes"]["downloadingPercent"] == 12
+    wait_for(
+        lambda: StoreEntry.objects.filter(node=a, digest=digest, downloaded_bytes=140).exists(),
+        timeout=20,
+        message="the mirror to hold 14 %",
+    )
     put_entries(worker_kube, a, [entry(digest, "Downloading", 160)])
     rolled({"ready": 1, "downloading": 1, "failed": 1, "downloadingPercent": 16})
+    assert len(rollup_writes(mark)) == 1, "14 % was written although it stays within the step"
     put_entries(worker_kube, a, [entry(digest, "Ready", 1000)])
     rolled({"ready": 2, "downloading": 0, "failed": 1})

@@ -6,7 +6,6 @@ import hashlib
 import random
 import re
 import socket
-import time
 
 import pytest
 from huggingface_hub.utils import filter_repo_objects
@@ -287,11 +286,12 @@ def test_it_fails_fast_when_the_huggingface_hub_is_unavailable(fakehub):
     fakehub.page_size = 2
 
     fakehub.faults.fail("/api/models/org/model/revision", 503)
-    started = time.monotonic()
     with pytest.raises(SourceUnavailable) as unavailable:
         hf(fakehub, "org/model")
     assert unavailable.value.retryable and unavailable.value.reason == "SourceUnavailable"
-    assert "503" in str(unavailable.value) and time.monotonic() - started < 1
+    assert "503" in str(unavailable.value)
+    # At once: one attempt, none of the client's own retries (which sleep between attempts).
+    assert [r.status for r in fakehub.requests_matching("/api/models/org/model/revision")] == [503]
 
     fakehub.clear_requests()
     fakehub.faults.fail("cursor=", 502, times=None)  # the second page of the tree
@@ -313,10 +313,10 @@ def test_it_reports_huggingface_network_failures_and_timeouts(fakehub):
 
     fakehub.add_hf_repo("org/model", {"config.json": b"{}"})
     fakehub.faults.hang("/tree/")
-    started = time.monotonic()
     with pytest.raises(SourceUnavailable) as timed_out:
         hf(fakehub, "org/model", timeout=0.5)
-    assert "Timeout" in str(timed_out.value) and time.monotonic() - started < 3
+    assert "Timeout" in str(timed_out.value)
+    assert len(fakehub.requests_matching("/tree/")) == 1  # not retried
 
 
 def test_it_sends_huggingface_requests_through_the_given_proxy_only(fakehub, hub_env):
@@ -461,11 +461,9 @@ def test_it_denies_what_modelscope_refuses(fakehub):
 
 def test_it_fails_fast_when_modelscope_is_unavailable(fakehub):
     fakehub.add_ms_repo("owner/model", {"config.json": b"{}"})
-    started = time.monotonic()
     fakehub.faults.fail("/repo/files", 503)
     with pytest.raises(SourceUnavailable):
         ms(fakehub, "owner/model")
-    assert time.monotonic() - started < 1
     assert [r.status for r in fakehub.requests_matching("/repo/files")] == [503]
 
     fakehub.faults.fail("/revisions", 429, retry_after=11)

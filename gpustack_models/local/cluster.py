@@ -207,6 +207,11 @@ class LocalCluster:
             "kind": "Policy",
             "omitStages": ["RequestReceived"],
             "rules": [
+                # Whose access a SubjectAccessReview asked about is in its body: tests match the caller.
+                {
+                    "level": "Request",
+                    "resources": [{"group": "authorization.k8s.io", "resources": ["subjectaccessreviews"]}],
+                },
                 {"level": "Metadata", "resources": [{"group": g} for g in AUDITED_GROUPS]},
                 {"level": "None"},
             ],

@@ -68,5 +68,23 @@ def test_bench_progress(
                 results.append((nodes, holding, downloading, statistics.median(samples) * 1000))
             finally:
                 run_fill(env, "clear", prefix)
+        silent = silent_plugin(fakes, addresses, env, digest, url, admin_http, live)
     parts = [f"{n:,} nodes, {h:,} holding, {d} downloading: p50 {p50:.0f} ms" for n, h, d, p50 in results]
     record(f"progress ({live} live plugins answering in 5 ms): " + "; ".join(parts) + " (target p50 <= 100 ms)")
+    record(f"progress with a plugin that never answers: {silent:.2f} s, that node not live (target <= 13 s)")
+
+
+def silent_plugin(fakes, addresses, env, digest, url, admin_http, live) -> float:
+    """Seconds for an answer while one of the live plugins never answers."""
+    prefix = f"bench{uuid.uuid4().hex[:6]}"
+    run_fill(env, "fill", prefix, digest, live, live, live, *addresses)
+    try:
+        fakes.plugins[addresses[0]].hang = True
+        started = time.perf_counter()
+        resp = admin_http.get(url)
+        elapsed = time.perf_counter() - started
+        assert resp.status_code == 200 and resp.json()["live"] == live - 1, resp.text
+        return elapsed
+    finally:
+        fakes.plugins[addresses[0]].hang = False
+        run_fill(env, "clear", prefix)

@@ -55,5 +55,7 @@ def test_it_trusts_only_allowed_names_issued_by_the_requestheader_ca():
     assert not config.verify_front_proxy(der(pki.issue(other, "front-proxy-client", client=True).cert))
     assert not config.verify_front_proxy(b"not a certificate")
     yesterday = datetime.datetime.now(datetime.UTC) - datetime.timedelta(days=1)
-    expired = pki.issue(front, "front-proxy-client", client=True, not_before=yesterday, validity=datetime.timedelta(hours=1))
+    expired = pki.issue(
+        front, "front-proxy-client", client=True, not_before=yesterday, validity=datetime.timedelta(hours=1)
+    )
     assert not config.verify_front_proxy(der(expired.cert))

@@ -8,7 +8,9 @@ from gpustack_models.api.parsers import OBJECT_PARSERS, PATCH_PARSERS
 from gpustack_models.api.renderers import LIST_RENDERERS, OBJECT_RENDERERS
 from gpustack_models.kube.errors import NotAcceptable
 
-KUBECTL_TABLE = "application/json;as=Table;v=v1;g=meta.k8s.io,application/json;as=Table;v=v1beta1;g=meta.k8s.io,application/json"
+KUBECTL_TABLE = (
+    "application/json;as=Table;v=v1;g=meta.k8s.io,application/json;as=Table;v=v1beta1;g=meta.k8s.io,application/json"
+)
 GC_METADATA = (
     "application/vnd.kubernetes.protobuf;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1,"
     "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1,application/json"

@@ -19,9 +19,16 @@ def crd_table(rows: list[dict], with_columns=True) -> bytes:
     columns = [{"name": "Name"}] + [{"name": f.name} for f in MODEL_ARTIFACT.fields]
     cells = []
     for row in rows:
-        cells.append({"cells": [row["Name"]] + [row.get(f.name) for f in MODEL_ARTIFACT.fields], "object": {
-            "kind": "PartialObjectMetadata", "apiVersion": "meta.k8s.io/v1",
-            "metadata": {"name": row["Name"], "managedFields": [{"apiVersion": "worker.gpustack.ai/v1alpha1"}]}}})
+        cells.append(
+            {
+                "cells": [row["Name"]] + [row.get(f.name) for f in MODEL_ARTIFACT.fields],
+                "object": {
+                    "kind": "PartialObjectMetadata",
+                    "apiVersion": "meta.k8s.io/v1",
+                    "metadata": {"name": row["Name"], "managedFields": [{"apiVersion": "worker.gpustack.ai/v1alpha1"}]},
+                },
+            }
+        )
     return json.dumps({"kind": "Table", "apiVersion": "meta.k8s.io/v1", "metadata": {"resourceVersion": "7"},
                        "columnDefinitions": columns if with_columns else None, "rows": cells}).encode()  # fmt: skip
 
@@ -30,7 +37,8 @@ def test_it_turns_raw_cells_into_the_v1_columns():
     raw = crd_table([
         {"Name": "qwen", "HF Repository": "Qwen/Qwen2.5", "Revision": "0123456789abcdef0123", "Size": 1536,
          "Ready": 3, "Downloading": None, "Resolved": "True", "Age": "5m"},
-        {"Name": "pvc", "Claim": "models", "Claim Path": "qwen", "Resolved": "False", "Resolved Reason": "ClaimNotFound"},
+        {"Name": "pvc", "Claim": "models", "Claim Path": "qwen", "Resolved": "False",
+         "Resolved Reason": "ClaimNotFound"},
     ])  # fmt: skip
     table = json.loads(TableConverter(MODEL_ARTIFACT).table(raw))
     names = [c["name"] for c in table["columnDefinitions"]]
@@ -45,7 +53,9 @@ def test_it_turns_raw_cells_into_the_v1_columns():
 def test_it_sends_column_definitions_on_the_first_watch_event_only():
     converter = TableConverter(MODEL_ARTIFACT)
     first = json.loads(converter.event(b'{"type":"ADDED","object":' + crd_table([{"Name": "a"}]) + b"}", True))
-    later = json.loads(converter.event(b'{"type":"MODIFIED","object":' + crd_table([{"Name": "a"}], False) + b"}", False))
+    later = json.loads(
+        converter.event(b'{"type":"MODIFIED","object":' + crd_table([{"Name": "a"}], False) + b"}", False)
+    )
     assert len(first["object"]["columnDefinitions"]) == len(column_definitions(MODEL_ARTIFACT))
     assert later["object"]["columnDefinitions"] == []
     assert later["object"]["rows"][0]["cells"][0] == "a"
