@@ -6,9 +6,16 @@ status, fetching tickets from the worker, serving live progress) drives an ``Eng
 - ``ticket``: ``FetchTicket``, what to download and how each hub names a file's bytes;
 - ``cache``: the layout on disk (published trees, partial work, per-digest records), capacity;
 - ``download``: the resumable, parallel range downloader that hashes while it writes and publishes
-  a verified tree with one rename;
+  a verified tree with one rename; it runs the steps of the modules below:
+  - ``progress``: one file's written ranges, hash frontier and hash;
+  - ``checkpoint``: the per-file progress saved for, and restored by, the next attempt;
+  - ``fetch``: HTTP range requests, retried from the last written byte;
+  - ``frontier``: hashing each file while it is written, checked against the manifest at its end;
+  - ``publish``: the final verification of the tree and its publishing rename;
+  - ``disk``: the partial files' disk operations, whose failures (``DiskError``) are never retried;
 - ``hashing``: sha256 / git blob sha1 whose running state can be checkpointed;
 - ``limits``: node-wide connection slots and rate limiter;
+- ``transport``: keep-alive HTTP with the ticket's proxy and CA bundle, redirects followed;
 - ``engine``: ``Engine``, the API for the glue;
 - ``metrics``: Prometheus metrics (no tenant or digest in any label);
 - ``failures``: the failure reasons and the retry backoff.

@@ -28,7 +28,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from .cache import Cache, read_json
-from .download import CHECKPOINT_VERSION, Download, DownloadSettings, Limits
+from .checkpoint import CHECKPOINT_VERSION
+from .disk import DiskError, disk_failure
+from .download import Download, DownloadSettings, Limits
 from .failures import (
     BACKOFF_INITIAL_SECONDS,
     CANCELED,
@@ -47,6 +49,20 @@ READY = "Ready"
 FAILED = "Failed"
 SOURCE_HUB = "Hub"
 _TOUCH_PERSIST_SECONDS = 60.0
+
+
+def _log_finished(digest: str, failure: DownloadFailed | None, stats: dict, seconds: float) -> None:
+    log.info(
+        "download %s %s: %d bytes fetched in %.1f s (%.1f MB/s), %d requests, %d retries, %d bytes resumed",
+        digest[:19],
+        "ready" if failure is None else f"failed ({failure})",
+        stats["network_bytes"],
+        seconds,
+        stats["network_bytes"] / max(seconds, 1e-6) / 1e6,
+        stats["requests"],
+        stats["retries"],
+        stats["resumed_bytes"],
+    )
 
 
 def rfc3339(epoch: float | None) -> str | None:
@@ -381,47 +397,60 @@ class Engine:
         except ValueError:
             raise DownloadFailed(INVALID_REQUEST, f"not a manifest digest: {digest!r}") from None
         now = self._clock()
-        changed = False
         with self._lock:
             if self._closed:
                 raise RuntimeError("the engine is closed")
-            item = self._items.get(digest)
-            if item is None:
-                item = self._items[digest] = _Item(digest)
-            if item.absent_since is not None:
-                item.absent_since = None
-                changed = True
+            item, changed = self._wanted_item(digest)
             if self.cache.published(digest) and digest not in self._jobs:
-                if item.state != READY:
-                    item.state, item.size = READY, self.cache.tree_size(digest)
-                    item.downloaded = item.size
-                    changed = True
+                changed = self._found_published(item) or changed
                 self._touch(item, now, persist=changed)
-                entry = self._entry(item)
-            elif (
-                digest in self._jobs
-                or item.state == FAILED
-                and item.retry_time is not None
-                and now < item.retry_time
-                and not force
-            ):
+            elif self._running_or_backing_off(item, now, force):
                 if changed:
                     self._persist(item)
                 return self._entry(item)
             else:
-                try:
-                    ticket.validate()
-                except DownloadFailed as failure:
-                    self._record_failure(item, failure, now)
-                    entry = None
-                else:
-                    self._start(item, ticket)
-                    entry = None
+                self._start_or_refuse(item, ticket, now)
                 changed = True
-        if entry is not None and not changed:
+            entry = self._entry(item)
+        if not changed:
             return entry
         self._emit(digest)
         return self.entry(digest)
+
+    def _wanted_item(self, digest: str) -> tuple[_Item, bool]:
+        """The item of ``digest`` (created if new), no longer absent; True if that changed it.
+        Caller holds the lock."""
+        item = self._items.get(digest)
+        if item is None:
+            item = self._items[digest] = _Item(digest)
+        if item.absent_since is None:
+            return item, False
+        item.absent_since = None
+        return item, True
+
+    def _found_published(self, item: _Item) -> bool:
+        """``item``'s tree is published: ``Ready`` with the tree's size; True if that changed it.
+        Caller holds the lock."""
+        if item.state == READY:
+            return False
+        item.state, item.size = READY, self.cache.tree_size(item.digest)
+        item.downloaded = item.size
+        return True
+
+    def _running_or_backing_off(self, item: _Item, now: float, force: bool) -> bool:
+        """Caller holds the lock."""
+        if item.digest in self._jobs:
+            return True
+        return item.state == FAILED and item.retry_time is not None and now < item.retry_time and not force
+
+    def _start_or_refuse(self, item: _Item, ticket: FetchTicket, now: float) -> None:
+        """Start the download of a valid ticket, else record why it is not. Caller holds the lock."""
+        try:
+            ticket.validate()
+        except DownloadFailed as failure:
+            self._record_failure(item, failure, now)
+        else:
+            self._start(item, ticket)
 
     def _start(self, item: _Item, ticket: FetchTicket) -> None:
         """Caller holds the lock."""
@@ -458,55 +487,53 @@ class Engine:
             job.reserved = True
 
     def _run(self, digest: str, job: _Job) -> None:
-        failure: DownloadFailed | None = None
         started = time.monotonic()
-        try:
-            try:
-                job.download.prepare()
-            except OSError as exc:
-                raise job.download._local_error(exc) from None
-            self._reserve(digest, job)
-            job.download.run()
-        except DownloadFailed as exc:
-            failure = exc
-        except Exception as exc:  # never leave a digest stuck in Downloading
-            log.exception("download of %s crashed", digest)
-            failure = DownloadFailed(SOURCE_UNAVAILABLE, f"unexpected error: {type(exc).__name__}: {exc}")
+        failure = self._download(digest, job)
         now = self._clock()
         seconds = time.monotonic() - started
         stats = dict(job.download.stats, seconds=round(seconds, 3))
-        log.info(
-            "download %s %s: %d bytes fetched in %.1f s (%.1f MB/s), %d requests, %d retries, %d bytes resumed",
-            digest[:19],
-            "ready" if failure is None else f"failed ({failure})",
-            stats["network_bytes"],
-            seconds,
-            stats["network_bytes"] / max(seconds, 1e-6) / 1e6,
-            stats["requests"],
-            stats["retries"],
-            stats["resumed_bytes"],
-        )
+        _log_finished(digest, failure, stats, seconds)
         with self._lock:
             self._last_stats[digest] = stats
             item = self._items.get(digest)
             self._jobs.pop(digest, None)
             if item is not None:
-                item.downloaded = job.download.downloaded_bytes
-                if failure is None:
-                    item.state, item.downloaded = READY, item.size
-                    item.failures, item.reason, item.message, item.retry_time = 0, None, None, None
-                    self._touch(item, now, persist=True)
-                    if self._metrics is not None:
-                        self._metrics.download_finished(READY, None)
-                elif job.shutdown:
-                    self._persist(item)  # stays Downloading: resumed when asked again
-                else:
-                    self._record_failure(item, failure, now)
-                if item.state != READY and self.cache.partial(digest).exists():
-                    self._idle_partial[digest] = self.cache.partial_bytes(digest)
+                self._settle(item, job, failure, now)
         job.done.set()
         if not job.shutdown:
             self._emit(digest)
+
+    def _download(self, digest: str, job: _Job) -> DownloadFailed | None:
+        """Reserve the capacity and run the download; its failure, or ``None`` once published."""
+        try:
+            try:
+                job.download.prepare()
+            except (DiskError, OSError) as exc:
+                raise disk_failure(exc) from None
+            self._reserve(digest, job)
+            job.download.run()
+        except DownloadFailed as exc:
+            return exc
+        except Exception as exc:  # never leave a digest stuck in Downloading
+            log.exception("download of %s crashed", digest)
+            return DownloadFailed(SOURCE_UNAVAILABLE, f"unexpected error: {type(exc).__name__}: {exc}")
+        return None
+
+    def _settle(self, item: _Item, job: _Job, failure: DownloadFailed | None, now: float) -> None:
+        """Record how the download of ``item`` ended. Caller holds the lock."""
+        item.downloaded = job.download.downloaded_bytes
+        if failure is None:
+            item.state, item.downloaded = READY, item.size
+            item.failures, item.reason, item.message, item.retry_time = 0, None, None, None
+            self._touch(item, now, persist=True)
+            if self._metrics is not None:
+                self._metrics.download_finished(READY, None)
+        elif job.shutdown:
+            self._persist(item)  # stays Downloading: resumed when asked again
+        else:
+            self._record_failure(item, failure, now)
+        if item.state != READY and self.cache.partial(item.digest).exists():
+            self._idle_partial[item.digest] = self.cache.partial_bytes(item.digest)
 
     def _record_failure(self, item: _Item, failure: DownloadFailed, now: float) -> None:
         """Caller holds the lock."""
@@ -562,27 +589,40 @@ class Engine:
         wanted = set(wanted_digests)
         now = self._clock()
         removed: list[str] = []
-        to_cancel: list[tuple[str, _Job]] = []
+        running: list[tuple[str, _Job]] = []
         with self._lock:
             for digest, item in list(self._items.items()):
-                if digest in wanted:
-                    if item.absent_since is not None:
-                        item.absent_since = None
-                        self._persist(item)
-                    continue
-                if item.absent_since is None or item.absent_since > now:
-                    item.absent_since = now
-                    self._persist(item)
-                    continue
-                if now - item.absent_since < grace_seconds:
+                if not self._absent_for(item, digest in wanted, now, grace_seconds):
                     continue
                 job = self._jobs.get(digest)
                 if job is not None:
-                    to_cancel.append((digest, job))
+                    running.append((digest, job))
                     continue
                 self._remove(digest)
                 removed.append(digest)
-        for digest, job in to_cancel:
+        removed += self._collect_running(running)
+        for digest in removed:
+            self._emit(digest)
+        return removed
+
+    def _absent_for(self, item: _Item, wanted: bool, now: float, grace_seconds: float) -> bool:
+        """Note when ``item`` went missing from, or came back to, the wanted digests; True once it
+        has been missing for ``grace_seconds``. Caller holds the lock."""
+        if wanted:
+            if item.absent_since is not None:
+                item.absent_since = None
+                self._persist(item)
+            return False
+        if item.absent_since is None or item.absent_since > now:
+            item.absent_since = now
+            self._persist(item)
+            return False
+        return now - item.absent_since >= grace_seconds
+
+    def _collect_running(self, running: list[tuple[str, _Job]]) -> list[str]:
+        """Stop the running downloads of collected digests, then remove them; the digests removed."""
+        removed = []
+        for digest, job in running:
             job.shutdown = True  # no failure record: the digest is going away
             job.download.cancel("no longer wanted on this node")
             job.done.wait(30)
@@ -590,8 +630,6 @@ class Engine:
                 if digest not in self._jobs and digest in self._items:
                     self._remove(digest)
                     removed.append(digest)
-        for digest in removed:
-            self._emit(digest)
         return removed
 
     def _remove(self, digest: str) -> None:

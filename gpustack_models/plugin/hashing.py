@@ -61,7 +61,7 @@ def _load_libcrypto() -> ctypes.CDLL | None:
                 continue
             try:
                 lib = ctypes.CDLL(name)
-                for algorithm, (init, update, final) in _FUNCTIONS.items():
+                for init, update, final in _FUNCTIONS.values():
                     getattr(lib, init).argtypes = [ctypes.c_void_p]
                     getattr(lib, init).restype = ctypes.c_int
                     getattr(lib, update).argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t]

@@ -7,6 +7,7 @@
   downloads; ``0`` means unlimited. A reader asks for the bytes it is about to read and sleeps until
   they fit in the budget; the budget allows a burst of at most ``burst_seconds`` worth of bytes, so
   an idle node does not build up credit.
+- ``Limits``: the node's connection slots and rate limiter together, as its downloads share them.
 """
 
 from __future__ import annotations
@@ -55,11 +56,14 @@ class ConnectionSlots:
 
 
 class RateLimiter:
-    def __init__(self, bytes_per_second: int = 0, *, burst_seconds: float = 0.05, clock=time.monotonic):
+    def __init__(
+        self, bytes_per_second: int = 0, *, burst_seconds: float = 0.05, clock=time.monotonic, sleep=time.sleep
+    ):
         self._lock = threading.Lock()
         self._rate = _non_negative(bytes_per_second, "bytes_per_second")
         self._burst = burst_seconds
         self._clock = clock
+        self._sleep = sleep
         self._next = 0.0  # the time at which the budget is back to zero debt
 
     @property
@@ -93,9 +97,23 @@ class RateLimiter:
             if cancelled is not None and cancelled():
                 return False
             step = min(wait, 0.25)
-            time.sleep(step)
+            self._sleep(step)
             wait -= step
         return True
+
+
+class Limits:
+    """The node-wide connection slots and rate limiter, shared by every download of the node."""
+
+    def __init__(self, concurrency: int = 8, bytes_per_second: int = 0):
+        self.slots = ConnectionSlots(concurrency)
+        self.rate = RateLimiter(bytes_per_second)
+
+    def set(self, concurrency: int | None = None, bytes_per_second: int | None = None) -> None:
+        if concurrency is not None:
+            self.slots.set_limit(concurrency)
+        if bytes_per_second is not None:
+            self.rate.set_rate(bytes_per_second)
 
 
 def _positive(value: int, name: str) -> int:

@@ -73,8 +73,9 @@ class FetchTicket:
 
     ``endpoint`` is the hub's base URL (a mirror's too), ``commit`` the resolved revision,
     ``token`` a bearer token for the hub (or ``None``), ``proxy`` an ``http://`` proxy URL used for
-    both schemes (HTTPS through ``CONNECT``; or ``None`` for direct connections: the process environment is never consulted), ``ca_bundle``
-    a PEM file replacing the default trust store (or ``None`` for the bundled default).
+    both schemes (HTTPS through ``CONNECT``; or ``None`` for direct connections: the process
+    environment is never consulted), ``ca_bundle`` a PEM file replacing the default trust store (or
+    ``None`` for the bundled default).
     """
 
     digest: str
@@ -116,58 +117,70 @@ class FetchTicket:
 
     def validate(self) -> FetchTicket:
         """Return self if the ticket is usable, else raise ``DownloadFailed(InvalidRequest)``."""
+        self._check_hub()
+        self._check_revision()
+        self._check_connection()
+        self._check_files()
+        actual = manifest_digest(self.files)
+        if actual != self.digest:
+            raise _invalid(f"the files hash to {actual}, not to the ticket's digest {self.digest}")
+        return self
 
-        def bad(message: str) -> DownloadFailed:
-            return DownloadFailed(INVALID_REQUEST, f"invalid fetch ticket: {message}")
-
+    def _check_hub(self) -> None:
+        """The digest, the source and the endpoint."""
         try:
             digest_hex(self.digest)
         except ValueError:
-            raise bad(f"digest must be sha256:<64 lowercase hex>, not {self.digest!r}") from None
+            raise _invalid(f"digest must be sha256:<64 lowercase hex>, not {self.digest!r}") from None
         if self.source not in SOURCES:
-            raise bad(f"source must be one of {', '.join(SOURCES)}, not {self.source!r}")
+            raise _invalid(f"source must be one of {', '.join(SOURCES)}, not {self.source!r}")
         endpoint = urlsplit(self.endpoint) if isinstance(self.endpoint, str) else None
         if endpoint is None or endpoint.scheme not in ("http", "https") or not endpoint.hostname:
-            raise bad(f"endpoint must be an http(s) URL, not {self.endpoint!r}")
+            raise _invalid(f"endpoint must be an http(s) URL, not {self.endpoint!r}")
         if endpoint.query or endpoint.fragment or endpoint.username:
-            raise bad("endpoint must not carry a query, fragment or credentials")
-        # Messages go to the node's status, which names no repository: values are not quoted.
+            raise _invalid("endpoint must not carry a query, fragment or credentials")
+
+    def _check_revision(self) -> None:
+        """The repository and the commit. Messages go to the node's status, which names no
+        repository: values are not quoted."""
         if not isinstance(self.repository, str) or not _REPOSITORY.fullmatch(self.repository):
-            raise bad("the repository is not a valid owner/name")
+            raise _invalid("the repository is not a valid owner/name")
         if self.source == MODEL_SCOPE and "/" not in self.repository:
-            raise bad("a ModelScope repository is owner/name")
+            raise _invalid("a ModelScope repository is owner/name")
         if ".." in self.repository:
-            raise bad("the repository has a '..'")
+            raise _invalid("the repository has a '..'")
         if not isinstance(self.commit, str) or not _COMMIT.fullmatch(self.commit):
-            raise bad("the commit is not a revision id")
+            raise _invalid("the commit is not a revision id")
+
+    def _check_connection(self) -> None:
+        """The proxy, the CA bundle and the token."""
         if self.proxy is not None:
             proxy = urlsplit(self.proxy) if isinstance(self.proxy, str) else None
             if proxy is None or proxy.scheme != "http" or not proxy.hostname:
-                raise bad(f"proxy must be an http:// URL, not {redact_url(str(self.proxy))!r}")
+                raise _invalid(f"proxy must be an http:// URL, not {redact_url(str(self.proxy))!r}")
         if self.ca_bundle is not None and not (isinstance(self.ca_bundle, str) and os.path.isfile(self.ca_bundle)):
-            raise bad(f"CA bundle {self.ca_bundle!r} is not a readable file")
+            raise _invalid(f"CA bundle {self.ca_bundle!r} is not a readable file")
         if self.token is not None and (not isinstance(self.token, str) or not self.token or "\n" in self.token):
-            raise bad("token must be a non-empty single-line string")
+            raise _invalid("token must be a non-empty single-line string")
+
+    def _check_files(self) -> None:
+        """At least one file, each a ``ManifestFile`` at its own path, none also a directory."""
         if not self.files:
-            raise bad("the manifest has no file")
+            raise _invalid("the manifest has no file")
         paths: set[str] = set()
         for f in self.files:
             if not isinstance(f, ManifestFile):
-                raise bad(f"file entries must be ManifestFile, not {type(f).__name__}")
+                raise _invalid(f"file entries must be ManifestFile, not {type(f).__name__}")
             if f.path in paths:
-                raise bad(f"file {f.path!r} appears twice")
+                raise _invalid(f"file {f.path!r} appears twice")
             paths.add(f.path)
         for path in paths:
             parts = path.split("/")
             for i in range(1, len(parts)):
                 if "/".join(parts[:i]) in paths:
-                    raise bad(f"{'/'.join(parts[:i])!r} is both a file and a directory")
+                    raise _invalid(f"{'/'.join(parts[:i])!r} is both a file and a directory")
         if self.source == MODEL_SCOPE and any(f.algorithm != "sha256" for f in self.files):
-            raise bad("ModelScope files are identified by sha256")
-        actual = manifest_digest(self.files)
-        if actual != self.digest:
-            raise bad(f"the files hash to {actual}, not to the ticket's digest {self.digest}")
-        return self
+            raise _invalid("ModelScope files are identified by sha256")
 
     # ---------------------------------------------------------------- the hub's protocol
 
@@ -231,6 +244,10 @@ class FetchTicket:
             )
         except (KeyError, TypeError, ValueError, InvalidPath, AttributeError) as exc:
             raise DownloadFailed(INVALID_REQUEST, f"invalid fetch ticket: {type(exc).__name__}: {exc}") from None
+
+
+def _invalid(message: str) -> DownloadFailed:
+    return DownloadFailed(INVALID_REQUEST, f"invalid fetch ticket: {message}")
 
 
 def _file_from_dict(item: Mapping[str, Any]) -> ManifestFile:

@@ -255,7 +255,7 @@ class RecordedRequest:
 class Fault:
     """One fault knob. ``times=None`` means every matching request; ``hits`` counts applications."""
 
-    kind: str  # fail, hang, refuse, drop, corrupt, throttle
+    kind: str  # fail, hang, refuse, drop, stall, corrupt, throttle
     match: str | re.Pattern | None
     times: int | None
     method: str | None = None
@@ -297,9 +297,9 @@ class Faults:
     narrow it further.
 
     ``fail`` and ``hang`` apply to any matching request, ``refuse`` to matching requests to the
-    ModelScope API. ``drop``, ``corrupt`` and ``throttle`` apply only to answers carrying file bytes
-    (200/206 of a download, on the hub or the CDN), so a ``HEAD`` or a 302 on the way does not use
-    them up. An LFS download of ``name`` matches on both: the CDN URL carries ``?filename=name``.
+    ModelScope API. ``drop``, ``stall``, ``corrupt`` and ``throttle`` apply only to answers carrying
+    file bytes (200/206 of a download, on the hub or the CDN), so a ``HEAD`` or a 302 on the way does
+    not use them up. An LFS download of ``name`` matches on both: the CDN URL carries ``?filename=name``.
     """
 
     def __init__(self) -> None:
@@ -354,6 +354,20 @@ class Faults:
     def drop(self, match=None, after_bytes: int = 0, *, times: int | None = 1, method=None, listener=None) -> Fault:
         """Send the headers and ``after_bytes`` body bytes of a file, then close the connection."""
         return self._add(Fault("drop", match, times, method, listener, after_bytes=after_bytes))
+
+    def stall(
+        self,
+        match=None,
+        after_bytes: int = 0,
+        *,
+        seconds: float | None = None,
+        times: int | None = 1,
+        method=None,
+        listener=None,
+    ) -> Fault:
+        """Send the headers and ``after_bytes`` body bytes of a file, then nothing for ``seconds``
+        (default: until the hub stops), then close the connection."""
+        return self._add(Fault("stall", match, times, method, listener, seconds=seconds, after_bytes=after_bytes))
 
     def corrupt(
         self, match=None, *, offset: int | None = None, times: int | None = 1, method=None, listener=None
@@ -598,10 +612,10 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             raise _Respond
         faults = self.server.hub.faults
         listener, target = self.server.listener, self._target
-        drop = faults._take(("drop",), listener, self._method, target)
+        cut = faults._take(("drop", "stall"), listener, self._method, target)
         corrupt = faults._take(("corrupt",), listener, self._method, target)
         throttle = faults._take(("throttle",), listener, self._method, target)
-        applied = [f.kind for f in (drop, corrupt, throttle) if f is not None]
+        applied = [f.kind for f in (cut, corrupt, throttle) if f is not None]
         if applied:
             self._rec.fault = ",".join(applied)
         self.end_headers()
@@ -619,11 +633,13 @@ class _Handler(http.server.BaseHTTPRequestHandler):
                 mutable = bytearray(chunk)
                 mutable[corrupt_at - sent] ^= 0xFF
                 chunk = bytes(mutable)
-            if drop is not None and sent + len(chunk) > drop.after_bytes:
-                piece = chunk[: max(0, drop.after_bytes - sent)]
+            if cut is not None and sent + len(chunk) > cut.after_bytes:
+                piece = chunk[: max(0, cut.after_bytes - sent)]
                 if piece:
                     self._rec.bytes_sent += len(piece)
                     self.wfile.write(piece)
+                if cut.kind == "stall":
+                    self.server.hub._stopping.wait(cut.seconds)
                 self._abort()
                 raise _Respond
             self._rec.bytes_sent += len(chunk)

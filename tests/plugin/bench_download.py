@@ -43,10 +43,8 @@ commit = hub.add_hf_repo("bench/model", {name: path for name, path in paths.item
 files = []
 for name in paths:
     ref = hub.file_info("bench/model", name, commit)
-    if ref.lfs:
-        files.append({"path": name, "size": ref.blob.size, "algorithm": "sha256", "hexdigest": ref.blob.sha256, "lfs": True})
-    else:
-        files.append({"path": name, "size": ref.blob.size, "algorithm": "gitsha1", "hexdigest": ref.blob.gitsha1, "lfs": False})
+    algorithm, hexdigest = ("sha256", ref.blob.sha256) if ref.lfs else ("gitsha1", ref.blob.gitsha1)
+    files.append({"path": name, "size": ref.blob.size, "algorithm": algorithm, "hexdigest": hexdigest, "lfs": ref.lfs})
 print(json.dumps({"url": hub.url, "commit": commit, "files": files}), flush=True)
 for line in sys.stdin:
     cmd = line.split()

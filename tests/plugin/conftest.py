@@ -10,7 +10,6 @@ import pytest
 
 from gpustack_models.plugin import DownloadSettings, Engine, FetchTicket
 from gpustack_models.sources.manifest import ManifestFile, manifest_digest
-from tests.fakehub.fixtures import fakehub, hub_env  # noqa: F401
 
 KiB = 1024
 MiB = 1024 * 1024
@@ -122,3 +121,30 @@ def range_start_end(header: str, size: int) -> tuple[int, int]:
     spec = header.split("=", 1)[1]
     first, last = spec.split("-")
     return int(first), (int(last) + 1 if last else size)
+
+
+class InFlight:
+    """Counts, at the hub, the requests in flight whenever one arrives: a request is in flight from
+    its arrival until the hub has handed the socket its last body byte (the client holds its
+    connection slot at least that long). Timestamps would not do: a handler that has sent its last
+    byte may finish a moment after the client moved on to its next request."""
+
+    def __init__(self, hub):
+        self.peak = 0
+        self._hub = hub
+        self._record = hub._record
+        hub._record = self._arrive  # the hub logs each request as it arrives
+
+    def _arrive(self, new) -> None:
+        busy = sum(1 for r in self._hub.requests if r.method == "GET" and self._busy(r))
+        self.peak = max(self.peak, busy + 1)
+        self._record(new)
+
+    @staticmethod
+    def _busy(r) -> bool:
+        if r.status == 0:
+            return True  # no answer yet
+        if r.status == 206 and r.range:
+            first, last = r.range.split("=", 1)[1].split("-")
+            return r.bytes_sent < int(last) - int(first) + 1
+        return False  # a redirect or error answer: sent whole

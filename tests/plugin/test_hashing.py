@@ -40,7 +40,23 @@ def test_it_hashes_bytes_bytearrays_and_memoryviews_alike():
     h.update(memoryview(buf)[1000:150_000])
     h.update(memoryview(data)[150_000:])  # read-only view
     assert h.hexdigest() == hashlib.sha256(data).hexdigest()
-    assert h.hexdigest() == h.hexdigest()  # reading the digest leaves the state alone
+
+
+@pytest.mark.parametrize("resumable", [True, False], ids=["openssl", "hashlib"])
+@pytest.mark.parametrize("algorithm", ["sha256", "gitsha1"])
+def test_it_leaves_the_running_hash_alone_when_the_digest_is_read(algorithm, resumable):
+    data = random_bytes(10_000, seed=4)
+    header = b"" if algorithm == "sha256" else b"blob %d\0" % len(data)
+    new = hashlib.sha256 if algorithm == "sha256" else hashlib.sha1
+    h = FileHash(algorithm, len(data), _resumable=None if resumable else False)
+    assert h.resumable == resumable
+    h.update(data[:4321])
+    state = h.state()
+
+    assert h.hexdigest() == new(header + data[:4321]).hexdigest()  # the digest of the prefix so far
+    assert h.state() == state
+    h.update(data[4321:])  # updates after reading the digest continue the same hash
+    assert h.hexdigest() == new(header + data).hexdigest()
 
 
 def test_it_refuses_a_state_of_another_algorithm():
