@@ -277,7 +277,7 @@ WHITENOISE_USE_FINDERS = True
 
 REST_FRAMEWORK = {
     "UNAUTHENTICATED_USER": None,
-    "EXCEPTION_HANDLER": "gpustack_models.api.errors.exception_handler",
+    "EXCEPTION_HANDLER": "gpustack_models.api.status.exception_handler",
 }
 # kube-apiserver's own request body limit.
 DATA_UPLOAD_MAX_MEMORY_SIZE = 3 * 1024 * 1024

@@ -20,9 +20,9 @@ from gpustack_models import kube
 from gpustack_models.kinds import GROUP, KINDS, PUBLIC_VERSION, ResourceKind
 from gpustack_models.kinds.schema import Schema, integer, obj, string
 
-from .errors import not_found
 from .negotiation import JSONOnlyNegotiation
 from .parsers import PATCH_PARSERS
+from .status import not_found
 from .views import KubeAPIView
 
 log = logging.getLogger(__name__)

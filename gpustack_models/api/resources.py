@@ -29,10 +29,10 @@ from gpustack_models.kube.errors import BadRequest, Forbidden, MethodNotAllowed
 from . import authorization, patches
 from .authorization import ResourceAttributes
 from .conversion import PUBLIC, STORAGE, to_storage
-from .errors import not_found
 from .negotiation import media_type
 from .parsers import OBJECT_PARSERS, PATCH_PARSERS, PATCH_TYPES
 from .renderers import LIST_RENDERERS, OBJECT_RENDERERS, StorageAnswer
+from .status import not_found
 from .streaming import relay
 from .views import KubeAPIView
 

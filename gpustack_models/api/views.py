@@ -14,10 +14,10 @@ from gpustack_models.kube.errors import Forbidden, Unauthorized
 
 from .authentication import FrontProxyAuthentication, TokenReviewAuthentication
 from .authorization import NonResourceAttributes, SubjectAccessReviewPermission
-from .errors import exception_handler
 from .negotiation import KubeContentNegotiation
 from .parsers import OBJECT_PARSERS
 from .renderers import ObjectRenderer
+from .status import exception_handler
 
 
 class KubeAPIView(APIView):

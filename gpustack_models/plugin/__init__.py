@@ -7,7 +7,7 @@ status, fetching tickets from the worker, serving live progress) drives an ``Eng
 - ``cache``: the layout on disk (published trees, partial work, per-digest records), capacity;
 - ``download``: the resumable, parallel range downloader that hashes while it writes and publishes
   a verified tree with one rename; it runs the steps of the modules below:
-  - ``progress``: one file's written ranges, hash frontier and hash;
+  - ``ranges``: one file's written ranges, hash frontier and hash;
   - ``checkpoint``: the per-file progress saved for, and restored by, the next attempt;
   - ``fetch``: HTTP range requests, retried from the last written byte;
   - ``frontier``: hashing each file while it is written, checked against the manifest at its end;

@@ -17,7 +17,7 @@ from gpustack_models.sources.manifest import ManifestFile
 from . import disk
 from .cache import atomic_write_json, read_json
 from .hashing import FileHash
-from .progress import FileProgress
+from .ranges import FileProgress
 
 CHECKPOINT_VERSION = 1
 

@@ -4,7 +4,7 @@ How a digest is fetched (``Download`` runs the steps; each has its module):
 
 1. ``prepare()`` reads the checkpoint of earlier attempts (``checkpoint``) and works out what is
    missing: files already verified are not touched again; for the others, the byte ranges already
-   written and the hash state of their contiguous hashed prefix are restored (``progress`` keeps a
+   written and the hash state of their contiguous hashed prefix are restored (``ranges`` keeps a
    file's written ranges, hash frontier and hash).
 2. The missing bytes become *parts*: a small file is one part (one request); a file of at least
    ``split_threshold`` bytes is cut into ``part_size`` pieces fetched in parallel. Parts are handed
@@ -55,8 +55,8 @@ from .failures import CANCELED, INTEGRITY_MISMATCH, SOURCE_UNAVAILABLE, Download
 from .fetch import RangeFetcher
 from .frontier import HashFrontier
 from .limits import Limits
-from .progress import FileProgress
 from .publish import verify_and_publish
+from .ranges import FileProgress
 from .ticket import FetchTicket, ticket_files
 
 __all__ = ["CHECKPOINT_VERSION", "Download", "DownloadSettings", "Limits"]

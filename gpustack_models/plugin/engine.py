@@ -27,6 +27,8 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
+from gpustack_models.kinds import nodemodelstore
+
 from .cache import Cache, read_json
 from .checkpoint import CHECKPOINT_VERSION
 from .disk import DiskError, disk_failure
@@ -44,10 +46,9 @@ from .ticket import FetchTicket, digest_hex
 
 log = logging.getLogger(__name__)
 
-DOWNLOADING = "Downloading"
-READY = "Ready"
-FAILED = "Failed"
-SOURCE_HUB = "Hub"
+# The states of a digest on a node, as the NodeModelStore reports them (the one definition of the kind).
+DOWNLOADING, READY, FAILED = nodemodelstore.DOWNLOADING, nodemodelstore.READY, nodemodelstore.FAILED
+SOURCE_HUB = nodemodelstore.SOURCE_HUB
 _TOUCH_PERSIST_SECONDS = 60.0
 
 

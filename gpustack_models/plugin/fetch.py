@@ -23,7 +23,7 @@ from . import disk
 from .failures import ACCESS_DENIED, INTEGRITY_MISMATCH, INVALID_REQUEST, SOURCE_UNAVAILABLE, DownloadFailed
 from .frontier import HashFrontier
 from .limits import RateLimiter
-from .progress import FileProgress
+from .ranges import FileProgress
 from .ticket import FetchTicket, origin
 from .transport import ConnectionPool, HttpError, Response
 

@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 from . import disk
 from .failures import INTEGRITY_MISMATCH, DownloadFailed
-from .progress import FileProgress
+from .ranges import FileProgress
 
 MiB = 1024 * 1024
 _MIN_READ = 64 * 1024  # the smallest buffer for reading written bytes back

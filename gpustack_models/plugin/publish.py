@@ -16,7 +16,7 @@ from gpustack_models.sources.manifest import ManifestFile, manifest_digest
 from . import disk
 from .cache import Cache, fsync_dir
 from .failures import INTEGRITY_MISMATCH, DownloadFailed
-from .progress import FileProgress
+from .ranges import FileProgress
 
 
 def verified_manifest(files: Iterable[FileProgress]) -> list[ManifestFile]:

@@ -13,14 +13,6 @@ import os
 # Read by huggingface_hub once, at import: set before anything here imports it.
 os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 
-from .errors import (
-    AccessDenied,
-    EmptyManifest,
-    InvalidManifest,
-    RevisionNotFound,
-    SourceError,
-    SourceUnavailable,
-)
 from .manifest import (
     InvalidPath,
     ManifestFile,
@@ -30,6 +22,14 @@ from .manifest import (
     manifest_text,
     select_files,
     validate_path,
+)
+from .resolution_errors import (
+    AccessDenied,
+    EmptyManifest,
+    InvalidManifest,
+    RevisionNotFound,
+    SourceError,
+    SourceUnavailable,
 )
 
 __all__ = [

@@ -44,8 +44,8 @@ from modelscope_hub.errors import (
 )
 from modelscope_hub.utils import build_user_agent
 
-from .errors import AccessDenied, InvalidManifest, RevisionNotFound, SourceError, SourceUnavailable
 from .manifest import ManifestFile, Resolution, validate_path
+from .resolution_errors import AccessDenied, InvalidManifest, RevisionNotFound, SourceError, SourceUnavailable
 
 DEFAULT_REVISION = "master"
 # ModelScope's ``repo/files`` returns at most this many entries, whatever the directory holds.

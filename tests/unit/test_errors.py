@@ -7,8 +7,8 @@ from django.core.exceptions import RequestDataTooBig
 from rest_framework import exceptions as drf
 
 from gpustack_models import kube
-from gpustack_models.api.errors import exception_handler
 from gpustack_models.api.resources import ResourceView
+from gpustack_models.api.status import exception_handler
 
 
 def test_it_makes_the_exception_of_each_reason():

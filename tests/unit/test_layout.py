@@ -107,3 +107,18 @@ def test_it_documents_the_layout_it_has():
     listed = set(re.findall(r"`gpustack_models/([a-z_]+)/`", layout))
     packages = {p.name for p in PACKAGE.iterdir() if p.is_dir() and (p / "__init__.py").exists()}
     assert listed == packages - {"migrations", "management"}
+
+
+def test_it_names_the_same_failure_reasons_in_the_engine_and_the_kind():
+    from gpustack_models.kinds import FAILURE_REASONS
+    from gpustack_models.plugin import REASONS
+
+    assert set(REASONS) == set(FAILURE_REASONS)
+
+
+def test_it_gives_no_two_modules_of_different_packages_one_name():
+    by_name: dict[str, list[str]] = {}
+    for path in modules(PACKAGE):
+        if path.name not in ("__init__.py", "apps.py") and "management" not in path.parts:
+            by_name.setdefault(path.name, []).append(str(path.relative_to(PACKAGE)))
+    assert {name: paths for name, paths in by_name.items() if len(paths) > 1} == {}
