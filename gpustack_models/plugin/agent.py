@@ -160,12 +160,12 @@ class Plugin:
             verify=self.settings.worker_ca_file,
             timeout=30,
         )
-        if resp.status_code in (404, 409):
-            log.info("%s: the worker has no ticket yet (%s)", digest, resp.json().get("message", ""))
+        try:
+            answer = kube.Response(resp.status_code, dict(resp.headers), resp.content).raise_for_status()
+        except (kube.NotFound, kube.Conflict) as exc:  # no store, or no resolution of the digest yet
+            log.info("%s: the worker has no ticket yet (%s)", digest, exc.message)
             return None
-        if resp.status_code != 200:
-            raise RuntimeError(f"ticket answer {resp.status_code}: {resp.text[:200]}")
-        data = resp.json()
+        data = answer.json()
         return FetchTicket.from_dict(data, token=data.get("token"))
 
     # --- watching our store ----------------------------------------------------------------------------
