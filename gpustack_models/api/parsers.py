@@ -16,6 +16,9 @@ from rest_framework.parsers import BaseParser
 from gpustack_models.kube.errors import BadRequest, RequestEntityTooLarge
 
 _YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+MAX_DEPTH = 100  # nesting of a YAML body; JSON's own decoder stops at 1024
+_OPENING = (yaml.MappingStartEvent, yaml.SequenceStartEvent)
+_CLOSING = (yaml.MappingEndEvent, yaml.SequenceEndEvent)
 
 
 class KubeBodyParser(BaseParser):
@@ -46,10 +49,33 @@ class JSONParser(KubeBodyParser):
 
 
 class YAMLParser(KubeBodyParser):
+    """YAML without aliases: an alias bomb of a few hundred bytes expands to gigabytes when constructed,
+    so the events are checked first (no alias or anchor, bounded nesting), and the decoded form must fit
+    the body limit as JSON."""
+
     media_type = "application/yaml"
 
     def decode(self, raw: bytes):
-        return yaml.load(raw, Loader=_YAML_LOADER)
+        check_yaml_events(raw)
+        value = yaml.load(raw, Loader=_YAML_LOADER)
+        limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
+        if limit is not None and len(orjson.dumps(value, default=str)) > limit:
+            raise RequestEntityTooLarge(f"the request body decodes to more than {limit} bytes")
+        return value
+
+
+def check_yaml_events(raw: bytes) -> None:
+    """Refuse aliases and anchors, and nesting deeper than ``MAX_DEPTH``, before anything is built."""
+    depth = 0
+    for event in yaml.parse(raw, Loader=_YAML_LOADER):
+        if isinstance(event, yaml.AliasEvent) or getattr(event, "anchor", None):
+            raise BadRequest("YAML aliases and anchors are not accepted in request bodies")
+        if isinstance(event, _OPENING):
+            depth += 1
+            if depth > MAX_DEPTH:
+                raise BadRequest(f"the request body nests deeper than {MAX_DEPTH} levels")
+        elif isinstance(event, _CLOSING):
+            depth -= 1
 
 
 class JSONPatchParser(KubeBodyParser):

@@ -27,7 +27,7 @@ from gpustack_models.kube.errors import MethodNotAllowed
 from gpustack_models.models import EntryState, PluginPod, StoreEntry
 
 from .authorization import ResourceAttributes
-from .resources import Target, parse_query, truthy
+from .targets import Query, Target
 from .views import KubeAPIView
 
 _sessions: dict = {}
@@ -163,11 +163,11 @@ class ProgressView(KubeAPIView):
     """``GET .../namespaces/<ns>/modelartifacts/<name>/progress``: needs ``get`` on ``modelartifacts/progress``."""
 
     def initial(self, request, *args, **kwargs):
-        self.target = Target(MODEL_ARTIFACT, kwargs["namespace"], kwargs["name"])
+        self.target = Target.checked(MODEL_ARTIFACT, kwargs["namespace"], kwargs["name"])
         super().initial(request, *args, **kwargs)
 
     def authorization_attributes(self, request):
-        watching = truthy(parse_query(request).get("watch"))
+        watching = Query.of(request).watch
         verb = "watch" if watching and request.method in ("GET", "HEAD") else _VERBS.get(request.method, "get")
         return ResourceAttributes(
             verb=verb,
@@ -180,7 +180,7 @@ class ProgressView(KubeAPIView):
         )
 
     def get(self, request, **kwargs):
-        if truthy(parse_query(request).get("watch")):
+        if Query.of(request).watch:
             raise MethodNotAllowed("watch is not supported on modelartifacts/progress")
         artifact = kube.worker().request("GET", self.target.storage_path()).raise_for_status().json()
         return Response(compute(self.target.name, self.target.namespace, artifact))

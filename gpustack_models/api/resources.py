@@ -15,15 +15,11 @@ Verb limits of v1 (checked in this order, after authorization):
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from urllib.parse import parse_qs, urlencode
-
 import orjson
 from rest_framework.response import Response
 
 from gpustack_models import kube
-from gpustack_models.kinds import BY_PLURAL, GROUP, MODEL_ARTIFACT, NODE_MODEL_STORE, PUBLIC_VERSION, STORAGE_VERSION
-from gpustack_models.kinds.base import ResourceKind
+from gpustack_models.kinds import GROUP, MODEL_ARTIFACT, NODE_MODEL_STORE, PUBLIC_VERSION
 from gpustack_models.kube.errors import BadRequest, Forbidden, MethodNotAllowed
 
 from . import authorization, patches
@@ -34,46 +30,11 @@ from .parsers import OBJECT_PARSERS, PATCH_PARSERS, PATCH_TYPES
 from .renderers import LIST_RENDERERS, OBJECT_RENDERERS, StorageAnswer
 from .status import not_found
 from .streaming import relay
+from .targets import Query, Target
 from .views import KubeAPIView
 
 FORWARDED_RESPONSE_HEADERS = ("warning",)
 PATCH_CONTENT_TYPES = {parser.patch_type: parser.media_type for parser in PATCH_PARSERS}
-
-
-@dataclass(frozen=True)
-class Target:
-    """What a URL names: a kind, a namespace (namespaced kinds), and a name (empty for a collection)."""
-
-    kind: ResourceKind
-    namespace: str = ""
-    name: str = ""
-
-    @classmethod
-    def from_url(cls, kwargs: dict, method: str) -> Target:
-        kind = BY_PLURAL.get(kwargs.get("plural"))
-        namespace, name = kwargs.get("namespace") or "", kwargs.get("name") or ""
-        if kind is None or (namespace and not kind.namespaced):
-            raise not_found()
-        if kind.namespaced and not namespace and (name or method not in ("GET", "HEAD")):
-            raise not_found()
-        return cls(kind, namespace, name)
-
-    def storage_path(self, name: str | None = None) -> str:
-        """The storage path of the object (``name``: another one; ``""``: the collection)."""
-        path = f"/apis/{GROUP}/{STORAGE_VERSION}"
-        if self.namespace:
-            path += f"/namespaces/{self.namespace}"
-        path += f"/{self.kind.plural}"
-        name = self.name if name is None else name
-        return f"{path}/{name}" if name else path
-
-
-def parse_query(request) -> dict:
-    return {k: v[-1] for k, v in parse_qs(request.META.get("QUERY_STRING", ""), keep_blank_values=True).items()}
-
-
-def truthy(value: str | None) -> bool:
-    return (value or "").lower() in ("1", "true", "yes")
 
 
 def request_verb(method: str, named: bool, watching: bool) -> str:
@@ -94,12 +55,12 @@ class ResourceView(KubeAPIView):
     def initial(self, request, *args, **kwargs):
         self.target = Target.from_url(kwargs, request.method)
         self.kind = self.target.kind
-        self.query = parse_query(request)
+        self.query = Query.of(request)
         super().initial(request, *args, **kwargs)
 
     @property
     def watching(self) -> bool:
-        return truthy(self.query.get("watch"))
+        return self.query.watch
 
     def verb(self, request) -> str:
         return request_verb(request.method, bool(self.target.name), self.watching)
@@ -143,15 +104,14 @@ class ResourceView(KubeAPIView):
         return self.respond(body, answer)
 
     def watch(self, request):
-        query = dict(self.query)
-        if self.target.name:
-            query["fieldSelector"] = f"metadata.name={self.target.name}"
+        named = {"fieldSelector": f"metadata.name={self.target.name}"} if self.target.name else {}
         renderer = request.accepted_renderer
         headers = self.forwarded_headers(request)
         upstream_accept = renderer.upstream_accept(self.kind)
         if upstream_accept:
             headers["Accept"] = upstream_accept
-        return relay(self.target.storage_path(name=""), urlencode(query), headers, renderer.watch_transform(self))
+        query = self.query.upstream(watch=True, **named)
+        return relay(self.target.storage_path(name=""), query, headers, renderer.watch_transform(self))
 
     # --- writes --------------------------------------------------------------------------------------
     def post(self, request, **kwargs):
@@ -234,7 +194,7 @@ class ResourceView(KubeAPIView):
 
     def upstream(self, method: str, path: str, **kwargs) -> kube.Response:
         """The storage's answer to this request's query; its ``StatusError`` unless it succeeded."""
-        kwargs.setdefault("query", self.request.META.get("QUERY_STRING", ""))
+        kwargs.setdefault("query", self.query.upstream(watch=False))
         return kube.worker().request(method, path, **kwargs).raise_for_status()
 
     def forward(self, request, method: str, body: bytes | None, content_type: str, name: str | None = None):
@@ -261,7 +221,7 @@ class SubresourceView(KubeAPIView):
 
     def authorization_attributes(self, request):
         return ResourceAttributes(
-            verb=request_verb(request.method, True, truthy(parse_query(request).get("watch"))),
+            verb=request_verb(request.method, True, Query.of(request).watch),
             group=GROUP,
             version=PUBLIC_VERSION,
             resource=self.target.kind.plural,
