@@ -440,6 +440,91 @@ def test_it_refuses_a_modelscope_directory_too_large_to_list(fakehub):
     assert "cannot be complete" in str(incomplete.value)
 
 
+def ms_listed_at(hub) -> list[str]:
+    return [r.query["Revision"][0] for r in hub.requests_matching("/repo/files")]
+
+
+@pytest.mark.parametrize("latest_committer", ["absent", "empty-id"])
+def test_it_pins_modelscope_revisions_to_their_files_commit_when_the_listing_names_none(fakehub, latest_committer):
+    first = fakehub.add_ms_repo("owner/model", model_files(), tags=("v1.0",))
+    files = {**model_files(), "config.json": b"{}", "added.json": b"[]"}
+    second = fakehub.add_ms_commit("owner/model", {"config.json": b"{}", "added.json": b"[]"})
+    fakehub.ms_latest_committer = latest_committer
+    for revision, commit, expected in (("master", second, files), ("v1.0", first, model_files())):
+        fakehub.clear_requests()
+        resolution = ms(fakehub, "owner/model", revision)
+        assert (resolution.commit, resolution.pinned, resolution.note) == (commit, True, "")
+        assert manifest_digest(resolution.files) == expected_digest(expected, lfs_threshold=None)
+        assert ms_listed_at(fakehub) == [revision, commit]  # the files' commit, listed to check it holds them
+
+    # A truncated listing: walked at the revision, then at the commit found, both completely.
+    files = {f"layers/{i}/w{j}.bin": b"%d.%d" % (i, j) for i in range(4) for j in range(3)}
+    fakehub.add_ms_repo("owner/deep", {**files, "config.json": b"{}"})
+    commit = fakehub.add_ms_commit("owner/deep", {"layers/2/w1.bin": b"new"})
+    fakehub.ms_page_size = 5
+    fakehub.clear_requests()
+    resolution = ms(fakehub, "owner/deep", listing_limit=5)
+    assert (resolution.commit, resolution.pinned) == (commit, True)
+    expected = {**files, "config.json": b"{}", "layers/2/w1.bin": b"new"}
+    assert manifest_digest(resolution.files) == expected_digest(expected, lfs_threshold=None)
+    listed = ms_listed_at(fakehub)
+    assert set(listed) == {"master", commit} and listed.index(commit) == listed.count("master")
+
+
+@pytest.mark.parametrize("latest_committer", ["absent", "empty-id"])
+def test_it_does_not_pin_a_modelscope_revision_whose_commit_it_cannot_learn(fakehub, latest_committer):
+    first = fakehub.add_ms_repo("owner/model", model_files(), tags=("v1.0",))
+    fakehub.ms_latest_committer = latest_committer
+    fakehub.ms_file_commits = False
+    for revision in ("master", "v1.0"):
+        resolution = ms(fakehub, "owner/model", revision)
+        assert (resolution.commit, resolution.pinned) == (revision, False)  # never a branch name as a commit
+        assert resolution.note == (
+            f"ModelScope did not name the commit of owner/model@{revision}: its file listing has no"
+            f" LatestCommitter.Id, and its files carry no commit ids. The files were listed at {revision!r}"
+            " itself, which may move"
+        )
+        assert manifest_digest(resolution.files) == expected_digest(model_files(), lfs_threshold=None)
+        assert ms_listed_at(fakehub)[-1] == revision
+
+    # The files name their commits. The last commit only deleted a file: no file was last changed by
+    # it. Pinned to the newest of the files' commits when that holds exactly these files...
+    fakehub.ms_file_commits = True
+    fakehub.add_ms_commit("owner/model", {"README.md": b"# m"})
+    fakehub.add_ms_commit("owner/model", {"README.md": None})
+    resolution = ms(fakehub, "owner/model")
+    assert (resolution.commit, resolution.pinned) == (first, True)  # not master's own commit, the same files
+    assert manifest_digest(resolution.files) == expected_digest(model_files(), lfs_threshold=None)
+
+    # ... and not pinned when it does not: it still holds the file deleted since.
+    changed = fakehub.add_ms_commit("owner/model", {"README.md": b"# m", "config.json": b"{}"})
+    fakehub.add_ms_commit("owner/model", {"README.md": None})
+    fakehub.clear_requests()
+    resolution = ms(fakehub, "owner/model")
+    assert (resolution.commit, resolution.pinned) == ("master", False)
+    assert resolution.note == (
+        f"ModelScope did not name the commit of owner/model@master: its file listing has no LatestCommitter.Id,"
+        f" and the newest commit its files name ({changed[:12]}) does not hold exactly these files. The files"
+        " were listed at 'master' itself, which may move"
+    )
+    expected = {**model_files(), "config.json": b"{}"}
+    assert manifest_digest(resolution.files) == expected_digest(expected, lfs_threshold=None)
+    assert ms_listed_at(fakehub) == ["master", changed]
+
+
+def test_it_keeps_a_modelscope_commit_given_as_the_revision_pinned(fakehub):
+    first = fakehub.add_ms_repo("owner/model", model_files())
+    fakehub.add_ms_commit("owner/model", {"config.json": b"{}"})
+    assert ms(fakehub, "owner/model").pinned is True  # LatestCommitter.Id, as ever
+    fakehub.ms_latest_committer = "absent"
+    fakehub.ms_file_commits = False
+    fakehub.clear_requests()
+    resolution = ms(fakehub, "owner/model", first)
+    assert (resolution.commit, resolution.pinned, resolution.note) == (first, True, "")
+    assert manifest_digest(resolution.files) == expected_digest(model_files(), lfs_threshold=None)
+    assert ms_listed_at(fakehub) == [first]
+
+
 def test_it_denies_what_modelscope_refuses(fakehub):
     fakehub.add_ms_repo("owner/private", {"config.json": b"{}"}, private=True, token="ms-owner")
     fakehub.add_ms_repo("owner/model", {"config.json": b"{}"})

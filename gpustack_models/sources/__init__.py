@@ -2,7 +2,8 @@
 
 No Django and no Kubernetes here: callers pass the endpoint, token, proxy and CA bundle explicitly.
 
-- ``huggingface.resolve`` / ``modelscope.resolve`` -> ``Resolution(commit, files)`` or ``SourceError``;
+- ``huggingface.resolve`` / ``modelscope.resolve`` -> ``Resolution(commit, files, pinned, note)`` or
+  ``SourceError`` (``pinned`` False: the hub named no commit, see ``Resolution``);
 - ``manifest``: ``ManifestFile``, ``select_files`` (the patterns, exactly as huggingface_hub applies
   them), ``manifest_text`` / ``manifest_digest`` and ``build_manifest`` (select, refuse an empty
   result, digest).

@@ -113,10 +113,27 @@ class ManifestFile:
 
 @dataclass(frozen=True)
 class Resolution:
-    """What a hub revision resolves to: the commit and every file of the repository at it."""
+    """What a hub revision resolves to: the commit and every file of the repository at it.
+
+    ``pinned`` (the default) means ``commit`` is a 40-hex commit id and ``files`` is exactly the
+    repository at that commit: what a download at ``commit`` gets, however the branch or tag moves
+    later. Record ``commit`` as the resolved revision only then.
+
+    ``pinned`` False means the hub named no commit for the revision (ModelScope's listing can leave
+    ``LatestCommitter.Id`` empty, see ``modelscope``): ``commit`` is then the revision the files were
+    listed at (the branch or tag name as given), ``files`` what it held at resolution time, and a
+    download at it later may get other files. ``note`` says so in a sentence, for a condition
+    message; it is empty when pinned.
+    """
 
     commit: str
     files: list[ManifestFile]
+    pinned: bool = True
+    note: str = ""
+
+    def __post_init__(self):
+        if not self.pinned and not self.note:
+            raise ValueError("an unpinned resolution needs a note saying why")
 
 
 def _sorted_unique(files: Iterable[ManifestFile]) -> list[ManifestFile]:

@@ -15,6 +15,19 @@ The hub calls, in order:
    ``Data.LatestCommitter.Id`` the commit the revision points at; further listings ask for that
    commit, so the file list is one consistent snapshot.
 
+The revisions answer names branches and tags only (``Revision`` is the name, with ``CreatedAt``,
+``CreatedBy``...): it carries no commit id, and the client reads none from it. The listing sometimes
+leaves ``LatestCommitter`` out or its ``Id`` empty (``ShortId``, an abbreviated id, may remain). Then
+the commit is learned from the files themselves: each entry's ``Revision`` (``CommitId`` too) is the
+commit that last changed it, with its ``CommittedDate``. The likeliest one (matching ``ShortId``,
+else the newest) is listed in turn; when it holds exactly the files listed at the revision, the
+resolution is pinned to it. That is the revision's own commit unless its last commit changed no
+listed file (an empty or merge commit), and in any case a commit with exactly this content. When no
+commit qualifies (the files carry no commit ids; the revision's last commit deleted files, so no
+file was last changed by it), the resolution is not pinned: ``Resolution.pinned`` is False, its
+``commit`` the revision the files were listed at and its ``note`` says why. A branch or tag name is
+never reported as a commit.
+
 ``repo/files`` has no pagination: it silently truncates at 3000 entries. A listing that comes back
 with ``listing_limit`` entries is therefore treated as truncated: that directory is listed shallowly
 and each sub-directory recursively, again and again, so nothing is lost. A single directory holding
@@ -54,6 +67,10 @@ DEFAULT_LISTING_LIMIT = 3000
 DEFAULT_MAX_LISTINGS = 2000
 
 _COMMIT = re.compile(r"[0-9a-f]{40}")
+# ``LatestCommitter.ShortId``: an abbreviated commit id.
+_SHORT_ID = re.compile(r"[0-9a-f]{7,40}")
+# At most this many commits of the listed files are listed to find the revision's commit.
+MAX_COMMIT_CANDIDATES = 3
 _DENIED = "repository not found, or private and this token has no access to it"
 # ModelScope answers many refusals with HTTP 200 and ``{"Code": <business code>, "Message", "RequestId",
 # "Success": false}``; modelscope_hub reads these codes (its ``errors`` module) as: HTTP statuses echoed
@@ -316,13 +333,82 @@ def _check_revision(hub: _Hub, revision: str, where: str) -> bool:
     return is_commit
 
 
-def _learn_commit(first: dict[str, Any], revision: str, is_commit: bool) -> str:
-    """The commit of the revision's first listing (``LatestCommitter.Id``), else the revision itself."""
+def _named_commit(first: dict[str, Any], revision: str, is_commit: bool) -> str | None:
+    """The commit the revision is: itself when a commit id, else the listing's ``LatestCommitter.Id``."""
+    if is_commit:
+        return revision
     latest = first.get("LatestCommitter")
     commit = str(latest.get("Id") or "").lower() if isinstance(latest, dict) else ""
-    if is_commit or not _COMMIT.fullmatch(commit):
-        return revision
-    return commit
+    return commit if _COMMIT.fullmatch(commit) else None
+
+
+def _entry_commit(entry: dict[str, Any]) -> str | None:
+    """The commit that last changed a listed entry (its ``Revision``, or ``CommitId``), if it names one."""
+    for key in ("Revision", "CommitId"):
+        value = entry.get(key)
+        if isinstance(value, str) and _COMMIT.fullmatch(value.lower()):
+            return value.lower()
+    return None
+
+
+def _timestamp(value: Any) -> int:
+    if isinstance(value, str) and value.isdigit():
+        return int(value)
+    return value if isinstance(value, int) and not isinstance(value, bool) else -1
+
+
+def _candidates(first: dict[str, Any], entries: list[dict[str, Any]]) -> list[str]:
+    """The files' commits that may be the revision's: those ``LatestCommitter.ShortId`` abbreviates, else
+    the newest (by ``CommittedDate``); at most ``MAX_COMMIT_CANDIDATES``, in a stable order."""
+    dates: dict[str, int] = {}
+    for entry in entries:
+        commit = None if _is_directory(entry) else _entry_commit(entry)
+        if commit:
+            dates[commit] = max(dates.get(commit, -1), _timestamp(entry.get("CommittedDate")))
+    latest = first.get("LatestCommitter")
+    short = str(latest.get("ShortId") or "").lower() if isinstance(latest, dict) else ""
+    named = [c for c in dates if _SHORT_ID.fullmatch(short) and c.startswith(short)]
+    newest = max(dates.values(), default=-1)
+    return sorted(named or [c for c, date in dates.items() if date == newest])[:MAX_COMMIT_CANDIDATES]
+
+
+def _files_at(hub: _Hub, commit: str, limit: int, max_listings: int, where: str) -> list[ManifestFile] | None:
+    """Every file at ``commit``; None when the hub knows no such commit or lists it unusably."""
+    _check_budget(hub, commit, max_listings)
+    try:
+        first = hub.listing(commit, None, recursive=True)
+        return _manifest_files(_walk(hub, commit, first["Files"], limit, max_listings), where)
+    except (RevisionNotFound, InvalidManifest):
+        return None
+
+
+def _unpinned_note(repository: str, revision: str, candidates: list[str]) -> str:
+    tried = ", ".join(c[:12] for c in candidates)
+    if len(candidates) == 1:
+        why = f"the newest commit its files name ({tried}) does not hold exactly these files"
+    elif candidates:
+        why = f"none of the newest commits its files name ({tried}) holds exactly these files"
+    else:
+        why = "its files carry no commit ids"
+    return (
+        f"ModelScope did not name the commit of {repository}@{revision}: its file listing has no"
+        f" LatestCommitter.Id, and {why}. The files were listed at {revision!r} itself, which may move"
+    )
+
+
+def _resolve_unnamed(
+    hub: _Hub, revision: str, first: dict[str, Any], limit: int, max_listings: int, where: str
+) -> Resolution:
+    """The revision's files, pinned to the commit of the files that holds exactly them, if any."""
+    entries = _walk(hub, revision, first["Files"], limit, max_listings)
+    files = _manifest_files(entries, where)
+    candidates = _candidates(first, entries)
+    for candidate in candidates:
+        at_candidate = _files_at(hub, candidate, limit, max_listings, where)
+        if at_candidate is not None and set(at_candidate) == set(files):
+            return Resolution(commit=candidate, files=at_candidate)
+    note = _unpinned_note(hub.repository, revision, candidates)
+    return Resolution(commit=revision, files=files, pinned=False, note=note)
 
 
 def _manifest_files(entries: list[dict[str, Any]], where: str) -> list[ManifestFile]:
@@ -356,8 +442,9 @@ def resolve(
     PEM file replacing the default trust store; ``timeout`` bounds each connect and read, in seconds.
     ``listing_limit`` is the entry count at which the hub truncates a listing.
 
-    The commit is ``Data.LatestCommitter.Id`` of the revision's listing; when the hub omits it, the
-    revision itself (already a commit when 40 hex characters) is returned instead.
+    The commit is the revision itself when 40 hex characters, else ``Data.LatestCommitter.Id`` of its
+    listing; when the hub leaves that out, the commit of the listed files holding exactly them (see
+    the module's docstring), else none: the result is then not ``pinned``.
 
     Raises ``AccessDenied``, ``RevisionNotFound``, ``SourceUnavailable`` (retryable) or
     ``InvalidManifest`` (an unusable path, a file without sha256). A refusal the hub answers with
@@ -371,7 +458,9 @@ def resolve(
     hub.check_readable()
     is_commit = _check_revision(hub, revision, where)
     first = hub.listing(revision, None, recursive=True)
-    commit = _learn_commit(first, revision, is_commit)
+    commit = _named_commit(first, revision, is_commit)
+    if commit is None:
+        return _resolve_unnamed(hub, revision, first, listing_limit, max_listings, where)
     # Further listings (only when the first one was truncated) ask for the commit, not the branch.
     entries = _walk(hub, commit, first["Files"], listing_limit, max_listings)
     return Resolution(commit=commit, files=_manifest_files(entries, where))

@@ -40,10 +40,15 @@ ModelScope (what ``modelscope`` / ``modelscope_hub`` send, envelope ``{"Code": 2
 "Message", "RequestId", "Success": true}``; errors carry the HTTP status as ``Code``):
 
 - ``GET /api/v1/models/{owner}/{name}``: model info.
-- ``GET /api/v1/models/{id}/revisions``: ``Data.RevisionMap.{Branches,Tags}[].Revision``.
+- ``GET /api/v1/models/{id}/revisions``: ``Data.RevisionMap.{Branches,Tags}[]`` of ``{Revision (the
+  name), CreatedAt, CreatedBy, Description, Url}``; like the real API, no commit id.
 - ``GET /api/v1/models/{id}/repo/files?Revision=&Recursive=True[&Root=dir]``: ``Data.Files`` entries
-  ``{Path, Name, Type: blob|tree, Size, Sha256, IsLFS, Revision, ...}`` and ``Data.LatestCommitter``
-  (``Id`` = the commit). Truncated, like the real API, at ``ms_page_size`` entries, no pagination.
+  ``{Path, Name, Type: blob|tree, Size, Sha256, IsLFS, Revision, CommitId, CommittedDate, ...}`` where
+  ``Revision`` and ``CommitId`` name the commit that last changed the entry (as ``git log -1 -- path``
+  would), ``CommittedDate`` its date; and ``Data.LatestCommitter`` (``Id`` = the commit the revision
+  points at, ``ShortId`` its first 8 characters). Truncated, like the real API, at ``ms_page_size``
+  entries, no pagination. ``ms_latest_committer`` and ``ms_file_commits`` leave commit ids out, as
+  real answers sometimes do.
 - ``GET``/``HEAD /api/v1/models/{id}/repo?Revision=&FilePath=``: the bytes, ``Range`` -> 206; LFS
   files 302 to the CDN (``ms_lfs_redirect``).
 - Unknown repository 404, private without token 401, with an ungranted token 403. The OpenAPI
@@ -209,6 +214,24 @@ class Repo:
     tags: dict[str, str] = field(default_factory=dict)
     commits: dict[str, Commit] = field(default_factory=dict)
     created: datetime = field(default_factory=lambda: datetime.now(UTC))
+
+    def last_change(self, commit: Commit, path: str) -> Commit:
+        """The commit that last changed the file or directory ``path`` as ``commit`` has it: the oldest
+        ancestor reached through commits that all hold the same content there."""
+        if commit.parent is None:
+            return commit
+        prefix = f"{path}/"
+
+        def content(c: Commit):
+            ref = c.files.get(path)
+            if ref is not None:
+                return (ref.blob.sha256, ref.lfs)
+            return sorted((p, r.blob.sha256, r.lfs) for p, r in c.files.items() if p.startswith(prefix))
+
+        here = content(commit)
+        while commit.parent is not None and content(self.commits[commit.parent]) == here:
+            commit = self.commits[commit.parent]
+        return commit
 
     def resolve(self, revision: str) -> Commit | None:
         if revision in self.branches:
@@ -944,6 +967,34 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             self._send_blob(ref.blob, [("ETag", f'"{ref.blob.sha256}"')])
         self._ms_error(404, "not found")
 
+    def _ms_latest_committer(self, commit: Commit) -> dict:
+        latest = {
+            "Id": commit.id,
+            "ShortId": commit.id[:8],
+            "Title": commit.message,
+            "Message": commit.message,
+            "AuthorName": "fakehub",
+            "AuthorEmail": "fakehub@example.invalid",
+            "CommitterName": "fakehub",
+            "CommitterEmail": "fakehub@example.invalid",
+            "CommittedDate": int(commit.date.timestamp()),
+            "CreatedAt": int(commit.date.timestamp()),
+        }
+        return {**latest, "Id": ""} if self.server.hub.ms_latest_committer == "empty-id" else latest
+
+    def _ms_entry_commit(self, repo: Repo, commit: Commit, path: str) -> dict:
+        """The per-entry commit fields: the commit that last changed ``path`` (none with ``ms_file_commits`` off)."""
+        if not self.server.hub.ms_file_commits:
+            return {}
+        last = repo.last_change(commit, path)
+        return {
+            "Revision": last.id,
+            "CommitId": last.id,
+            "CommitMessage": last.message,
+            "CommittedDate": int(last.date.timestamp()),
+            "CommitterName": "fakehub",
+        }
+
     def _ms_files(self, repo: Repo, commit: Commit):
         hub = self.server.hub
         recursive = (self._query.get("Recursive") or ["false"])[0].lower() in ("true", "1")
@@ -956,16 +1007,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         out = []
         for kind, path in entries[: max(1, int(hub.ms_page_size))]:
             name = path.rsplit("/", 1)[-1]
-            common = {
-                "Name": name,
-                "Path": path,
-                "Revision": commit.id,
-                "CommitId": commit.id,
-                "CommitMessage": commit.message,
-                "CommittedDate": int(commit.date.timestamp()),
-                "CommitterName": "fakehub",
-                "InCheck": False,
-            }
+            common = {"Name": name, "Path": path, **self._ms_entry_commit(repo, commit, path), "InCheck": False}
             if kind == "directory":
                 out.append({**common, "Type": "tree", "Size": 0, "Sha256": "", "IsLFS": False, "Mode": "40000"})
             else:
@@ -974,24 +1016,10 @@ class _Handler(http.server.BaseHTTPRequestHandler):
                 out.append(
                     {**common, "Type": "blob", "Size": size, "Sha256": sha256, "IsLFS": ref.lfs, "Mode": "33188"}
                 )
-        self._ms_ok(
-            {
-                "Files": out,
-                "IsVisual": 0,
-                "LatestCommitter": {
-                    "Id": commit.id,
-                    "ShortId": commit.id[:8],
-                    "Title": commit.message,
-                    "Message": commit.message,
-                    "AuthorName": "fakehub",
-                    "AuthorEmail": "fakehub@example.invalid",
-                    "CommitterName": "fakehub",
-                    "CommitterEmail": "fakehub@example.invalid",
-                    "CommittedDate": int(commit.date.timestamp()),
-                    "CreatedAt": int(commit.date.timestamp()),
-                },
-            }
-        )
+        data = {"Files": out, "IsVisual": 0, "LatestCommitter": self._ms_latest_committer(commit)}
+        if hub.ms_latest_committer == "absent":
+            del data["LatestCommitter"]
+        self._ms_ok(data)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -1011,7 +1039,12 @@ class FakeHub:
     applies to files added afterwards), ``ms_lfs_redirect`` (ModelScope LFS downloads go through the
     CDN), ``xet_lfs_info`` (Hugging Face listings give Xet-backed files their ``lfs`` object, sha256
     included, as the real hub does; ``False`` lists only their ``xetHash``, as a hub or mirror that
-    dropped it would), ``faults`` (see ``Faults``). ``requests`` is the log of every request, both
+    dropped it would), ``ms_latest_committer`` (ModelScope listings' ``Data.LatestCommitter``:
+    ``"present"``, the default; ``"absent"`` leaves it out; ``"empty-id"`` keeps it with ``Id: ""``,
+    ``ShortId`` and the rest still there, as real answers sometimes have it), ``ms_file_commits``
+    (ModelScope listing entries carry ``Revision``/``CommitId``/``CommitMessage``/``CommittedDate``/
+    ``CommitterName``, of the commit that last changed them; ``False`` leaves these out, as a mirror
+    dropping them would), ``faults`` (see ``Faults``). ``requests`` is the log of every request, both
     listeners, in arrival order.
 
     ``tls=(certfile, keyfile)`` serves HTTPS on both listeners (the certificate must name 127.0.0.1
@@ -1028,6 +1061,8 @@ class FakeHub:
         cdn_host: str | None = "127.0.0.2",
         ms_lfs_redirect: bool = True,
         xet_lfs_info: bool = True,
+        ms_latest_committer: str = "present",
+        ms_file_commits: bool = True,
         tls: tuple[str | os.PathLike, str | os.PathLike] | None = None,
     ):
         self.lfs_threshold = lfs_threshold
@@ -1035,6 +1070,8 @@ class FakeHub:
         self.page_size = page_size
         self.ms_page_size = ms_page_size
         self.ms_lfs_redirect = ms_lfs_redirect
+        self.ms_latest_committer = ms_latest_committer
+        self.ms_file_commits = ms_file_commits
         self.faults = Faults()
         self._host = host
         self._cdn_host = cdn_host

@@ -519,6 +519,43 @@ def test_it_answers_the_modelscope_api(fakehub):
     assert bad_revision.status_code == 404
 
 
+def test_it_names_each_modelscope_entrys_last_commit_and_can_leave_commit_ids_out(fakehub):
+    from modelscope.hub.api import HubApi
+
+    first = fakehub.add_ms_repo("owner/model", {"config.json": b"{}", "w/a.bin": b"a", "w/b.bin": b"b"})
+    second = fakehub.add_ms_commit("owner/model", {"w/b.bin": b"B"})
+    s = http()
+    base = f"{fakehub.url}/api/v1/models/owner/model"
+
+    def listing(revision="master"):
+        return ms_envelope(s.get(f"{base}/repo/files", params={"Revision": revision, "Recursive": "True"}))["Data"]
+
+    data = listing()
+    last = {f["Path"]: (f["Revision"], f["CommitId"]) for f in data["Files"]}
+    assert last == {
+        "w": (second, second),
+        "config.json": (first, first),
+        "w/a.bin": (first, first),
+        "w/b.bin": (second, second),
+    }
+    dates = {f["Path"]: f["CommittedDate"] for f in data["Files"]}
+    assert dates["w/a.bin"] < dates["w/b.bin"] == data["LatestCommitter"]["CommittedDate"]
+    assert (data["LatestCommitter"]["Id"], data["LatestCommitter"]["ShortId"]) == (second, second[:8])
+    assert {f["Revision"] for f in listing(first)["Files"]} == {first}
+    revisions = ms_envelope(s.get(f"{base}/revisions"))["Data"]["RevisionMap"]
+    assert set(revisions["Branches"][0]) == {"Revision", "CreatedAt", "CreatedBy", "Description", "Url"}
+
+    fakehub.ms_latest_committer = "empty-id"
+    assert listing()["LatestCommitter"] == {**data["LatestCommitter"], "Id": ""}  # ShortId and the rest stay
+    fakehub.ms_latest_committer = "absent"
+    fakehub.ms_file_commits = False
+    bare = listing()
+    assert "LatestCommitter" not in bare
+    assert not {"Revision", "CommitId", "CommitMessage", "CommittedDate", "CommitterName"} & set(bare["Files"][0])
+    # What the real client reads still works.
+    assert {f["Path"] for f in HubApi().get_model_files("owner/model", revision="master")} >= {"config.json"}
+
+
 def test_it_refuses_modelscope_requests_with_http_200_like_the_real_api(fakehub):
     fakehub.add_ms_repo("owner/model", {"config.json": b"{}"})
     fakehub.add_hf_repo("org/model", {"config.json": b"{}"})
