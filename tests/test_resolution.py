@@ -113,6 +113,25 @@ def test_it_resolves_a_modelscope_master(artifacts, hub):
     assert resolved["fileCount"] == len(files)
 
 
+def test_it_pins_a_modelscope_revision_without_latest_committer_or_says_it_cannot(artifacts, hub):
+    files = repo_files("ms-pin-" + uuid.uuid4().hex)
+    repo = f"org/ms-{uuid.uuid4().hex[:6]}"
+    commit = hub.add_ms_repo(repo, files)
+    try:
+        hub.ms_latest_committer = "absent"  # real answers sometimes leave it out: the files' commits pin it
+        artifacts.create("from-files", {"modelScope": {"repository": repo}})
+        assert artifacts.answered("from-files")["status"]["resolved"]["revision"] == commit
+        hub.ms_file_commits = False  # nothing names a commit any more
+        artifacts.create("unpinned", {"modelScope": {"repository": repo}})
+        status = artifacts.answered("unpinned")["status"]
+    finally:
+        hub.ms_latest_committer, hub.ms_file_commits = "present", True
+    assert "revision" not in status["resolved"]  # never the branch name as if it were a commit
+    assert status["resolved"]["manifestDigest"] == expected_digest(files, all_sha256=True)
+    (resolved,) = [c for c in status["conditions"] if c["type"] == "Resolved"]
+    assert resolved["status"] == "True" and "did not name the commit" in resolved["message"]
+
+
 def test_it_selects_files_with_patterns_exactly(artifacts, hub):
     files = repo_files("pat-" + uuid.uuid4().hex)
     repo = f"org/p-{uuid.uuid4().hex[:6]}"

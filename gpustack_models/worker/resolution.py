@@ -128,13 +128,13 @@ class ArtifactResolution:
         self.check_expected(digest)
         origin = {"source": kind, "endpoint": endpoint, "repository": member["repository"]}
         self.remember(files, digest, dict(origin, commit=resolution.commit, secret_name=secret_name))
-        resolved = {
-            "revision": resolution.commit,
-            "manifestDigest": digest,
-            "fileCount": len(files),
-            "sizeBytes": sum(f.size for f in files),
-        }
-        self.write(resolved, self.resolved_condition(f"{member['repository']}@{revision} is {resolution.commit}"))
+        resolved = {"manifestDigest": digest, "fileCount": len(files), "sizeBytes": sum(f.size for f in files)}
+        if resolution.pinned:
+            resolved["revision"] = resolution.commit
+            message = f"{member['repository']}@{revision} is {resolution.commit}"
+        else:  # the hub named no commit: the files are listed at the revision, and the status says so
+            message = resolution.note
+        self.write(resolved, self.resolved_condition(message))
         return Outcome("Resolved")
 
     def read_token(self, secret_name: str) -> str:
