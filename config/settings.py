@@ -235,6 +235,10 @@ DOWNLOAD_BYTES_PER_SECOND = env_int("GPUSTACK_DOWNLOAD_BYTES_PER_SECOND", 0, min
 # serving certificates are checked against.
 PLUGIN_PORT = env_int("GPUSTACK_PLUGIN_PORT", 9443, minimum=1, maximum=65535)
 PLUGIN_CA_FILE = env_str("GPUSTACK_PLUGIN_CA_FILE", str(DATA_DIR / "plugin-pki" / "ca.crt"))
+# The audience of the tokens the worker shows the plugins (a TokenRequest for its ServiceAccount): useless
+# anywhere else, so a node that reads one gains nothing. Both sides must agree on it.
+PLUGIN_TOKEN_AUDIENCE = env_str("GPUSTACK_PLUGIN_TOKEN_AUDIENCE", "gpustack-models-plugin")
+PLUGIN_TOKEN_SECONDS = env_int("GPUSTACK_PLUGIN_TOKEN_SECONDS", 600, minimum=600)
 # progress: live reads of at most this many downloading nodes, each within the timeout, the whole
 # answer within the deadline (seconds).
 PROGRESS_LIVE_MAX = env_int("GPUSTACK_PROGRESS_LIVE_MAX", 64, minimum=0)

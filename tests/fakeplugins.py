@@ -18,6 +18,7 @@ class FakePlugin:
     downloads: list[dict] = field(default_factory=list)
     hang: bool = False
     requests: int = 0
+    tokens: list[str] = field(default_factory=list)  # the bearer tokens callers showed
 
 
 class FakePlugins:
@@ -78,6 +79,10 @@ class FakePlugins:
                 if not head:
                     break
                 plugin.requests += 1
+                for line in head.split(b"\r\n"):
+                    name, _, value = line.decode("latin-1").partition(":")
+                    if name.lower() == "authorization" and value.strip().lower().startswith("bearer "):
+                        plugin.tokens.append(value.strip()[7:])
                 if plugin.hang:
                     await asyncio.sleep(3600)
                 await asyncio.sleep(self.delay)

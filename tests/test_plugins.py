@@ -1,6 +1,7 @@
 """Real node plugins (``manage.py runplugin``) with the worker, the control plane and the fake hub:
 download, verify, publish, report, and the live ``progress`` subresource."""
 
+import base64
 import hashlib
 import itertools
 import json
@@ -18,6 +19,7 @@ from gpustack_models.plugin.cache import read_json
 from tests.support import PLUGIN_PORT, kube_update, read_modify_write, token_http, wait_for
 
 STORAGE = f"/apis/{GROUP}/v1alpha1"
+PLUGIN_AUDIENCE = "gpustack-models-plugin"
 _addresses = (f"127.0.1.{i}" for i in itertools.count(10))
 
 
@@ -188,7 +190,7 @@ def test_it_answers_zeros_and_a_reason_for_unresolved_and_claim_artifacts(scenar
 
 
 def live_bytes(plugin, launcher, digest):
-    token = launcher.service_account_token("gpustack-models-worker", seconds=600)
+    token = launcher.service_account_token("gpustack-models-worker", seconds=600, audiences=[PLUGIN_AUDIENCE])
     s = requests.Session()
     s.trust_env = False
     resp = s.get(f"{plugin.url}/model/downloads", verify=False, headers={"Authorization": f"Bearer {token}"})
@@ -348,20 +350,35 @@ def test_it_guards_tickets_status_and_live_bytes(scenario, cluster, launcher, wo
     assert forged.status_code == 403, forged.text
     own = read_modify_write(other, f"{cluster.server}{STORAGE}/nodemodelstores/{b.node}/status", emptied)
     assert own.status_code == 200, own.text
-    # Live bytes are for the worker alone.
+    # Live bytes are for the worker alone, with a token for the plugins' audience: no token, a tenant's, a
+    # plugin's, and the worker's own kube-apiserver token are all refused.
     s = requests.Session()
     s.trust_env = False
     url = f"{a.url}/model/downloads"
-    assert s.get(url, verify=False).status_code == 401
-    assert s.get(url, verify=False, headers={"Authorization": f"Bearer {tenant}"}).status_code == 403
-    assert s.get(url, verify=False, headers={"Authorization": f"Bearer {token_a}"}).status_code == 403
-    worker_token = worker_api.launcher.service_account_token("gpustack-models-worker", seconds=600)
-    assert s.get(url, verify=False, headers={"Authorization": f"Bearer {worker_token}"}).status_code == 200
+
+    def downloads(token=None):
+        return s.get(url, verify=False, headers={"Authorization": f"Bearer {token}"} if token else {}).status_code
+
+    assert downloads() == 401
+    assert downloads(tenant) == 401
+    assert downloads(token_a) == 401
+    assert downloads(worker_kubeconfig_token(launcher)) == 401
+    plugin_for_audience = launcher.service_account_token("gpustack-models-plugin", 600, audiences=[PLUGIN_AUDIENCE])
+    assert downloads(plugin_for_audience) == 403  # the plugins' audience, but not the worker
+    worker_for_audience = launcher.service_account_token("gpustack-models-worker", 600, audiences=[PLUGIN_AUDIENCE])
+    assert downloads(worker_for_audience) == 200
     # Nothing on the node side names a tenant.
     text = json.dumps(scenario.kube.get(f"{STORAGE}/nodemodelstores/{a.node}"))
     metrics = s.get(f"{a.url}/metrics", verify=False).text
     for secret in (scenario.ns, scenario.repo, "art", "warm"):
         assert secret not in text.replace(scenario.digest, "") and secret not in metrics
+
+
+def worker_kubeconfig_token(launcher) -> str:
+    """The worker's own credential for kube-apiserver (what it must never show a plugin)."""
+    import yaml
+
+    return yaml.safe_load(launcher.worker_kubeconfig.read_text())["users"][0]["user"]["token"]
 
 
 def launcher_token(plugin):
@@ -505,3 +522,38 @@ def test_it_holds_the_nodes_bytes_per_second(scenario, hub, core, launcher):
     measured = (b2 - b1) / (t2 - t1)
     assert abs(measured - rate) / rate <= 0.10, f"{measured:.0f} B/s against a limit of {rate}"
     scenario.wait_state(plugin.node, "Ready", timeout=60)
+
+
+def jwt_claims(token: str) -> dict:
+    payload = token.split(".")[1]
+    return json.loads(base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4)))
+
+
+def test_it_shows_plugins_a_token_useless_anywhere_else(scenario, launcher, worker_kube, cluster):
+    from .fakeplugins import FakePlugins
+
+    scenario.artifact()
+    node, address = f"fake-{uuid.uuid4().hex[:5]}", "127.0.2.200"
+    launcher.register_node(node, address)
+    try:
+        wait_for(lambda: _store(worker_kube, node), timeout=60, message="the fake node's store")
+        with FakePlugins(launcher, [address], PLUGIN_PORT) as fakes:
+            entry = {"digest": scenario.digest, "state": "Downloading", "sizeBytes": 1000, "downloadedBytes": 10}
+            _put_entry(worker_kube, node, entry)
+            fakes.plugins[address].downloads = [dict(entry, downloadedBytes=20, source="Hub")]
+            wait_for(lambda: scenario.progress()["live"] == 1, timeout=60, message="a live read of the fake plugin")
+            shown = fakes.plugins[address].tokens
+    finally:
+        launcher.unregister_node(node)
+    assert shown, "progress showed the plugin no token"
+    claims = jwt_claims(shown[-1])
+    assert claims["aud"] == [PLUGIN_AUDIENCE] and claims["sub"].endswith(":gpustack-models-worker")
+    assert worker_kubeconfig_token(launcher) not in shown
+    # kube-apiserver refuses what a plugin received ...
+    assert token_http(cluster, shown[-1]).get(f"{cluster.server}/api/v1/namespaces").status_code == 401
+    # ... and the audit log holds no request made with it (while the worker's own requests are there, named
+    # by their credential, so the check can see a token's use at all).
+    credential = "authentication.kubernetes.io/credential-id"
+    used = [e["user"].get("extra", {}).get(credential, [""])[0] for e in cluster.audit_events()]
+    assert any(c.startswith("JTI=") for c in used), "the audit log names no credential: nothing can be checked"
+    assert f"JTI={claims['jti']}" not in used

@@ -24,6 +24,7 @@ from rest_framework.response import Response
 from gpustack_models import kube
 from gpustack_models.kinds import GROUP, MODEL_ARTIFACT, PUBLIC_VERSION
 from gpustack_models.kube.errors import MethodNotAllowed
+from gpustack_models.kube.tokens import plugin_token
 from gpustack_models.models import EntryState, PluginPod, StoreEntry
 
 from .authorization import ResourceAttributes
@@ -65,12 +66,11 @@ def _plugin_session():
     return session
 
 
-async def read_live(endpoints: dict[str, str], digest: str, timeout: float) -> dict[str, int]:
+async def read_live(endpoints: dict[str, str], digest: str, timeout: float, headers: dict) -> dict[str, int]:
     """node -> downloadedBytes of ``digest`` from each plugin that answered within ``timeout``."""
     import aiohttp
 
     session = _plugin_session()
-    headers = kube.worker().auth_headers()
     per_request = aiohttp.ClientTimeout(total=timeout)
 
     async def one(node: str, ip: str):
@@ -130,7 +130,7 @@ def live_bytes(digest: str, downloading: dict, started: float) -> dict[str, int]
     budget = min(settings.PROGRESS_LIVE_TIMEOUT, remaining - 0.5)
     if not endpoints or budget <= 0:
         return {}
-    return async_to_sync(read_live)(endpoints, digest, budget)
+    return async_to_sync(read_live)(endpoints, digest, budget, plugin_token().headers())
 
 
 def compute(name: str, namespace: str, artifact: dict) -> dict:

@@ -47,7 +47,16 @@ def worker_objects() -> list[dict]:
         {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "watch"]},
         {"apiGroups": [""], "resources": ["secrets", "persistentvolumeclaims"], "verbs": ["get"]},
     ]
-    pods = [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]}]
+    own = [
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]},
+        # Tokens of its own ServiceAccount for the plugins' audience (the only token it shows a node).
+        {
+            "apiGroups": [""],
+            "resources": ["serviceaccounts/token"],
+            "verbs": ["create"],
+            "resourceNames": [settings.WORKER_SERVICE_ACCOUNT],
+        },
+    ]
     return [
         role("ClusterRole", name, rules),
         binding("ClusterRoleBinding", name, "ClusterRole", name, subject),
@@ -60,7 +69,7 @@ def worker_objects() -> list[dict]:
             subject,
             "kube-system",
         ),
-        role("Role", name, pods, ns),
+        role("Role", name, own, ns),
         binding("RoleBinding", name, "Role", name, subject, ns),
     ]
 

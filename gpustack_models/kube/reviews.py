@@ -48,9 +48,12 @@ class TTLCache:
 class TokenReviewer:
     """``review(token)``: the TokenReview ``status.user`` of an authenticated token, else ``None``."""
 
-    def __init__(self, client: Callable, ttl: Callable[[], float] | float, maxsize: int = 4096):
+    def __init__(
+        self, client: Callable, ttl: Callable[[], float] | float, maxsize: int = 4096, audiences: tuple[str, ...] = ()
+    ):
         self._client = client  # a callable returning the Kube client (created lazily)
         self._ttl = ttl
+        self.audiences = tuple(audiences)  # the token must be for one of these (none: kube-apiserver's own)
         self._cache = TTLCache(maxsize=maxsize)
 
     def review(self, token: str) -> dict | None:
@@ -58,15 +61,23 @@ class TokenReviewer:
         hit = self._cache.get(key)
         if hit is not None:
             return hit[0]
+        spec = {"token": token}
+        if self.audiences:
+            spec["audiences"] = list(self.audiences)
         answer = self._client().create(
             "/apis/authentication.k8s.io/v1/tokenreviews",
-            {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenReview", "spec": {"token": token}},
+            {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenReview", "spec": spec},
         )
         status = answer.get("status") or {}
-        user = (status.get("user") or {}) if status.get("authenticated") else None
+        user = (status.get("user") or {}) if self._accepted(status) else None
         ttl = self._ttl() if callable(self._ttl) else self._ttl
         self._cache.set(key, (user,), ttl)
         return user
+
+    def _accepted(self, status: dict) -> bool:
+        if not status.get("authenticated"):
+            return False
+        return not self.audiences or bool(set(self.audiences) & set(status.get("audiences") or ()))
 
     def clear(self) -> None:
         self._cache.clear()

@@ -114,10 +114,14 @@ class Launcher:
         self.worker_kubeconfig.chmod(0o600)
         return self.worker_kubeconfig
 
-    def service_account_token(self, name: str, seconds: int = TOKEN_SECONDS, bound_object: dict | None = None) -> str:
+    def service_account_token(
+        self, name: str, seconds: int = TOKEN_SECONDS, bound_object: dict | None = None, audiences=()
+    ) -> str:
         spec = {"expirationSeconds": seconds}
         if bound_object:
             spec["boundObjectRef"] = bound_object
+        if audiences:
+            spec["audiences"] = list(audiences)
         review = self.admin.create(
             f"/api/v1/namespaces/{settings.NAMESPACE}/serviceaccounts/{name}/token",
             {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": spec},

@@ -40,6 +40,7 @@ class PluginSettings:
     worker_url: str  # the worker's HTTPS base URL (ticket endpoint)
     worker_ca_file: str
     worker_username: str  # whose token may read /model/downloads
+    worker_audience: str  # ... and for which audience it must be (not kube-apiserver's)
     grace_seconds: float = 600.0
     progress_interval: float = 30.0
     capacity_bytes: int | None = None
@@ -83,7 +84,9 @@ class Plugin:
         self.uid = ""
         self.wanted: list[str] = []
         self.spec_seen = threading.Event()
-        self._reviews = TokenReviewer(lambda: self.kube, settings.auth_cache_ttl, maxsize=256)
+        self._reviews = TokenReviewer(
+            lambda: self.kube, settings.auth_cache_ttl, maxsize=256, audiences=(settings.worker_audience,)
+        )
         self._fetching: set[str] = set()
         self._lock = threading.Lock()
 
@@ -184,7 +187,8 @@ class Plugin:
 
     # --- who may read live downloads ---------------------------------------------------------------------
     def authorized_worker(self, header: str | None) -> int:
-        """200 for the worker's token, 401 without a valid token, 403 for anyone else."""
+        """200 for the worker's token for this audience, 401 without one (the worker's kube-apiserver token
+        included), 403 for anyone else's."""
         if not header or not header.lower().startswith("bearer "):
             return 401
         user = self._reviews.review(header[7:].strip())
