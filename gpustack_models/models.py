@@ -102,6 +102,9 @@ class Resolution(models.Model):
     """Where an artifact's content comes from: enough for the node plugin's fetch ticket."""
 
     artifact = models.OneToOneField(Artifact, on_delete=models.CASCADE, related_name="resolution")
+    artifact_uid = models.CharField(
+        max_length=64, blank=True, help_text="The uid of the object it was computed for (a recreated one differs)"
+    )
     generation = models.BigIntegerField()
     manifest = models.ForeignKey(Manifest, on_delete=models.PROTECT, related_name="resolutions")
     source = models.CharField(max_length=32)

@@ -240,3 +240,38 @@ def test_it_resolves_a_claim_by_its_existence(artifacts, core):
     )
     obj = artifacts.answered("claim", timeout=60)
     assert "manifestDigest" not in obj["status"].get("resolved", {})
+
+
+def test_it_never_lands_a_resolution_on_an_artifact_recreated_meanwhile(artifacts, hub, admin_http, cluster):
+    old_files, new_files = repo_files("old-" + uuid.uuid4().hex), repo_files("new-" + uuid.uuid4().hex)
+    old_repo, new_repo = f"org/old-{uuid.uuid4().hex[:6]}", f"org/new-{uuid.uuid4().hex[:6]}"
+    hub.add_hf_repo(old_repo, old_files)
+    hub.add_hf_repo(new_repo, new_files)
+    old_digest, new_digest = expected_digest(old_files), expected_digest(new_files)
+    held = hub.faults.delay(f"/api/models/{old_repo}/tree", seconds=60)  # the first resolution, in flight
+    try:
+        artifacts.create("same", hf(old_repo))
+        wait_for(lambda: held.hits == 1, timeout=30, message="the first resolution to reach the hub")
+        url = f"{cluster.server}/apis/{GROUP}/v1/namespaces/{artifacts.ns}/modelartifacts/same"
+        first_uid = admin_http.get(url).json()["metadata"]["uid"]
+        assert admin_http.delete(url).status_code == 200
+        wait_for(lambda: admin_http.get(url).status_code == 404, timeout=30, message="the artifact to go")
+        artifacts.create("same", hf(new_repo))
+    finally:
+        held.release()  # the old answer arrives now, for an object that no longer exists
+    seen = set()
+
+    def resolved_new():
+        obj = artifacts.get("same")
+        digest = (obj.get("status") or {}).get("resolved", {}).get("manifestDigest")
+        seen.add(digest)
+        return digest == new_digest and obj
+
+    obj = wait_for(resolved_new, timeout=60, interval=0.1, message="the recreated artifact to resolve")
+    assert obj["metadata"]["uid"] != first_uid
+    # The old resolution finished (the hub answered it): keep watching a while for a late write.
+    wait_for(lambda: any(r.path.startswith(f"/api/models/{old_repo}/tree") and r.status == 200
+                         for r in hub.requests), timeout=30, message="the old resolution's answer")  # fmt: skip
+    for _ in range(20):
+        resolved_new()
+    assert old_digest not in seen, "the old object's resolution landed on the new one"

@@ -105,7 +105,7 @@ def reconcile_prefetch(namespace: str, name: str) -> bool:
     }
     if same_status(prefetch.status or {}, status):
         return False
-    metadata = {"name": name, "namespace": namespace}
+    metadata = {"name": name, "namespace": namespace, "uid": prefetch.uid}
     return apply_status(prefetch_path(namespace, name), "ModelPrefetch", metadata, status, PREFETCHER)
 
 

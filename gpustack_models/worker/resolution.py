@@ -75,7 +75,7 @@ class ArtifactResolution:
     def __init__(self, obj: dict):
         self.obj = obj
         meta = obj["metadata"]
-        self.namespace, self.name = meta["namespace"], meta["name"]
+        self.namespace, self.name, self.uid = meta["namespace"], meta["name"], meta["uid"]
         self.generation = meta.get("generation") or 0
         self.status = obj.get("status") or {}
         self.spec = obj.get("spec") or {}
@@ -160,11 +160,11 @@ class ArtifactResolution:
                 digest=digest,
                 defaults={"files": [f.__dict__ for f in files], "file_count": len(files), "size_bytes": size},
             )
-            row = Artifact.objects.filter(namespace=self.namespace, name=self.name).first()
+            # The row of this very object: one recreated under the name meanwhile is another (its own uid).
+            row = Artifact.objects.filter(namespace=self.namespace, name=self.name, uid=self.uid).first()
             if row is not None:
-                Resolution.objects.update_or_create(
-                    artifact=row, defaults={"generation": self.generation, "manifest": manifest, **origin}
-                )
+                defaults = {"artifact_uid": self.uid, "generation": self.generation, "manifest": manifest, **origin}
+                Resolution.objects.update_or_create(artifact=row, defaults=defaults)
 
     # --- writing the outcome ---------------------------------------------------------------------------
     def resolved_condition(self, message: str) -> dict:
@@ -188,5 +188,5 @@ class ArtifactResolution:
             status["resolved"] = resolved
         elif resolved is None and self.status.get("resolved"):
             status["resolved"] = self.status["resolved"]
-        metadata = {"name": self.name, "namespace": self.namespace}
+        metadata = {"name": self.name, "namespace": self.namespace, "uid": self.uid}
         apply_status(artifact_path(self.namespace, self.name), "ModelArtifact", metadata, status, RESOLVER)

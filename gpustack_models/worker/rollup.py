@@ -47,7 +47,7 @@ def rollup(digest: str) -> int:
     for artifact in Artifact.objects.live().filter(digest=digest):
         if not nodes_changed(artifact.nodes or {}, counts):
             continue
-        metadata = {"name": artifact.name, "namespace": artifact.namespace}
+        metadata = {"name": artifact.name, "namespace": artifact.namespace, "uid": artifact.uid}
         path = artifact_path(artifact.namespace, artifact.name)
         if not apply_status(path, "ModelArtifact", metadata, {"nodes": counts}, ROLLUP):
             continue

@@ -10,12 +10,16 @@ another:
 
 from __future__ import annotations
 
+import logging
 from datetime import UTC, datetime
 
 from gpustack_models import kube
 from gpustack_models.kinds import GROUP, STORAGE_VERSION
 
+log = logging.getLogger(__name__)
+
 API = f"{GROUP}/{STORAGE_VERSION}"
+APPLY_ATTEMPTS = 5
 RESOLVER = "gpustack-models-resolver"
 ROLLUP = "gpustack-models-rollup"
 PREFETCHER = "gpustack-models-prefetch"
@@ -35,13 +39,34 @@ def store_path(node: str) -> str:
 
 
 def apply_status(path: str, kind: str, metadata: dict, status: dict, manager: str) -> bool:
-    """Apply ``status`` to the object at ``path`` as ``manager``; False when the object is gone."""
-    body = {"apiVersion": API, "kind": kind, "metadata": metadata, "status": status}
-    try:
-        kube.worker().apply(f"{path}/status", body, field_manager=manager)
-    except kube.NotFound:
-        return False
-    return True
+    """Apply ``status`` to the object at ``path`` as ``manager``; False when that object is gone.
+
+    ``metadata`` carries the ``uid`` of the object the status was computed for. The write is made on the
+    object as just read, its uid checked and its resourceVersion sent as the apply's precondition, so an
+    answer for an object deleted and recreated under the same name never lands on the new one (a write
+    that raced another writer is read and tried again)."""
+    uid = metadata.get("uid")
+    if not uid:
+        raise ValueError(f"a status write to {path} needs the object's uid")
+    client = kube.worker()
+    for _ in range(APPLY_ATTEMPTS):
+        try:
+            current = client.get(path)["metadata"]
+        except kube.NotFound:
+            return False
+        if current.get("uid") != uid:
+            log.info("not writing the status of %s: it was recreated", path)
+            return False
+        guarded = dict(metadata, resourceVersion=current["resourceVersion"])
+        body = {"apiVersion": API, "kind": kind, "metadata": guarded, "status": status}
+        try:
+            client.apply(f"{path}/status", body, field_manager=manager)
+            return True
+        except kube.NotFound:
+            return False
+        except kube.Conflict:
+            continue  # another writer got in between: read again
+    raise kube.Conflict(f"status of {path} still conflicting after {APPLY_ATTEMPTS} attempts")
 
 
 def now_iso() -> str:

@@ -278,7 +278,7 @@ class RecordedRequest:
 class Fault:
     """One fault knob. ``times=None`` means every matching request; ``hits`` counts applications."""
 
-    kind: str  # fail, hang, refuse, drop, stall, corrupt, throttle
+    kind: str  # fail, hang, delay, refuse, drop, stall, corrupt, throttle
     match: str | re.Pattern | None
     times: int | None
     method: str | None = None
@@ -292,6 +292,10 @@ class Fault:
     code: int | str | None = None
     message: str | None = None
     hits: int = 0
+    released: threading.Event = field(default_factory=threading.Event)  # ends a delay early
+
+    def release(self) -> None:
+        self.released.set()
 
     @property
     def exhausted(self) -> bool:
@@ -319,7 +323,7 @@ class Faults:
     matches everything. ``method`` (``"GET"``/``"HEAD"``) and ``listener`` (``"hub"``/``"cdn"``)
     narrow it further.
 
-    ``fail`` and ``hang`` apply to any matching request, ``refuse`` to matching requests to the
+    ``fail``, ``hang`` and ``delay`` apply to any matching request, ``refuse`` to matching requests to the
     ModelScope API. ``drop``, ``stall``, ``corrupt`` and ``throttle`` apply only to answers carrying
     file bytes (200/206 of a download, on the hub or the CDN), so a ``HEAD`` or a 302 on the way does
     not use them up. An LFS download of ``name`` matches on both: the CDN URL carries ``?filename=name``.
@@ -373,6 +377,11 @@ class Faults:
         """Read the request, then answer nothing for ``seconds`` (default: until the hub stops), then
         close the connection."""
         return self._add(Fault("hang", match, times, method, listener, seconds=seconds))
+
+    def delay(self, match=None, seconds: float = 1.0, *, times: int | None = 1, method=None, listener=None) -> Fault:
+        """Hold the request for ``seconds`` (or until ``release()`` of the returned fault), then answer it
+        as usual."""
+        return self._add(Fault("delay", match, times, method, listener, seconds=seconds))
 
     def drop(self, match=None, after_bytes: int = 0, *, times: int | None = 1, method=None, listener=None) -> Fault:
         """Send the headers and ``after_bytes`` body bytes of a file, then close the connection."""
@@ -547,8 +556,12 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         hub._record(self._rec)  # logged now, completed in place: final before the client has the answer
         t0 = time.monotonic()
         try:
-            kinds = ("fail", "hang", "refuse") if self._is_ms() else ("fail", "hang")
+            kinds = ("fail", "hang", "delay", "refuse") if self._is_ms() else ("fail", "hang", "delay")
             fault = hub.faults._take(kinds, self.server.listener, method, self._target)
+            if fault is not None and fault.kind == "delay":
+                self._rec.fault = fault.kind
+                fault.released.wait(fault.seconds)
+                fault = None
             if fault is not None:
                 self._rec.fault = fault.kind
                 if fault.kind == "hang":
