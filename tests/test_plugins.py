@@ -16,7 +16,7 @@ import requests
 from gpustack_models import kube
 from gpustack_models.kinds import GROUP
 from gpustack_models.plugin.cache import read_json
-from tests.support import PLUGIN_PORT, kube_update, read_modify_write, token_http, wait_for
+from tests.support import PLUGIN_PORT, TEST_STATE, kube_update, read_modify_write, token_http, wait_for
 
 STORAGE = f"/apis/{GROUP}/v1alpha1"
 PLUGIN_AUDIENCE = "gpustack-models-plugin"
@@ -41,18 +41,23 @@ class Scenario:
         self.repo = f"org/p-{uuid.uuid4().hex[:6]}"
         self.files: dict[str, bytes] = {}
 
-    def artifact(self, name="art", files=None, ns=None):
+    def artifact(self, name="art", files=None, ns=None, repo=None, secret=None):
+        """Create an artifact of ``repo`` (default: the scenario's, added to the hub at the first call),
+        optionally with a ``secretRef``; return its digest once resolved."""
         if not self.files:
             self.files = files or big_files(self.repo)
             self.hub.add_hf_repo(self.repo, self.files)
         ns = ns or self.ns
+        source = {"repository": repo or self.repo}
+        if secret:
+            source["secretRef"] = {"name": secret}
         self.kube.create(
             f"{STORAGE}/namespaces/{ns}/modelartifacts",
             {
                 "apiVersion": f"{GROUP}/v1alpha1",
                 "kind": "ModelArtifact",
                 "metadata": {"name": name},
-                "spec": {"source": {"huggingFace": {"repository": self.repo}}},
+                "spec": {"source": {"huggingFace": source}},
             },
         )
 
@@ -72,14 +77,14 @@ class Scenario:
         env.setdefault("GPUSTACK_PLUGIN_RETRY_BASE", "3")
         return [self.start_plugin(f"node-{uuid.uuid4().hex[:5]}", next(_addresses), **env) for _ in range(count)]
 
-    def prefetch(self, nodes, name="warm"):
+    def prefetch(self, nodes, name="warm", artifact="art", ns=None):
         self.kube.create(
-            f"{STORAGE}/namespaces/{self.ns}/modelprefetches",
+            f"{STORAGE}/namespaces/{ns or self.ns}/modelprefetches",
             {
                 "apiVersion": f"{GROUP}/v1alpha1",
                 "kind": "ModelPrefetch",
                 "metadata": {"name": name},
-                "spec": {"artifactRef": {"name": "art"}, "nodeNames": [p.node for p in nodes]},
+                "spec": {"artifactRef": {"name": artifact}, "nodeNames": [p.node for p in nodes]},
             },
         )
 
@@ -557,3 +562,125 @@ def test_it_shows_plugins_a_token_useless_anywhere_else(scenario, launcher, work
     used = [e["user"].get("extra", {}).get(credential, [""])[0] for e in cluster.audit_events()]
     assert any(c.startswith("JTI=") for c in used), "the audit log names no credential: nothing can be checked"
     assert f"JTI={claims['jti']}" not in used
+
+
+# --- One tenant cannot break the download of a digest others share ----------------------------------------
+
+
+@pytest.fixture
+def tenant(core):
+    """Another tenant's namespace (the attacker's), deleted after the test."""
+    from kubernetes import client as k8s
+
+    name = f"t-{uuid.uuid4().hex[:10]}"
+    core.create_namespace(k8s.V1Namespace(metadata=k8s.V1ObjectMeta(name=name)))
+    yield name
+    try:
+        core.delete_namespace(name)
+    except k8s.ApiException:
+        pass
+
+
+def put_secret(core, ns, name, token):
+    """Create or replace the Secret ``name`` whose key ``token`` is the hub token."""
+    from kubernetes import client as k8s
+
+    body = k8s.V1Secret(metadata=k8s.V1ObjectMeta(name=name), data={"token": base64.b64encode(token.encode()).decode()})
+    try:
+        core.create_namespaced_secret(ns, body)
+    except k8s.ApiException as exc:
+        if exc.status != 409:
+            raise
+        core.replace_namespaced_secret(name, ns, body)
+
+
+def failed_downloads(plugin) -> float:
+    """The plugin's count of downloads that ended Failed (any reason), from its metrics."""
+    s = requests.Session()
+    s.trust_env = False
+    text = s.get(f"{plugin.url}/metrics", verify=False).text
+    line = next(
+        x for x in text.splitlines() if x.startswith('gpustack_models_plugin_downloads_finished_total{state="Failed"}')
+    )
+    return float(line.split()[-1])
+
+
+def ready_without_failing(scenario, plugin, timeout=120):
+    """Wait for the node's entry to be Ready; fail as soon as it is seen Failed (a backoff), and check
+    that the plugin ended no download Failed, seen or not."""
+
+    def check():
+        e = scenario.entry(plugin.node)
+        if e and e["state"] == "Failed":
+            raise AssertionError(
+                f"the entry went Failed: {e.get('reason')}: {e.get('message')} until {e.get('retryTime')}"
+            )
+        return e if e and e["state"] == "Ready" else None
+
+    wait_for(check, timeout=timeout, interval=0.2, message=f"{plugin.node} to be Ready")
+    assert failed_downloads(plugin) == 0
+    for path, data in scenario.files.items():
+        assert (scenario.tree(plugin) / path).read_bytes() == data
+
+
+def assert_no_token_shown(scenario, plugin, *tokens):
+    status = json.dumps(scenario.kube.get(f"{STORAGE}/nodemodelstores/{plugin.node}"))
+    log = (TEST_STATE / f"plugin-{plugin.node}.log").read_text(errors="replace")
+    for token in tokens:
+        assert token not in status and token not in log
+
+
+@pytest.mark.parametrize("gone", ["private", "deleted"])
+def test_a_tenants_copy_gone_does_not_fail_another_tenants_download(scenario, hub, tenant, gone):
+    scenario.artifact()  # the victim's artifact: a public repository
+    copy = f"org/copy-{uuid.uuid4().hex[:6]}"
+    hub.add_hf_repo(copy, scenario.files)  # the attacker's own copy: the same files, the same digest
+    assert scenario.artifact("copy", ns=tenant, repo=copy) == scenario.digest  # resolved later, no Secret: first
+    if gone == "private":  # then the copy becomes inaccessible
+        hub.set_private(copy)
+    else:
+        hub.delete_repo(copy)
+    (plugin,) = scenario.plugins(1)
+    scenario.prefetch([plugin], ns=tenant, artifact="copy")  # and the attacker references it on the node too
+    scenario.prefetch([plugin])
+
+    ready_without_failing(scenario, plugin)
+    refused = [r for r in hub.requests if f"/{copy}/resolve/" in r.path and r.status in (401, 403, 404)]
+    assert refused, "the copy was never tried: nothing fell through"
+    assert len(refused) <= len(scenario.files)  # each file at most once: then the copy is skipped
+
+
+def test_a_tenants_bad_token_does_not_fail_another_tenants_download(scenario, hub, core, tenant):
+    good, planted, bad = (f"hf_{kind}_{uuid.uuid4().hex}" for kind in ("victim", "planted", "bad"))
+    hub.add_token(good)
+    hub.add_token(planted)
+    put_secret(core, scenario.ns, "victim-token", good)
+    scenario.artifact(secret="victim-token")  # the victim's artifact: public files, its own token
+    put_secret(core, tenant, "aaa", planted)  # a Secret named to sort first, with a token that resolves...
+    assert scenario.artifact("borrow", ns=tenant, secret="aaa") == scenario.digest
+    put_secret(core, tenant, "aaa", bad)  # ...then a bad token in it
+    (plugin,) = scenario.plugins(1)
+    scenario.prefetch([plugin], ns=tenant, artifact="borrow")
+    scenario.prefetch([plugin])
+
+    ready_without_failing(scenario, plugin)
+    downloads = [r for r in hub.requests if f"/{scenario.repo}/resolve/" in r.path and r.method == "GET"]
+    assert any(r.token == bad and r.status == 401 for r in downloads), "the bad token was never tried"
+    assert {r.token for r in downloads if r.status in (200, 206, 302)} == {good}
+    assert_no_token_shown(scenario, plugin, good, planted, bad)
+
+
+def test_a_private_source_with_a_good_token_still_downloads(scenario, hub, core):
+    token = f"hf_private_{uuid.uuid4().hex}"
+    private = f"org/private-{uuid.uuid4().hex[:6]}"
+    scenario.files = big_files(private)
+    hub.add_hf_repo(private, scenario.files, private=True, token=token)
+    put_secret(core, scenario.ns, "hub-token", token)
+    scenario.artifact(repo=private, secret="hub-token")
+    (plugin,) = scenario.plugins(1)
+    scenario.prefetch([plugin])
+
+    ready_without_failing(scenario, plugin)
+    downloads = [r for r in hub.requests if f"/{private}/resolve/" in r.path and r.method == "GET"]
+    assert downloads and {(r.token, r.status) for r in downloads} <= {(token, 200), (token, 206), (token, 302)}
+    assert_no_token_shown(scenario, plugin, token)

@@ -1,17 +1,37 @@
-"""Fetch tickets: what a node plugin needs to download a digest (source, endpoint, repository, commit,
-the manifest's files and the hub token, if any).
+"""Fetch tickets: what a node plugin needs to download a digest (the manifest's files, and every source
+of them: source, endpoint, repository, commit and hub token, if any).
 
 Answered only to a plugin whose Pod-bound ServiceAccount token is bound to the node it names (TokenReview:
 the plugin's ServiceAccount and ``authentication.kubernetes.io/node-name``), and only for a digest in that
 node's ``spec.models`` (read live from kube-apiserver). Not part of the aggregated API: plugins call the
 worker's Service directly.
+
+A digest names its files, whoever resolved them: every live artifact with that digest is a source of
+them, and the ticket offers them all, in the order the plugin tries them (it falls through to the next
+on a refusal or an unavailable hub: one tenant's source refused or gone fails no one's download):
+
+1. the sources of the tenants that want the digest on the asking node (the namespaces of ModelPrefetches
+   naming the node whose artifact has the digest);
+2. the sources without a token (public repositories);
+3. the sources with another tenant's token (borrowed credentials).
+
+Within each group, token-less sources first, then the most recently resolved. A source is offered once
+(same source, endpoint, repository, commit and token). A Secret that is gone or holds no usable token
+leaves its source token-less. The answer::
+
+    {"digest", "files": [...], "proxy",
+     "source", "endpoint", "repository", "commit", "token",   # the first source, as single-source readers expect
+     "sources": [{"source", "endpoint", "repository", "commit", "token"}, ...]}   # all of them, in order
 """
 
 from __future__ import annotations
 
 import base64
+import re
+from collections.abc import Iterable
 
 from django.conf import settings
+from django.db.models import F
 from rest_framework.permissions import BasePermission
 from rest_framework.response import Response
 
@@ -19,10 +39,13 @@ from gpustack_models import kube
 from gpustack_models.kinds import GROUP, STORAGE_VERSION
 from gpustack_models.kube.errors import BadRequest, Conflict, Forbidden, NotFound, Unauthorized
 from gpustack_models.kube.identity import NODE_NAME_EXTRA, plugin_user
-from gpustack_models.models import Resolution
+from gpustack_models.models import Manifest, Prefetch, Resolution
 
 from .authentication import TokenReviewAuthentication
 from .views import KubeAPIView
+
+# The tokens a plugin's FetchTicket accepts (printable ASCII, no space): any other is not offered.
+_TOKEN = re.compile(r"[\x21-\x7e]{1,4096}")
 
 
 class BoundPlugin(BasePermission):
@@ -47,49 +70,102 @@ class TicketView(KubeAPIView):
         bound = request.user.extra_dict.get(NODE_NAME_EXTRA) or []
         if bound != [node]:
             raise Forbidden(f"this token is bound to node {bound[0] if bound else '(none)'}, not {node}")
-        try:
-            store = kube.worker().get(f"/apis/{GROUP}/{STORAGE_VERSION}/nodemodelstores/{node}")
-        except kube.NotFound:
-            raise NotFound(f"no NodeModelStore for node {node}") from None
-        wanted = {m.get("digest") for m in (store.get("spec") or {}).get("models") or []}
-        if digest not in wanted:
-            raise Forbidden(f"{digest} is not in the spec.models of node {node}")
-        resolution = self.resolution(digest)
-        if resolution is None:
+        check_wanted(node, digest)
+        rows = resolutions(digest)
+        manifest = Manifest.objects.filter(digest=digest).first()
+        if not rows or manifest is None:
             raise Conflict(f"no resolved artifact provides {digest} yet")
-        manifest = resolution.manifest
+        sources = offered_sources(ordered(rows, wanting_namespaces(node, rows)))
         ticket = {
             "digest": digest,
-            "source": resolution.source,
-            "endpoint": resolution.endpoint,
-            "repository": resolution.repository,
-            "commit": resolution.commit,
+            **sources[0],
             "files": manifest.files,
             "proxy": settings.HUB_PROXY or None,
-            "token": self.hub_token(resolution),
+            "sources": sources,
         }
         return Response(ticket)
 
-    @staticmethod
-    def resolution(digest: str) -> Resolution | None:
-        """A resolution of some live artifact with this content (any will do: the digest names the
-        files, whoever asked for them)."""
-        return (
-            Resolution.objects.select_related("manifest", "artifact")
-            .filter(manifest_id=digest, artifact__deleted=False, artifact__digest=digest)
-            .order_by("secret_name", "-resolved_at")  # prefer one that needs no token
-            .first()
-        )
 
-    @staticmethod
-    def hub_token(resolution: Resolution) -> str | None:
-        if not resolution.secret_name:
-            return None
-        try:
-            secret = kube.worker().get(
-                f"/api/v1/namespaces/{resolution.artifact.namespace}/secrets/{resolution.secret_name}"
-            )
-        except kube.StatusError:
-            return None
-        raw = (secret.get("data") or {}).get("token")
-        return base64.b64decode(raw).decode().strip() if raw else None
+def check_wanted(node: str, digest: str) -> None:
+    """Refuse unless ``digest`` is in the ``spec.models`` of ``node``'s NodeModelStore."""
+    try:
+        store = kube.worker().get(f"/apis/{GROUP}/{STORAGE_VERSION}/nodemodelstores/{node}")
+    except kube.NotFound:
+        raise NotFound(f"no NodeModelStore for node {node}") from None
+    wanted = {m.get("digest") for m in (store.get("spec") or {}).get("models") or []}
+    if digest not in wanted:
+        raise Forbidden(f"{digest} is not in the spec.models of node {node}")
+
+
+def resolutions(digest: str) -> list[Resolution]:
+    """The resolutions of every live artifact with this content: each a source of its files (computed for
+    that very object: one recreated under the same name has a uid of its own)."""
+    return list(
+        Resolution.objects.select_related("artifact")
+        .filter(manifest_id=digest, artifact__deleted=False, artifact__digest=digest, artifact__uid=F("artifact_uid"))
+        .only(
+            "artifact",
+            "source",
+            "endpoint",
+            "repository",
+            "commit",
+            "secret_name",
+            "resolved_at",
+            "artifact__namespace",
+            "artifact__name",
+        )
+    )
+
+
+def wanting_namespaces(node: str, rows: Iterable[Resolution]) -> set[str]:
+    """The namespaces whose ModelPrefetches name ``node`` and one of the artifacts of ``rows``."""
+    artifacts = {(r.artifact.namespace, r.artifact.name) for r in rows}
+    prefetches = Prefetch.objects.live().filter(namespace__in={ns for ns, _ in artifacts})
+    return {
+        p.namespace
+        for p in prefetches.only("namespace", "artifact_name", "node_names")
+        if (p.namespace, p.artifact_name) in artifacts and node in (p.node_names or [])
+    }
+
+
+def ordered(rows: Iterable[Resolution], wanting: set[str]) -> list[Resolution]:
+    """``rows`` in the order to try them (see the module's docstring)."""
+
+    def rank(r: Resolution):
+        group = 0 if r.artifact.namespace in wanting else 2 if r.secret_name else 1
+        return group, bool(r.secret_name), -r.resolved_at.timestamp(), r.artifact.namespace, r.artifact.name
+
+    return sorted(rows, key=rank)
+
+
+def offered_sources(rows: Iterable[Resolution]) -> list[dict]:
+    """The ticket's ``sources``: each row's, with the token of its Secret, duplicates once."""
+    tokens: dict[tuple[str, str], str | None] = {}
+    out, seen = [], set()
+    for r in rows:
+        token = None
+        if r.secret_name:
+            where = (r.artifact.namespace, r.secret_name)
+            if where not in tokens:
+                tokens[where] = hub_token(*where)
+            token = tokens[where]
+        source = {"source": r.source, "endpoint": r.endpoint, "repository": r.repository, "commit": r.commit}
+        key = (*source.values(), token)
+        if key not in seen:
+            seen.add(key)
+            out.append(dict(source, token=token))
+    return out
+
+
+def hub_token(namespace: str, secret_name: str) -> str | None:
+    """The key ``token`` of the Secret, if it is there and a token a plugin accepts."""
+    try:
+        secret = kube.worker().get(f"/api/v1/namespaces/{namespace}/secrets/{secret_name}")
+    except kube.StatusError:
+        return None
+    raw = (secret.get("data") or {}).get("token")
+    try:
+        token = base64.b64decode(raw).decode().strip() if raw else None
+    except (TypeError, ValueError):  # not base64, not UTF-8
+        return None
+    return token if token and _TOKEN.fullmatch(token) else None

@@ -3,13 +3,14 @@
 No Django and no Kubernetes here: the plugin's glue (watching the node's NodeModelStore, writing its
 status, fetching tickets from the worker, serving live progress) drives an ``Engine``.
 
-- ``ticket``: ``FetchTicket``, what to download and how each hub names a file's bytes;
+- ``ticket``: ``FetchTicket``, what to download, from which sources (``HubSource``) in which order, and
+  how each hub names a file's bytes;
 - ``cache``: the layout on disk (published trees, partial work, per-digest records), capacity;
 - ``download``: the resumable, parallel range downloader that hashes while it writes and publishes
   a verified tree with one rename; it runs the steps of the modules below:
   - ``ranges``: one file's written ranges, hash frontier and hash;
   - ``checkpoint``: the per-file progress saved for, and restored by, the next attempt;
-  - ``fetch``: HTTP range requests, retried from the last written byte;
+  - ``fetch``: HTTP range requests, retried from the last written byte, from the next source when one fails;
   - ``frontier``: hashing each file while it is written, checked against the manifest at its end;
   - ``publish``: the final verification of the tree and its publishing rename;
   - ``disk``: the partial files' disk operations, whose failures (``DiskError``) are never retried;
@@ -18,7 +19,7 @@ status, fetching tickets from the worker, serving live progress) drives an ``Eng
 - ``transport``: keep-alive HTTP with the ticket's proxy and CA bundle, redirects followed;
 - ``engine``: ``Engine``, the API for the glue;
 - ``metrics``: Prometheus metrics (no tenant or digest in any label);
-- ``failures``: the failure reasons and the retry backoff.
+- ``failures``: the failure reasons, the retry backoff, and the sources that failed lately.
 """
 
 from .cache import Cache
@@ -33,11 +34,12 @@ from .failures import (
     REASONS,
     SOURCE_UNAVAILABLE,
     DownloadFailed,
+    SourcePenalties,
     backoff_seconds,
 )
 from .hashing import FileHash, resumable_available
 from .metrics import Metrics
-from .ticket import HUGGING_FACE, MODEL_SCOPE, FetchTicket
+from .ticket import HUGGING_FACE, MODEL_SCOPE, FetchTicket, HubSource
 
 __all__ = [
     "ACCESS_DENIED",
@@ -60,8 +62,10 @@ __all__ = [
     "Entry",
     "FetchTicket",
     "FileHash",
+    "HubSource",
     "Limits",
     "Metrics",
+    "SourcePenalties",
     "backoff_seconds",
     "resumable_available",
 ]

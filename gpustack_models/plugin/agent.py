@@ -152,8 +152,8 @@ class Plugin:
                 self._fetching.discard(digest)
 
     def fetch_ticket(self, digest: str) -> FetchTicket | None:
-        """Ask the worker for ``digest``'s ticket with our Pod-bound token. The hub token in it stays
-        in memory."""
+        """Ask the worker for ``digest``'s ticket with our Pod-bound token: every source of the digest,
+        in the order to try them. The hub tokens in it stay in memory."""
         session = requests.Session()
         session.trust_env = False
         resp = session.post(
@@ -168,8 +168,7 @@ class Plugin:
         except (kube.NotFound, kube.Conflict) as exc:  # no store, or no resolution of the digest yet
             log.info("%s: the worker has no ticket yet (%s)", digest, exc.message)
             return None
-        data = answer.json()
-        return FetchTicket.from_dict(data, token=data.get("token"))
+        return FetchTicket.from_dict(answer.json())
 
     # --- watching our store ----------------------------------------------------------------------------
     def watch_store(self) -> None:

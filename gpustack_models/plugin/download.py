@@ -13,7 +13,9 @@ How a digest is fetched (``Download`` runs the steps; each has its module):
    with an HTTP ``Range`` request, reading straight into a reusable buffer and writing it with
    ``pwrite`` at its offset. Every read first takes its bytes from the node-wide rate limiter. A
    read that stalls (no byte for ``stall_timeout``) or a connection that drops is retried from the
-   part's last written byte, at most ``range_retries`` times.
+   part's last written byte, at most ``range_retries`` times. A source of the ticket that refuses or
+   fails a part hands it over to the next source (from its last written byte); the part fails only
+   when every source failed.
 4. Each file is hashed while it is written (``frontier``): the thread that wrote the bytes at the
    file's hash frontier hashes them from its buffer; bytes that arrived ahead of the frontier (other
    parts) are hashed from disk when the frontier reaches them. The hash is sha256 (LFS and
@@ -51,7 +53,7 @@ from . import disk
 from .cache import Cache
 from .checkpoint import CHECKPOINT_VERSION
 from .disk import DiskError, disk_failure
-from .failures import CANCELED, INTEGRITY_MISMATCH, SOURCE_UNAVAILABLE, DownloadFailed
+from .failures import CANCELED, INTEGRITY_MISMATCH, SOURCE_UNAVAILABLE, DownloadFailed, SourcePenalties
 from .fetch import RangeFetcher
 from .frontier import HashFrontier
 from .limits import Limits
@@ -100,7 +102,8 @@ class Download:
 
     ``prepare()`` then ``run()`` (``run`` prepares itself if needed). ``cancel()`` may be called from
     any thread. ``downloaded_bytes`` (bytes written and hashed so far), ``size`` and
-    ``remaining_bytes`` (not yet on disk) are cheap to read at any time.
+    ``remaining_bytes`` (not yet on disk) are cheap to read at any time. ``penalties``: the sources
+    that failed lately on the node, shared by its downloads (the download's own when not given).
     """
 
     def __init__(
@@ -111,6 +114,7 @@ class Download:
         settings: DownloadSettings | None = None,
         *,
         on_bytes: Callable[[int], None] | None = None,
+        penalties: SourcePenalties | None = None,
     ):
         self.ticket = ticket
         self.digest = ticket.digest
@@ -134,7 +138,7 @@ class Download:
             on_hashed=self._add_progress, on_reread=self._count_reread, on_complete=self._wake_coordinator
         )
         self._fetcher = RangeFetcher(
-            ticket, self.settings, self.limits.rate, self._frontier, self._stop, self._stat, on_bytes
+            ticket, self.settings, self.limits.rate, self._frontier, self._stop, self._stat, on_bytes, penalties
         )
 
     # ---------------------------------------------------------------- progress (any thread)

@@ -40,6 +40,7 @@ from .failures import (
     INVALID_REQUEST,
     SOURCE_UNAVAILABLE,
     DownloadFailed,
+    SourcePenalties,
     backoff_seconds,
 )
 from .ticket import FetchTicket, digest_hex
@@ -177,7 +178,8 @@ class Engine:
     used). ``on_change(digest, entry_or_None)`` is called (from engine threads, outside its locks,
     possibly from several threads at once) when a digest's state changes or it is removed; it gets
     the entry as it is when the callback runs, so the last call for a digest always carries its
-    current state. ``clock``: epoch seconds, for tests.
+    current state. ``clock``: epoch seconds, for tests. ``penalties``: the sources that failed lately,
+    tried after the others by every download (``SourcePenalties()`` when not given).
     """
 
     def __init__(
@@ -194,6 +196,7 @@ class Engine:
         metrics=None,
         clock: Callable[[], float] = time.time,
         retry_base: float = BACKOFF_INITIAL_SECONDS,
+        penalties: SourcePenalties | None = None,
     ):
         self.cache = Cache(root, capacity_bytes=capacity_bytes)
         self.settings = settings or DownloadSettings()
@@ -206,6 +209,7 @@ class Engine:
         self._metrics = metrics
         self._clock = clock
         self._retry_base = float(retry_base)
+        self.penalties = penalties if penalties is not None else SourcePenalties()
         self._lock = threading.RLock()
         self._items: dict[str, _Item] = {}
         self._jobs: dict[str, _Job] = {}
@@ -455,7 +459,9 @@ class Engine:
 
     def _start(self, item: _Item, ticket: FetchTicket) -> None:
         """Caller holds the lock."""
-        download = Download(ticket, self.cache, self.limits, self.settings, on_bytes=self._count_bytes)
+        download = Download(
+            ticket, self.cache, self.limits, self.settings, on_bytes=self._count_bytes, penalties=self.penalties
+        )
         job = _Job(download)
         self._jobs[item.digest] = job
         self._idle_partial.pop(item.digest, None)

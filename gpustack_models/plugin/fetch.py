@@ -8,11 +8,18 @@ worker's buffer, each read first taking its bytes from the node-wide rate limite
 at most ``range_retries`` times; a 5xx or 429 answer is retried ``http_retries`` times, honouring
 the hub's ``Retry-After`` up to ``http_retry_max_wait``. Disk errors are not retried: they come out
 of ``disk`` as ``DiskError`` and pass through untouched.
+
+A part is asked of the ticket's sources in turn: when one fails it (a refusal, a 404, the hub
+unavailable past the retries: ``FALLTHROUGH_REASONS``), the next one takes over from the part's first
+byte not written, and the part fails only when every source failed. A source that failed is tried
+after the others for a while (``SourcePenalties``, shared by the node's downloads), so the next parts
+and attempts do not start with it.
 """
 
 from __future__ import annotations
 
 import http.client
+import logging
 import re
 import socket
 import threading
@@ -20,13 +27,22 @@ from collections.abc import Callable
 from urllib.parse import urlsplit
 
 from . import disk
-from .failures import ACCESS_DENIED, INTEGRITY_MISMATCH, INVALID_REQUEST, SOURCE_UNAVAILABLE, DownloadFailed
+from .failures import (
+    ACCESS_DENIED,
+    FALLTHROUGH_REASONS,
+    INTEGRITY_MISMATCH,
+    INVALID_REQUEST,
+    SOURCE_UNAVAILABLE,
+    DownloadFailed,
+    SourcePenalties,
+)
 from .frontier import HashFrontier
 from .limits import RateLimiter
 from .ranges import FileProgress
-from .ticket import FetchTicket, origin
+from .ticket import FetchTicket, HubSource, origin
 from .transport import ConnectionPool, HttpError, Response
 
+log = logging.getLogger(__name__)
 _CONTENT_RANGE = re.compile(r"bytes\s+(\d+)-(\d+)/(\d+|\*)")
 _REFUSED = (401, 403, 404, 410)
 
@@ -112,6 +128,21 @@ def _body_span(f: FileProgress, response: Response, pos: int, end: int) -> tuple
     return 0, min(end, int(m.group(2)) + 1)
 
 
+def _every_source_failed(failures: list[DownloadFailed]) -> DownloadFailed:
+    """The failure of a part no source could serve: the first source's, counting the others."""
+    if not failures:
+        return DownloadFailed(SOURCE_UNAVAILABLE, "the ticket offers no source")
+    first = failures[0]
+    if len(failures) == 1:
+        return first
+    message = f"{first.message} (all {len(failures)} sources failed)"
+    return DownloadFailed(first.reason, message, retry_after=first.retry_after)
+
+
+def _source_key(hub: HubSource) -> tuple:
+    return hub.key
+
+
 def _lost(f: FileProgress, exc: BaseException, pos: int) -> str:
     kind = "stalled" if isinstance(exc, (socket.timeout, TimeoutError)) else "connection lost"
     return f"{f.file.path}: {kind} at byte {pos}: {type(exc).__name__}: {exc}"
@@ -123,7 +154,8 @@ class RangeFetcher:
     ``open()`` before the first ``fetch``, ``close()`` after the last; ``abort()`` (any thread)
     interrupts every request in flight. ``stop`` set means the download is over: fetching ends at
     the next read. ``stat(name, n)`` counts ``requests``, ``network_bytes`` and ``retries``;
-    ``on_bytes(n)`` hears of every ``n`` body bytes written.
+    ``on_bytes(n)`` hears of every ``n`` body bytes written. ``penalties``: the sources that failed
+    lately on the node (the fetcher's own when not given).
     """
 
     def __init__(
@@ -135,6 +167,7 @@ class RangeFetcher:
         stop: threading.Event,
         stat: Callable[..., None],
         on_bytes: Callable[[int], None] | None = None,
+        penalties: SourcePenalties | None = None,
     ):
         self.ticket = ticket
         self.settings = settings
@@ -143,15 +176,18 @@ class RangeFetcher:
         self._stop = stop
         self._stat = stat
         self._on_bytes = on_bytes
+        self._penalties = penalties if penalties is not None else SourcePenalties()
         self._pool: ConnectionPool | None = None
-        self._hub_origin = origin(ticket.endpoint) if isinstance(ticket.endpoint, str) else None
+        self._sources: tuple[HubSource, ...] = ()
         self._active: set[Response] = set()
         self._active_lock = threading.Lock()
 
     # ---------------------------------------------------------------- lifecycle
 
     def open(self) -> None:
+        """Before the first ``fetch``, once the ticket is validated."""
         ticket = self.ticket
+        self._sources = ticket.sources
         self._pool = ConnectionPool(proxy=ticket.proxy, ca_bundle=ticket.ca_bundle, timeout=self.settings.stall_timeout)
 
     def close(self) -> None:
@@ -164,17 +200,48 @@ class RangeFetcher:
         for response in active:
             response.abort()
 
-    # ---------------------------------------------------------------- a part, with retries
+    # ---------------------------------------------------------------- a part, from the sources in turn
 
     def fetch(self, f: FileProgress, start: int, end: int, view: memoryview) -> None:
-        """Fetch ``[start, end)`` of ``f``, retrying stalls and drops from the last written byte."""
-        pos, drops, statuses = start, 0, 0
-        while pos < end and not self._stop.is_set():
+        """Fetch ``[start, end)`` of ``f`` from the first source that serves it: a source failing for
+        one of ``FALLTHROUGH_REASONS`` hands over to the next from the first byte not written; fails
+        when every source failed."""
+        cursor = [start]  # the first byte not written, across sources
+        failures: list[DownloadFailed] = []
+        for hub in self._penalties.order(self._sources, _source_key):
             try:
-                pos = self._attempt(f, pos, end, view)
+                self._fetch_from(hub, f, cursor, end, view)
+            except DownloadFailed as exc:
+                if exc.reason not in FALLTHROUGH_REASONS or self._stop.is_set():
+                    raise
+                self._source_failed(hub, f, exc)
+                failures.append(exc)
+                continue
+            if cursor[0] >= end:
+                self._penalties.served(hub.key)
+            return
+        raise _every_source_failed(failures)
+
+    def _source_failed(self, hub: HubSource, f: FileProgress, exc: DownloadFailed) -> None:
+        """``hub`` failed a part of ``f``: tried after the others for a while; ``f``'s next request asks
+        the next source's hub (not a link the failed one may have led to)."""
+        self._penalties.failed(hub.key)
+        f.url = None
+        index = self._sources.index(hub) + 1
+        log.info(
+            "%s: source %d of %d failed (%s); trying the next", self.ticket.digest[:19], index, len(self._sources), exc
+        )
+
+    def _fetch_from(self, hub: HubSource, f: FileProgress, cursor: list, end: int, view: memoryview) -> None:
+        """Fetch ``[cursor[0], end)`` of ``f`` from ``hub``, retrying stalls and drops from the last
+        written byte; ``cursor[0]`` follows the first byte not written."""
+        drops = statuses = 0
+        while cursor[0] < end and not self._stop.is_set():
+            try:
+                cursor[0] = self._attempt(hub, f, cursor[0], end, view)
             except _Retry as exc:
                 if exc.pos is not None:
-                    pos = max(pos, exc.pos)
+                    cursor[0] = max(cursor[0], exc.pos)
                 drops += 1
                 self._stop.wait(self._drop_wait(f, exc, drops))
             except _HubStatus as exc:
@@ -201,9 +268,9 @@ class RangeFetcher:
 
     # ---------------------------------------------------------------- one request
 
-    def _attempt(self, f: FileProgress, pos: int, end: int, view: memoryview) -> int:
-        """One request for ``[pos, end)``; returns the position reached (``end`` on success)."""
-        response = self._open(f, pos, end)
+    def _attempt(self, hub: HubSource, f: FileProgress, pos: int, end: int, view: memoryview) -> int:
+        """One request for ``[pos, end)`` to ``hub``; returns the position reached (``end`` on success)."""
+        response = self._open(hub, f, pos, end)
         with self._active_lock:
             self._active.add(response)
         reuse = False
@@ -223,13 +290,13 @@ class RangeFetcher:
                 self._active.discard(response)
             response.close(reuse=reuse)
 
-    def _open(self, f: FileProgress, pos: int, end: int) -> Response:
-        """A response for ``bytes=pos-(end-1)`` of ``f``, redirects followed, status checked."""
+    def _open(self, hub: HubSource, f: FileProgress, pos: int, end: int) -> Response:
+        """A response for ``bytes=pos-(end-1)`` of ``f`` from ``hub``, redirects followed, status checked."""
         for cached in (f.url, None):
-            response = self._request(f, cached or self.ticket.url(f.file), pos, end)
+            response = self._request(hub, f, cached or hub.url(f.file), pos, end)
             if response.status in (200, 206):
                 # Later parts go straight to where the redirect led (the CDN), not via the hub.
-                f.url = response.url if origin(response.url) != self._hub_origin else None
+                f.url = response.url if origin(response.url) != origin(hub.endpoint) else None
                 return response
             if response.status in _REFUSED and cached:
                 _error_detail(response)
@@ -238,12 +305,12 @@ class RangeFetcher:
             raise _status_error(f, response, pos, end)
         raise DownloadFailed(ACCESS_DENIED, f"{f.file.path}: the hub refused the download")
 
-    def _request(self, f: FileProgress, url: str, pos: int, end: int) -> Response:
+    def _request(self, hub: HubSource, f: FileProgress, url: str, pos: int, end: int) -> Response:
         try:
             response = self._pool.get(
                 url,
-                credentials=self.ticket.hub_headers(),
-                credentials_origin=self._hub_origin,
+                credentials=hub.hub_headers(),
+                credentials_origin=origin(hub.endpoint),
                 headers={"Range": f"bytes={pos}-{end - 1}"},
             )
         except HttpError as exc:

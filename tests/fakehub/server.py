@@ -9,6 +9,7 @@ Repositories are generated in memory (or point at files on disk, for benchmarks)
         hub.add_hf_commit("org/model", {"config.json": b'{"v": 2}'})        # main moves on
         hub.add_hf_repo("org/xet", files, xet=True)                         # LFS files Xet-backed
         hub.add_ms_repo("owner/model", files, revision="master", tags=("v1.0",))
+        hub.set_private("org/model"); hub.delete_repo("org/xet")          # a repository goes away
         hub.files("org/model", commit)                                     # the exact bytes served
         hub.faults.drop("model.safetensors", after_bytes=1 << 20)          # once, mid-file
         hub.requests                                                       # what the clients asked
@@ -1166,6 +1167,17 @@ class FakeHub:
         with self._lock:
             self._repos[(kind, repo_id)].tokens.add(token)
             self._tokens.add(token)
+
+    def set_private(self, repo_id: str, private: bool = True, *, kind: str = "hf") -> None:
+        """Make a repository private (only its granted tokens read it) or public again."""
+        with self._lock:
+            self._repos[(kind, repo_id)].private = private
+
+    def delete_repo(self, repo_id: str, *, kind: str = "hf") -> None:
+        """Delete a repository: the hub answers as for one that never existed (its blobs stay on the CDN
+        for the other repositories that share them)."""
+        with self._lock:
+            del self._repos[(kind, repo_id)]
 
     def add_hf_repo(
         self,
