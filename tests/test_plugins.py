@@ -684,3 +684,18 @@ def test_a_private_source_with_a_good_token_still_downloads(scenario, hub, core)
     downloads = [r for r in hub.requests if f"/{private}/resolve/" in r.path and r.method == "GET"]
     assert downloads and {(r.token, r.status) for r in downloads} <= {(token, 200), (token, 206), (token, 302)}
     assert_no_token_shown(scenario, plugin, token)
+
+
+def test_it_answers_health_under_idle_half_tls_and_byte_at_a_time_connections(scenario):
+    from tests.plugin.attackers import Attack, client_context, probe
+
+    (plugin,) = scenario.plugins(1)
+    with Attack(plugin.address, PLUGIN_PORT, idle=50, hellos=5) as attack:
+        answers = probe(plugin.address, PLUGIN_PORT, ["/livez", "/readyz"], client_context(), rounds=10)
+        held = attack.held()
+        slow = [attack.slow_hello, attack.slow_request]
+    assert [a for a in answers if a[1] != 200 or a[2] >= 1.0] == [], (answers, attack.not_connected)
+    assert len(answers) == 20
+    # The attack was in force all along: every connection held open, the slow clients still sending.
+    assert attack.not_connected == 0 and held == 55
+    assert [(c.cut_after, c.error) for c in slow] == [(None, None)] * 2 and min(c.sent for c in slow) >= 10

@@ -1,14 +1,19 @@
 """The plugin's HTTPS endpoint: ``/readyz``, ``/livez``, ``/metrics`` and ``GET /model/downloads`` (the
 live bytes of running downloads, for the worker's token only). Requests are not logged: tokens travel in
-headers."""
+headers.
+
+How connections are served (the TLS handshake off the accept loop, deadlines, the bound on open
+connections) is ``https_server``'s part: a client that connects and never finishes anything does not
+stop the probes' answers."""
 
 from __future__ import annotations
 
 import json
 import ssl
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from .https_server import GuardedHTTPSServer, GuardedRequestHandler, Limits
 
 DENIED = "only the gpustack-models worker reads live downloads"
 
@@ -20,8 +25,7 @@ def status(code: int, reason: str, message: str = "") -> bytes:
     return json.dumps(body).encode()
 
 
-class PluginRequestHandler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
+class PluginRequestHandler(GuardedRequestHandler):
     plugin = None  # set on the subclass ``serve`` makes
 
     def log_message(self, fmt, *args):
@@ -51,13 +55,11 @@ class PluginRequestHandler(BaseHTTPRequestHandler):
         return self._send(200, json.dumps({"downloads": self.plugin.engine.running()}).encode())
 
 
-def serve(plugin) -> ThreadingHTTPServer:
-    """The HTTPS server of ``plugin`` (not started: call ``serve_forever``)."""
+def serve(plugin, limits: Limits | None = None) -> GuardedHTTPSServer:
+    """The HTTPS server of ``plugin`` (not started: call ``serve_forever``): its certificate from the
+    plugin's settings, no client certificate asked for."""
     handler = type("Handler", (PluginRequestHandler,), {"plugin": plugin})
     host, _, port = plugin.settings.address.rpartition(":")
-    server = ThreadingHTTPServer((host.strip("[]"), int(port)), handler)
-    server.daemon_threads = True
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     context.load_cert_chain(plugin.settings.cert_file, plugin.settings.key_file)
-    server.socket = context.wrap_socket(server.socket, server_side=True)
-    return server
+    return GuardedHTTPSServer((host.strip("[]"), int(port)), handler, context, limits or Limits())

@@ -1,0 +1,160 @@
+"""The plugin's HTTPS endpoint on a real TLS server on loopback: what it answers, and that connections
+which never finish anything (idle, half a TLS handshake, a request a byte at a time) neither stop it
+from answering nor hold its threads forever."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import logging
+import socket
+import ssl
+import threading
+import time
+from types import SimpleNamespace
+
+import pytest
+
+from gpustack_models.local import pki
+from gpustack_models.plugin import Engine, Metrics
+from gpustack_models.plugin.endpoints import serve
+from gpustack_models.plugin.https_server import Limits
+
+from .attackers import SLOW_REQUEST, Attack, SlowClient, client_context, client_hello, closed_by_server, probe
+from .conftest import settings, wait_for
+
+
+class FakePlugin:
+    """What ``serve`` reads of the plugin: its settings, metrics, engine and who may read live bytes."""
+
+    def __init__(self, tmp_path):
+        ca = pki.new_ca("plugin-ca")
+        cert_file, key_file = pki.issue(ca, "node-a", ip_addresses=("127.0.0.1",), server=True).write(
+            tmp_path / "pki", "plugin"
+        )
+        self.ca_file, _ = ca.write(tmp_path / "pki", "ca")
+        self.settings = SimpleNamespace(address="127.0.0.1:0", cert_file=str(cert_file), key_file=str(key_file))
+        self.metrics = Metrics()
+        self.engine = Engine(tmp_path / "cache", settings=settings(), metrics=self.metrics)
+
+    def authorized_worker(self, header):
+        return {None: 401, "Bearer worker": 200}.get(header, 403)
+
+
+@pytest.fixture
+def plugin(tmp_path):
+    plugin = FakePlugin(tmp_path)
+    yield plugin
+    plugin.engine.close(timeout=10)
+
+
+def running(server):
+    threading.Thread(target=server.serve_forever, daemon=True, name="https").start()
+
+
+@pytest.fixture
+def served(plugin):
+    """``served(**kwargs)``: ``serve(plugin, **kwargs)``, running."""
+    servers = []
+
+    def start(**kwargs):
+        servers.append(serve(plugin, **kwargs))
+        running(servers[-1])
+        return servers[-1]
+
+    yield start
+    for server in servers:
+        server.shutdown()
+        server.server_close()
+
+
+def test_it_keeps_answering_health_under_idle_half_tls_and_byte_at_a_time_connections(plugin, served):
+    server = served()
+    port = server.server_address[1]
+    context = client_context(plugin.ca_file)
+    with Attack("127.0.0.1", port, idle=50, hellos=5) as attack:
+        answers = probe("127.0.0.1", port, ["/livez", "/readyz"], context, rounds=10)
+        assert [a for a in answers if a[1] != 200 or a[2] >= 1.0] == [], (answers, attack.not_connected)
+        assert len(answers) == 20
+        held, open_ = attack.held(), server.open
+        slow = [attack.slow_hello, attack.slow_request]
+    # The attack was in force all along: the server held every connection and the slow clients kept sending.
+    assert attack.not_connected == 0 and held == 55 and open_ == 57
+    assert [(c.cut_after, c.error) for c in slow] == [(None, None)] * 2 and min(c.sent for c in slow) >= 10
+
+
+def get(conn: http.client.HTTPSConnection, path: str, **headers):
+    conn.request("GET", path, headers=headers)
+    resp = conn.getresponse()
+    return resp.status, resp.getheader("Content-Type"), resp.read()
+
+
+def test_it_answers_each_endpoint_over_tls_with_the_settings_certificate_and_keep_alive(plugin, served):
+    port = served().server_address[1]
+    conn = http.client.HTTPSConnection("127.0.0.1", port, context=client_context(plugin.ca_file), timeout=5)
+    assert get(conn, "/livez") == (200, "text/plain", b"ok")
+    assert get(conn, "/readyz?verbose") == (200, "text/plain", b"ok")
+    status, kind, body = get(conn, "/metrics")
+    assert status == 200 and kind.startswith("text/plain; version=") and b"gpustack_models_plugin_models" in body
+    status, _, body = get(conn, "/model/downloads")
+    assert status == 401 and json.loads(body)["reason"] == "Unauthorized"
+    status, _, body = get(conn, "/model/downloads", Authorization="Bearer tenant")
+    assert status == 403 and json.loads(body)["reason"] == "Forbidden"
+    worker = get(conn, "/model/downloads", Authorization="Bearer worker")
+    assert worker == (200, "application/json", b'{"downloads": []}')
+    status, _, body = get(conn, "/nowhere")
+    assert status == 404 and json.loads(body)["reason"] == "NotFound"
+    # All of it on one connection, with no client certificate, and the settings' certificate served.
+    served_cert = ssl.DER_cert_to_PEM_cert(conn.sock.getpeercert(binary_form=True))
+    assert served_cert.strip() == open(plugin.settings.cert_file).read().strip()
+    conn.close()
+
+
+def test_it_closes_each_connection_at_its_deadline_however_slowly_it_sends(plugin, served):
+    server = served(limits=Limits(handshake=0.5, request=1.0, idle=1.5))
+    port = server.server_address[1]
+    idle, hello = socket.create_connection(("127.0.0.1", port)), socket.create_connection(("127.0.0.1", port))
+    hello.sendall(client_hello())
+    slow_hello = SlowClient(("127.0.0.1", port), client_hello(), tls=False, interval=0.1)
+    slow_request = SlowClient(("127.0.0.1", port), SLOW_REQUEST, tls=True, interval=0.1)
+    slow_hello.start(), slow_request.start()
+    time.sleep(0.2)
+    assert not closed_by_server(idle) and not closed_by_server(hello) and server.open == 4
+    time.sleep(0.6)  # past the handshake's deadline
+    assert closed_by_server(idle) and closed_by_server(hello)
+    slow_hello.join(2), slow_request.join(2)
+    assert slow_hello.cut_after is not None and slow_request.cut_after is not None, "never cut"
+    # Each was sending a byte every 0.1 s when cut: the deadline is for the whole handshake, the whole head.
+    assert 0.4 <= slow_hello.cut_after <= 1.2 and slow_hello.sent >= 3, (slow_hello.cut_after, slow_hello.sent)
+    assert 0.9 <= slow_request.cut_after <= 2.0 and slow_request.sent >= 8, (slow_request.cut_after, slow_request.sent)
+    # Keep-alive: each request gets its own deadline (three requests span more than one), then idle is closed.
+    conn = http.client.HTTPSConnection("127.0.0.1", port, context=client_context(plugin.ca_file), timeout=5)
+    for _ in range(3):
+        assert get(conn, "/livez")[0] == 200
+        time.sleep(0.7)
+    sock = conn.sock
+    time.sleep(1.0)  # 1.7 s idle in all
+    assert closed_by_server(sock)
+    wait_for(lambda: server.open == 0, timeout=1)  # no thread held
+
+
+def test_it_closes_connections_beyond_the_bound_at_once_and_serves_again_when_they_end(plugin, served, caplog):
+    server = served(limits=Limits(handshake=1.0, connections=4))
+    port = server.server_address[1]
+    held = [socket.create_connection(("127.0.0.1", port)) for _ in range(4)]
+    time.sleep(0.2)
+    with caplog.at_level(logging.WARNING, logger="gpustack_models.plugin.https_server"):
+        beyond = [socket.create_connection(("127.0.0.1", port), timeout=1) for _ in range(10)]
+        started = time.monotonic()
+        for sock in beyond:
+            assert sock.recv(1) == b""  # closed by the accept loop, which went on accepting
+        assert time.monotonic() - started < 0.5
+    assert [r.getMessage() for r in caplog.records] == [
+        "4 connections open, the most allowed: closing new ones (from 127.0.0.1, ...)"
+    ]
+    assert not any(closed_by_server(sock) for sock in held) and server.open == 4
+    time.sleep(1.0)  # the held ones reach the handshake's deadline
+    assert all(closed_by_server(sock) for sock in held)
+    wait_for(lambda: server.open == 0, timeout=1)
+    answers = probe("127.0.0.1", port, ["/livez"], client_context(plugin.ca_file), rounds=5, pause=0)
+    assert [a[1] for a in answers] == [200] * 5
