@@ -29,7 +29,7 @@ COPY config ./config
 COPY gpustack_models ./gpustack_models
 COPY templates ./templates
 RUN useradd --system --uid 10001 --home-dir /var/lib/gpustack-models --create-home gpustack \
-    && python manage.py collectstatic --noinput --verbosity 0 \
+    && SECRET_KEY=collectstatic-only python manage.py collectstatic --noinput --verbosity 0 \
     && chown -R 10001 /var/lib/gpustack-models
 USER 10001
 EXPOSE 8443 9443 8000

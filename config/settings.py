@@ -80,7 +80,14 @@ def env_url(name, default, schemes):
 
 # --- Core ------------------------------------------------------------------------------------------
 DATA_DIR = Path(env_str("GPUSTACK_DATA_DIR", str(BASE_DIR / ".local"))).resolve()
-SECRET_KEY = env_str("SECRET_KEY", "insecure-local-only-change-me-in-any-deployment")
+# A checkout with the development tools (the local control plane, `runlocal`, the tests); never the image.
+LOCAL_TOOLS = importlib.util.find_spec("gpustack_models.local") is not None
+LOCAL_SECRET_KEY = "insecure-local-only-change-me-in-any-deployment"
+SECRET_KEY = env_str("SECRET_KEY", "")
+if not SECRET_KEY:
+    if not LOCAL_TOOLS:
+        raise ImproperlyConfigured("SECRET_KEY is required: the built-in key is for local runs of a checkout only")
+    SECRET_KEY = LOCAL_SECRET_KEY
 DEBUG = env_bool("DEBUG", False)
 ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", ["*"])
 
@@ -95,7 +102,7 @@ INSTALLED_APPS = [
     "gpustack_models",
 ]
 # Development tools (the local control plane, `runlocal`): in a checkout, not in the image.
-if importlib.util.find_spec("gpustack_models.local") is not None:
+if LOCAL_TOOLS:
     INSTALLED_APPS.append("gpustack_models.local")
 
 # Which server this process is: "api" (the aggregated API on gunicorn's ASGI worker) runs no middleware:
@@ -225,6 +232,9 @@ HUB_TIMEOUT = env_float("GPUSTACK_HUB_TIMEOUT", 30.0, minimum=1.0)
 # Backoff of a resolution that failed for a reason that may pass (hub down, Secret or claim missing).
 RESOLVE_RETRY_BASE = env_float("GPUSTACK_RESOLVE_RETRY_BASE", 5.0, minimum=0.1)
 RESOLVE_RETRY_MAX = env_float("GPUSTACK_RESOLVE_RETRY_MAX", 300.0, minimum=0.1)
+# Each namespace's share of the hubs: resolution attempts per minute, and how many may start at once.
+RESOLVE_NAMESPACE_RATE = env_float("GPUSTACK_RESOLVE_NAMESPACE_RATE", 30.0, minimum=0.1)
+RESOLVE_NAMESPACE_BURST = env_int("GPUSTACK_RESOLVE_NAMESPACE_BURST", 10, minimum=1)
 # What every NodeModelStore's spec asks of its node.
 STORE_HIGH_PERCENT = env_int("GPUSTACK_STORE_HIGH_PERCENT", 80, minimum=1, maximum=100)
 STORE_LOW_PERCENT = env_int("GPUSTACK_STORE_LOW_PERCENT", 70, minimum=0, maximum=100)
@@ -235,6 +245,9 @@ DOWNLOAD_BYTES_PER_SECOND = env_int("GPUSTACK_DOWNLOAD_BYTES_PER_SECOND", 0, min
 # serving certificates are checked against.
 PLUGIN_PORT = env_int("GPUSTACK_PLUGIN_PORT", 9443, minimum=1, maximum=65535)
 PLUGIN_CA_FILE = env_str("GPUSTACK_PLUGIN_CA_FILE", str(DATA_DIR / "plugin-pki" / "ca.crt"))
+if SERVER_ROLE == "api" and not PLUGIN_CA_FILE:
+    # progress reads the plugins over HTTPS, always verified: there is no setting that turns that off.
+    raise ImproperlyConfigured("GPUSTACK_PLUGIN_CA_FILE is empty: the API checks the plugins' certificates against it")
 # The audience of the tokens the worker shows the plugins (a TokenRequest for its ServiceAccount): useless
 # anywhere else, so a node that reads one gains nothing. Both sides must agree on it.
 PLUGIN_TOKEN_AUDIENCE = env_str("GPUSTACK_PLUGIN_TOKEN_AUDIENCE", "gpustack-models-plugin")
@@ -270,6 +283,12 @@ CELERY_BEAT_SCHEDULE = {
 CELERY_BEAT_SCHEDULE_FILENAME = str(DATA_DIR / "celery" / "beat-schedule")
 
 # --- Web -------------------------------------------------------------------------------------------
+# The console behind HTTPS (a TLS-terminating ingress sets X-Forwarded-Proto): cookies only over HTTPS.
+CONSOLE_HTTPS = env_bool("GPUSTACK_CONSOLE_HTTPS", False)
+SESSION_COOKIE_SECURE = CSRF_COOKIE_SECURE = CONSOLE_HTTPS
+SESSION_COOKIE_HTTPONLY = True
+if CONSOLE_HTTPS:
+    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
 LANGUAGE_CODE = "en-us"
 TIME_ZONE = "UTC"
 USE_I18N = False

@@ -1,10 +1,18 @@
-"""URLs by process role: the aggregated API (``GPUSTACK_SERVER_ROLE=api``) and the admin console."""
+"""URLs by process role: the aggregated API (``GPUSTACK_SERVER_ROLE=api``) routes the API and the plugins'
+tickets and nothing else; the admin console (``console``) routes the console and health, never the API."""
 
 from django.conf import settings
 from django.contrib import admin
 from django.urls import include, path
 
-urlpatterns = [path("", include("gpustack_models.api.urls"))]
+from gpustack_models.api import health
 
-if settings.SERVER_ROLE == "console":
-    urlpatterns.append(path("admin/", admin.site.urls))
+if settings.SERVER_ROLE == "api":
+    urlpatterns = [path("", include("gpustack_models.api.urls"))]
+else:
+    urlpatterns = [
+        path("healthz", health.health),
+        path("livez", health.health),
+        path("readyz", health.health),
+        path("admin/", admin.site.urls),
+    ]

@@ -196,6 +196,19 @@ class PluginPod(Mirrored):
         return f"{self.namespace}/{self.name}"
 
 
+class ResolveBudget(models.Model):
+    """A namespace's share of the hubs: resolution attempts it may still start now (a token bucket, refilled
+    at ``GPUSTACK_RESOLVE_NAMESPACE_RATE`` per minute up to ``GPUSTACK_RESOLVE_NAMESPACE_BURST``), so one
+    tenant's many broken artifacts cannot use up the hub's rate limit for everyone else."""
+
+    namespace = models.CharField(max_length=253, primary_key=True)
+    tokens = models.FloatField()
+    refilled_at = models.DateTimeField()
+
+    def __str__(self):
+        return f"{self.namespace}: {self.tokens:.1f}"
+
+
 class InformerState(models.Model):
     """Where each informer is (for the console and for tests): its last resourceVersion and relists."""
 

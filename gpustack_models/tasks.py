@@ -75,18 +75,24 @@ def record_informer(resource: str, resource_version: str, relisted: bool, expire
 # --- Reconcilers -----------------------------------------------------------------------------------------
 
 
-@shared_task(name="gpustack_models.resolve_artifact", bind=True, acks_late=True, max_retries=None)
-def resolve_artifact(self, namespace: str, name: str) -> str:
+@shared_task(name="gpustack_models.resolve_artifact", acks_late=True)
+def resolve_artifact(namespace: str, name: str, attempt: int = 0) -> str:
     """Resolve an artifact's source to a commit and manifest digest and write its status.
 
     Temporary failures (hub unavailable, Secret or claim missing) retry with backoff; they never remove
-    an earlier resolution."""
+    an earlier resolution. An attempt the namespace's share of the hubs cannot pay for yet waits for it
+    without counting as a failure."""
     outcome = resolution.resolve_artifact(namespace, name)
-    if outcome.retry:
-        countdown = min(settings.RESOLVE_RETRY_MAX, settings.RESOLVE_RETRY_BASE * (2**self.request.retries))
+    if not outcome.retry:
+        return outcome.reason
+    if outcome.postponed:
+        countdown, next_attempt = outcome.retry_after, attempt
+    else:
+        countdown = min(settings.RESOLVE_RETRY_MAX, settings.RESOLVE_RETRY_BASE * (2**attempt))
         if outcome.retry_after:
             countdown = max(countdown, min(outcome.retry_after, settings.RESOLVE_RETRY_MAX))
-        raise self.retry(countdown=countdown)
+        next_attempt = attempt + 1
+    resolve_artifact.apply_async((namespace, name), {"attempt": next_attempt}, countdown=countdown)
     return outcome.reason
 
 

@@ -7,6 +7,7 @@ import uuid
 import pytest
 import requests
 
+from gpustack_models.kinds import GROUP
 from gpustack_models.local.cluster import free_port
 from tests.support import REPO, TEST_STATE, wait_for
 from tests.support.stores import entry, prefetch, put_entries, store
@@ -169,3 +170,19 @@ def test_it_computes_list_columns_in_the_database(admin_client):
     assert page.count('<td class="field-models">4</td>') == 40
     assert page.count('<td class="field-ready">2</td>') == 40
     assert nodes_page.count("10.0.0.1 (ready)") == 40
+
+
+def test_it_serves_the_console_and_nothing_of_the_api(console, worker_api):
+    url, _password = console
+    plain = requests.Session()
+    plain.trust_env = False
+    assert plain.get(f"{url}/admin/login/").status_code == 200
+    assert plain.get(f"{url}/livez").status_code == 200
+    # The console's plain HTTP routes neither the aggregated API nor the plugins' tickets ...
+    for path in ("/apis", f"/apis/{GROUP}/v1", f"/apis/{GROUP}/v1/modelartifacts", "/openapi/v2"):
+        assert plain.get(f"{url}{path}").status_code == 404, path
+    assert plain.post(f"{url}/internal/v1/tickets", json={"node": "n", "digest": "d"}).status_code == 404
+    # ... and the API process serves no console.
+    api = worker_api.session()
+    assert api.get(f"{worker_api.url}/admin/login/").status_code == 404
+    assert api.get(f"{worker_api.url}/livez").status_code == 200

@@ -2,6 +2,7 @@
 
 import base64
 import hashlib
+import time
 import uuid
 
 import pytest
@@ -275,3 +276,39 @@ def test_it_never_lands_a_resolution_on_an_artifact_recreated_meanwhile(artifact
     for _ in range(20):
         resolved_new()
     assert old_digest not in seen, "the old object's resolution landed on the new one"
+
+
+@pytest.mark.django_db
+def test_it_gives_each_namespace_its_own_share_of_the_hubs(settings):
+    from gpustack_models.worker import budgets
+
+    settings.RESOLVE_NAMESPACE_RATE, settings.RESOLVE_NAMESPACE_BURST = 60.0, 3  # one a second, three at once
+    assert [budgets.take("greedy") for _ in range(3)] == [0.0, 0.0, 0.0]
+    wait = budgets.take("greedy")
+    assert 0.9 < wait <= 1.0  # the fourth waits for the next token
+    assert budgets.take("fair") == 0.0  # another namespace is untouched
+
+
+def test_it_keeps_one_namespaces_broken_artifacts_from_using_up_the_hub(artifacts, hub, core):
+    greedy = f"greedy-{uuid.uuid4().hex[:6]}"
+    core.create_namespace(k8s.V1Namespace(metadata=k8s.V1ObjectMeta(name=greedy)))
+    broken = f"org/broken-{uuid.uuid4().hex[:6]}"
+    hub.add_hf_repo(broken, {"config.json": b"{}"})
+    hub.faults.fail(broken, 503, times=None)  # retried with backoff, for ever
+    try:
+        started = time.monotonic()
+        for i in range(30):
+            artifacts.create(f"b-{i:02d}", hf(broken), ns=greedy)
+        files = repo_files("fair-" + uuid.uuid4().hex)
+        fair = f"org/fair-{uuid.uuid4().hex[:6]}"
+        hub.add_hf_repo(fair, files)
+        artifacts.create("fair", hf(fair))
+        assert artifacts.answered("fair", timeout=30)["status"]["resolved"]["manifestDigest"] == expected_digest(files)
+        time.sleep(max(0.0, 20 - (time.monotonic() - started)))  # 20 s of the greedy namespace retrying
+        asked = len(hub.requests_matching(broken))
+        elapsed = time.monotonic() - started
+    finally:
+        hub.faults.clear()
+        core.delete_namespace(greedy)
+    # Its share: a burst of 10, then 30 a minute. Without shares: 30 artifacts retried every 0.5-3 s.
+    assert asked <= 10 + 30 * elapsed / 60 + 2, f"{asked} hub requests in {elapsed:.0f} s"

@@ -1,6 +1,7 @@
 """Settings come from the environment and are validated at start."""
 
 import os
+import shutil
 import subprocess
 import sys
 
@@ -68,3 +69,54 @@ def test_it_refuses_a_malformed_variable_at_start(name, value, complaint):
     assert proc.returncode != 0
     assert "ImproperlyConfigured" in proc.stderr
     assert complaint in proc.stderr
+
+
+@pytest.fixture(scope="module")
+def image_files(tmp_path_factory):
+    """The files the image holds (the repository's, without the development tools), as the Dockerfile
+    copies them."""
+    root = tmp_path_factory.mktemp("image")
+    skip = shutil.ignore_patterns("__pycache__", "*.pyc")
+    shutil.copy(os.path.join(REPO, "manage.py"), root)
+    for directory in ("config", "gpustack_models", "templates"):
+        shutil.copytree(os.path.join(REPO, directory), root / directory, ignore=skip)
+    shutil.rmtree(root / "gpustack_models" / "local")  # .dockerignore keeps it out of the image
+    return root
+
+
+def run_image(root, **env):
+    full = {k: v for k, v in os.environ.items() if k != "SECRET_KEY"}
+    full.update(env, GPUSTACK_DATA_DIR=str(root / "data"))
+    return subprocess.run(
+        [sys.executable, "manage.py", "check"], cwd=root, env=full, capture_output=True, text=True, timeout=60
+    )
+
+
+def test_it_refuses_the_built_in_secret_key_outside_a_checkout(image_files):
+    refused = run_image(image_files)
+    assert refused.returncode != 0 and "SECRET_KEY is required" in refused.stderr
+    assert run_image(image_files, SECRET_KEY="a-real-key").returncode == 0
+    # A checkout (the development tools are there) runs locally on the built-in key.
+    assert start_with(SECRET_KEY="").returncode == 0
+
+
+def test_it_never_reads_the_plugins_without_verifying_them():
+    refused = start_with(GPUSTACK_SERVER_ROLE="api", GPUSTACK_PLUGIN_CA_FILE="")
+    assert refused.returncode != 0 and "GPUSTACK_PLUGIN_CA_FILE is empty" in refused.stderr
+    assert start_with(GPUSTACK_SERVER_ROLE="console", GPUSTACK_PLUGIN_CA_FILE="").returncode == 0
+
+
+CONSOLE_COOKIES = (
+    "import django; django.setup(); from django.test import Client; "
+    "r = Client(HTTP_X_FORWARDED_PROTO='https').get('/admin/login/'); "
+    "print(r.status_code, bool(r.cookies['csrftoken']['secure']))"
+)
+
+
+@pytest.mark.parametrize("https, secure", [("true", "True"), ("false", "False")])
+def test_it_sends_secure_cookies_when_the_console_is_served_over_https(https, secure):
+    env = dict(os.environ, GPUSTACK_CONSOLE_HTTPS=https, GPUSTACK_SERVER_ROLE="console")
+    proc = subprocess.run([sys.executable, "-c", CONSOLE_COOKIES], cwd=REPO, env=env, capture_output=True, text=True,
+                          timeout=60)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.split() == ["200", secure]

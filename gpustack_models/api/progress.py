@@ -58,7 +58,7 @@ def _plugin_session():
     loop = asyncio.get_running_loop()
     session = _sessions.get(loop)
     if session is None or session.closed:
-        context = ssl.create_default_context(cafile=settings.PLUGIN_CA_FILE) if settings.PLUGIN_CA_FILE else False
+        context = ssl.create_default_context(cafile=settings.PLUGIN_CA_FILE)  # never unverified
         session = aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(ssl=context, limit=0, keepalive_timeout=60), trust_env=False
         )

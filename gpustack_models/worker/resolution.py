@@ -25,6 +25,7 @@ from gpustack_models import kube
 from gpustack_models.models import Artifact, ConditionStatus, Manifest, Resolution, SourceKind
 from gpustack_models.sources import SourceError, build_manifest, huggingface, modelscope
 
+from . import budgets
 from .writes import RESOLVER, apply_status, artifact_path, condition, find_condition
 
 log = logging.getLogger(__name__)
@@ -50,6 +51,7 @@ class Outcome:
     reason: str
     retry: bool = False
     retry_after: float | None = None
+    postponed: bool = False  # nothing was asked of the hub: the namespace's share was spent
 
 
 class Failed(Exception):
@@ -105,6 +107,9 @@ class ArtifactResolution:
         return Outcome("Resolved")
 
     def resolve_hub(self, kind: str, member: dict) -> Outcome:
+        wait = budgets.take(self.namespace)
+        if wait > 0:
+            return Outcome("Postponed", retry=True, retry_after=wait, postponed=True)
         secret_name = (member.get("secretRef") or {}).get("name", "")
         token = self.read_token(secret_name) if secret_name else None
         hub, endpoint_setting, default_revision = HUBS[kind]
