@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: run test unit lint bench venv controlplane manifests clean
+.PHONY: run test unit lint bench fuzz venv controlplane manifests clean
 
 venv: $(VENV)/.installed
 
@@ -38,6 +38,11 @@ test: venv controlplane lint
 # Benchmarks at full size, results printed together at the end.
 bench: venv controlplane
 	GPUSTACK_BENCH=full $(PY) -m tests.services -- $(PY) -m pytest tests/benchmarks -q $(PYTEST_ARGS)
+
+# Generated hostile input against every operation of the API, with a large budget of examples.
+GPUSTACK_FUZZ_EXAMPLES ?= 100
+fuzz: venv controlplane
+	GPUSTACK_FUZZ_EXAMPLES=$(GPUSTACK_FUZZ_EXAMPLES) $(PY) -m tests.services -- $(PY) -m pytest tests/test_api_fuzz.py -q -s $(PYTEST_ARGS)
 
 manifests: venv
 	$(PY) manage.py writemanifests

@@ -136,3 +136,12 @@ def test_it_refuses_a_yaml_alias_bomb_at_once_without_growing(how, victims, work
         assert resp.json()["kind"] == "Status"
         assert elapsed < 1, f"{elapsed:.2f} s"
     assert api_rss(worker_api) - before < 50 * 1024 * 1024
+
+
+@pytest.mark.parametrize("how", CLIENTS, ids=lambda f: f.__name__)
+def test_it_answers_a_watch_from_a_malformed_resource_version_with_400(how, victims, worker_api, cluster):
+    session, base = _client(how, worker_api, cluster, "dave")
+    url = f"{base}/apis/{GROUP}/v1/namespaces/{victims}/modelartifacts?watch=true&resourceVersion=y~F"
+    wait_for(lambda: session.get(url.split("?")[0]).status_code == 200, timeout=15, message="dave's Role")
+    resp = session.get(url, timeout=10)
+    assert_status(resp, (400,))
