@@ -18,14 +18,16 @@ HOSTILE_NAMES = [".", "%2E", "..", "%2E%2E", "a%2Fb", "x%3Fwatch%3Dtrue", "x%23y
 
 @pytest.fixture(scope="module")
 def victims(worker_api, core, api_client, worker_kube):
-    """A namespace with two artifacts; dave (the attacker) may get, list, create, patch and delete artifacts
-    there, carol may only list them."""
+    """A namespace with two artifacts; dave (the attacker) may get, list, watch, create, patch and delete
+    artifacts there, carol may only list them."""
     namespace = make_namespace(core, "victims")
     for name in ("one", "two"):
         create_artifact(worker_kube, namespace, name)
     rules = [
         k8s.V1PolicyRule(
-            api_groups=[GROUP], resources=["modelartifacts"], verbs=["get", "list", "create", "patch", "delete"]
+            api_groups=[GROUP],
+            resources=["modelartifacts"],
+            verbs=["get", "list", "watch", "create", "patch", "delete"],
         )
     ]
     bind(api_client, namespace, "User", "dave", rules, name="attacker")
