@@ -17,6 +17,7 @@ from gpustack_models import kube
 from gpustack_models.kinds import GROUP
 from gpustack_models.plugin.cache import read_json
 from tests.support import PLUGIN_PORT, TEST_STATE, kube_update, read_modify_write, token_http, wait_for
+from tests.support.cluster import fresh_namespace
 
 STORAGE = f"/apis/{GROUP}/v1alpha1"
 PLUGIN_AUDIENCE = "gpustack-models-plugin"
@@ -570,15 +571,7 @@ def test_it_shows_plugins_a_token_useless_anywhere_else(scenario, launcher, work
 @pytest.fixture
 def tenant(core):
     """Another tenant's namespace (the attacker's), deleted after the test."""
-    from kubernetes import client as k8s
-
-    name = f"t-{uuid.uuid4().hex[:10]}"
-    core.create_namespace(k8s.V1Namespace(metadata=k8s.V1ObjectMeta(name=name)))
-    yield name
-    try:
-        core.delete_namespace(name)
-    except k8s.ApiException:
-        pass
+    yield from fresh_namespace(core)
 
 
 def put_secret(core, ns, name, token):

@@ -18,8 +18,6 @@ from gpustack_models.kinds.formatting import human_duration, parse_time
 from .conversion import PUBLIC, public_bytes
 from .partial import META, Item, decode_event, decode_head, decode_item, decode_list, encode, partial
 
-TABLE_ACCEPT = "application/json;as=Table;v=v1;g=meta.k8s.io"
-
 
 def column_definitions(kind: ResourceKind) -> list[dict]:
     name = {

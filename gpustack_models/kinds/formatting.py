@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import datetime
 
 _UNITS = ("Ki", "Mi", "Gi", "Ti", "Pi", "Ei")
 
@@ -61,11 +61,3 @@ def parse_time(value: str | None) -> datetime | None:
     if not value:
         return None
     return datetime.fromisoformat(value.replace("Z", "+00:00"))
-
-
-def age(timestamp: str | None, now: datetime | None = None) -> str:
-    created = parse_time(timestamp)
-    if created is None:
-        return "<unknown>"
-    now = now or datetime.now(UTC)
-    return human_duration((now - created).total_seconds())

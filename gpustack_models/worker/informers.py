@@ -17,17 +17,11 @@ from gpustack_models import kube
 from gpustack_models.kinds import GROUP, STORAGE_VERSION
 from gpustack_models.kube.watch import Collection, WatchHandler, watch_forever
 
+from .mirror import trimmed
+
 log = logging.getLogger(__name__)
 
 BATCH = 100
-
-
-def strip(obj: dict) -> dict:
-    """The object without managedFields (the mirror never needs them; they are most of an object)."""
-    metadata = obj.get("metadata")
-    if isinstance(metadata, dict) and "managedFields" in metadata:
-        obj = {**obj, "metadata": {k: v for k, v in metadata.items() if k != "managedFields"}}
-    return obj
 
 
 class CelerySink:
@@ -79,7 +73,7 @@ class Informer(WatchHandler):
 
     def page(self, items: list[dict]) -> None:
         for start in range(0, len(items), BATCH):
-            self.sink.batch(self.resource, [strip(i) for i in items[start : start + BATCH]])
+            self.sink.batch(self.resource, [trimmed(i) for i in items[start : start + BATCH]])
         self.listed_keys.extend(key_of(item) for item in items)
 
     def listed(self, resource_version: str, expired: bool) -> None:
@@ -89,7 +83,7 @@ class Informer(WatchHandler):
         log.info("%s: listed %d objects at resourceVersion %s", self.resource, len(keys), resource_version)
 
     def event(self, type_: str, obj: dict) -> None:
-        self.sink.event(self.resource, type_, strip(obj))
+        self.sink.event(self.resource, type_, trimmed(obj))
 
     def run_forever(self) -> None:
         watch_forever(self.kube, self.collection, self, self.stop, name=self.resource)

@@ -18,6 +18,8 @@ from django.db import IntegrityError, models, transaction
 from gpustack_models.kinds.formatting import parse_time
 from gpustack_models.models import Artifact, Node, NodeStore, PluginPod, Prefetch, StoreEntry
 
+from .writes import find_condition
+
 log = logging.getLogger(__name__)
 
 
@@ -29,16 +31,11 @@ def rv_of(obj: dict) -> int:
 
 
 def trimmed(obj: dict) -> dict:
-    metadata = dict(obj.get("metadata") or {})
-    metadata.pop("managedFields", None)
-    return {**obj, "metadata": metadata}
-
-
-def _condition(obj: dict, type_: str) -> dict:
-    for cond in (obj.get("status") or {}).get("conditions") or []:
-        if cond.get("type") == type_:
-            return cond
-    return {}
+    """The object without managedFields (the mirror never needs them; they are most of an object)."""
+    metadata = obj.get("metadata")
+    if isinstance(metadata, dict) and "managedFields" in metadata:
+        obj = {**obj, "metadata": {k: v for k, v in metadata.items() if k != "managedFields"}}
+    return obj
 
 
 # --- Per kind: the row's key and columns from an object ------------------------------------------------
@@ -50,7 +47,7 @@ def _artifact_fields(obj: dict) -> dict:
     kind = next((k for k in ("huggingFace", "modelScope", "persistentVolumeClaim") if k in source), "")
     member = source.get(kind) or {}
     resolved = status.get("resolved") or {}
-    cond = _condition(obj, "Resolved")
+    cond = find_condition(obj, "Resolved")
     return {
         "generation": (obj.get("metadata") or {}).get("generation") or 0,
         "source": kind,

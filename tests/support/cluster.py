@@ -74,9 +74,8 @@ def admin_http(cluster):
     return session
 
 
-@pytest.fixture
-def namespace(core):
-    """A fresh namespace, deleted after the test."""
+def fresh_namespace(core):
+    """A generator for fixtures: a fresh namespace, deleted afterwards."""
     name = f"t-{uuid.uuid4().hex[:10]}"
     core.create_namespace(k8s.V1Namespace(metadata=k8s.V1ObjectMeta(name=name)))
     yield name
@@ -84,3 +83,9 @@ def namespace(core):
         core.delete_namespace(name)
     except k8s.ApiException:
         pass
+
+
+@pytest.fixture
+def namespace(core):
+    """A fresh namespace, deleted after the test."""
+    yield from fresh_namespace(core)
