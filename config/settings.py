@@ -266,8 +266,11 @@ PLUGIN_CACHE_DIR = env_str("GPUSTACK_PLUGIN_CACHE_DIR", "")  # default: $GPUSTAC
 PLUGIN_ADDRESS = env_str("GPUSTACK_PLUGIN_ADDRESS", "")  # default: 0.0.0.0:$GPUSTACK_PLUGIN_PORT
 PLUGIN_TLS_CERT_FILE = env_str("GPUSTACK_PLUGIN_TLS_CERT_FILE", "")
 PLUGIN_TLS_KEY_FILE = env_str("GPUSTACK_PLUGIN_TLS_KEY_FILE", "")
-# A published tree whose digest left spec.models is removed after this many seconds.
-PLUGIN_GRACE_SECONDS = env_float("GPUSTACK_PLUGIN_GRACE_SECONDS", 600.0, minimum=0.0)
+# A published tree whose digest left spec.models is removed after this many seconds (a short safety delay:
+# the collection grace is the worker's, before the digest leaves spec.models).
+PLUGIN_REMOVAL_DELAY_SECONDS = env_float("GPUSTACK_PLUGIN_REMOVAL_DELAY_SECONDS", 60.0, minimum=0.0)
+# Partial downloads (and failure records) of digests out of spec.models are removed after this many seconds.
+PLUGIN_PARTIAL_RETENTION_SECONDS = env_float("GPUSTACK_PLUGIN_PARTIAL_RETENTION_SECONDS", 86400.0, minimum=0.0)
 # Progress fields are written at most this often (and only after a 5 % move).
 PLUGIN_PROGRESS_INTERVAL = env_float("GPUSTACK_PLUGIN_PROGRESS_INTERVAL", 30.0, minimum=0.1)
 # The first wait after a failed download (seconds); it doubles per failure up to an hour.
@@ -275,7 +278,17 @@ PLUGIN_RETRY_BASE = env_float("GPUSTACK_PLUGIN_RETRY_BASE", 60.0, minimum=1.0)
 # Treat the cache volume as this many bytes (0: the volume's real size).
 PLUGIN_CAPACITY_BYTES = env_int("GPUSTACK_PLUGIN_CAPACITY_BYTES", 0, minimum=0)
 
+# --- The cache's lifecycle --------------------------------------------------------------------------------
+# A digest nothing references on a node leaves that node's spec.models after this many seconds.
+COLLECTION_GRACE_SECONDS = env_float("GPUSTACK_COLLECTION_GRACE_SECONDS", 600.0, minimum=0.0)
+# How often Celery beat runs the collection pass (seconds).
+COLLECTION_INTERVAL_SECONDS = env_float("GPUSTACK_COLLECTION_INTERVAL_SECONDS", 60.0, minimum=0.5)
+# Bytes one namespace's prefetches may place on one node (0: no limit); a Namespace's annotation
+# worker.gpustack.ai/prefetch-bytes-per-node, set by administrators, overrides it.
+PREFETCH_BYTES_PER_NODE = env_int("GPUSTACK_PREFETCH_BYTES_PER_NODE", 0, minimum=0)
+
 CELERY_BEAT_SCHEDULE = {
+    "collect-every-interval": {"task": "gpustack_models.collect", "schedule": COLLECTION_INTERVAL_SECONDS},
     "revalidate-unresolved-every-5m": {"task": "gpustack_models.revalidate_unresolved", "schedule": 300.0},
     "resync-node-stores-every-1m": {"task": "gpustack_models.resync_node_stores", "schedule": 60.0},
     "purge-tombstones-every-10m": {"task": "gpustack_models.purge_tombstones", "schedule": 600.0},

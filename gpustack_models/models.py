@@ -143,6 +143,10 @@ class StoreEntry(models.Model):
     retry_time = models.DateTimeField(null=True, blank=True)
     last_used_time = models.DateTimeField(null=True, blank=True)
     source = models.CharField(max_length=8, blank=True, choices=EntrySource.choices)
+    pinned = models.BooleanField(default=False)
+    collect_time = models.DateTimeField(
+        null=True, blank=True, help_text="When the node removes it, if nothing wants it"
+    )
 
     class Meta:
         constraints = [models.UniqueConstraint(fields=["store", "digest"], name="entry_store_digest")]
@@ -160,7 +164,9 @@ class Prefetch(Mirrored):
     node_names = models.JSONField(default=list, blank=True)
     node_selector = models.JSONField(null=True, blank=True)
     pinned = models.BooleanField(default=False)
+    ttl_seconds = models.FloatField(null=True, blank=True, help_text="retention.ttlAfterLastUse")
     min_ready = models.IntegerField(default=0)
+    created_at = models.DateTimeField(null=True, blank=True, help_text="metadata.creationTimestamp")
     status = models.JSONField(default=dict, blank=True, help_text="status as last written")
 
     class Meta:
@@ -170,6 +176,63 @@ class Prefetch(Mirrored):
 
     def __str__(self):
         return f"{self.namespace}/{self.name}"
+
+
+class TargetState(models.TextChoices):
+    """Where one prefetch stands on one node it targets, as the node's last reconcile decided."""
+
+    PENDING = "Pending", "Pending"  # not decided yet (the artifact is not resolved, or no reconcile yet)
+    HELD = "Held", "Held"  # in the node's spec.models
+    NODE_FULL = "NodeFull", "Node full"  # left out: the node holds the most digests it may
+    QUOTA_EXCEEDED = "QuotaExceeded", "Quota exceeded"  # left out: the namespace's bytes on the node
+    LAPSED = "Lapsed", "Lapsed"  # retention.ttlAfterLastUse passed since the content's last use there
+
+
+class PrefetchTarget(models.Model):
+    """A node a prefetch targets (by name or by label selector), kept as a row per node so that a node's
+    reconcile reads only the prefetches that target it, whatever their total number."""
+
+    prefetch = models.ForeignKey(Prefetch, on_delete=models.CASCADE, related_name="targets")
+    node = models.CharField(max_length=253)
+    state = models.CharField(max_length=16, choices=TargetState.choices, default=TargetState.PENDING)
+    lapsed_at = models.DateTimeField(null=True, blank=True)
+    generation = models.BigIntegerField(default=0, help_text="The prefetch's generation the row was computed for")
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["prefetch", "node"], name="target_prefetch_node")]
+        indexes = [models.Index(fields=["node"], name="target_node")]
+
+    def __str__(self):
+        return f"{self.prefetch} on {self.node}: {self.state}"
+
+
+class Holding(models.Model):
+    """A digest in a node's ``spec.models`` as the worker last decided it. ``collect_time`` is set while
+    nothing references the digest there: at that time it leaves ``spec.models`` (the collection grace)."""
+
+    node = models.CharField(max_length=253)
+    digest = models.CharField(max_length=71)
+    pinned = models.BooleanField(default=False)
+    collect_time = models.DateTimeField(null=True, blank=True)
+    added_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["node", "digest"], name="holding_node_digest")]
+        indexes = [models.Index(fields=["collect_time"], name="holding_collect_time")]
+
+    def __str__(self):
+        return f"{self.node}: {self.digest[:19]}"
+
+
+class Namespace(Mirrored):
+    """A namespace and the limit administrators set on it (annotation
+    ``worker.gpustack.ai/prefetch-bytes-per-node``): the bytes its prefetches may place on one node."""
+
+    name = models.CharField(max_length=253, unique=True)
+    prefetch_bytes_per_node = models.BigIntegerField(null=True, blank=True)
+
+    def __str__(self):
+        return self.name
 
 
 class Node(Mirrored):

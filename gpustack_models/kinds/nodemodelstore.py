@@ -52,6 +52,10 @@ _NODE_MODEL_STORE_SPEC = obj(
             required=("digest",),
             digest=digest("The manifest digest."),
             pinned=boolean("Kept regardless of disk pressure.", default=False),
+            collectTime=timestamp(
+                "Set while nothing references the digest on this node: when it leaves spec.models. The node "
+                "may evict it earlier under disk pressure and does not download it meanwhile."
+            ),
         ),
         "Digests the node is asked to hold, computed from every reference to the node.",
         max_items=256,
@@ -82,6 +86,8 @@ _NODE_MODEL_STORE_STATUS = obj(
             retryTime=timestamp("Earliest next attempt after a failure."),
             lastUsedTime=timestamp("When the content was last used."),
             source=string("Where the bytes came from.", enum=(SOURCE_HUB, SOURCE_PEER)),
+            pinned=boolean("Kept regardless of disk pressure (from spec.models)."),
+            collectTime=timestamp("When the node removes it unless something references it again."),
         ),
         "Content on the node, one entry per digest.",
         max_items=256,

@@ -29,7 +29,7 @@ class Command(BaseCommand):
                 worker_ca_file=settings.WORKER_CA_FILE,
                 worker_username=worker_user(),
                 worker_audience=settings.PLUGIN_TOKEN_AUDIENCE,
-                grace_seconds=settings.PLUGIN_GRACE_SECONDS,
+                grace_seconds=settings.PLUGIN_REMOVAL_DELAY_SECONDS,
                 progress_interval=settings.PLUGIN_PROGRESS_INTERVAL,
                 capacity_bytes=settings.PLUGIN_CAPACITY_BYTES or None,
                 auth_cache_ttl=settings.AUTH_CACHE_TTL,
