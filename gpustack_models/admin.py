@@ -76,7 +76,7 @@ class ArtifactAdmin(ReadOnlyAdmin):
 
 class StoreEntryInline(admin.TabularInline):
     model = StoreEntry
-    fields = ("digest", "state", "progress", "size", "reason", "retry_time")
+    fields = ("digest", "state", "progress", "size", "pinned", "last_used_time", "collect_time", "reason", "retry_time")
     readonly_fields = fields
     extra = 0
     can_delete = False

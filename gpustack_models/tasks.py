@@ -15,7 +15,7 @@ from django.conf import settings
 from django.db import close_old_connections
 
 from .models import Artifact, ConditionStatus, InformerState, NodeStore, PluginPod, Prefetch
-from .worker import mirror, node_stores, prefetches, resolution, rollup
+from .worker import collection, mirror, node_stores, prefetches, resolution, rollup, targets
 from .worker.reactions import react
 
 log = logging.getLogger(__name__)
@@ -101,6 +101,26 @@ def reconcile_node_store(node: str) -> str:
     return node_stores.reconcile_node_store(node)
 
 
+@shared_task(name="gpustack_models.retarget_prefetch", acks_late=True)
+def retarget_prefetch(namespace: str, name: str) -> int:
+    """A prefetch's spec changed: its targets again, then the nodes it concerns and its status."""
+    nodes = targets.retarget_prefetch(namespace, name)
+    for node in sorted(nodes):
+        reconcile_node_store.delay(node)
+    reconcile_prefetch.delay(namespace, name)
+    return len(nodes)
+
+
+@shared_task(name="gpustack_models.retarget_node", acks_late=True)
+def retarget_node(node: str) -> int:
+    """A node's labels, existence or plugin changed: which label-selecting prefetches target it."""
+    changed = targets.retarget_node(node)
+    reconcile_node_store.delay(node)
+    for namespace, name in sorted(changed):
+        reconcile_prefetch.delay(namespace, name)
+    return len(changed)
+
+
 @shared_task(name="gpustack_models.reconcile_prefetch", acks_late=True)
 def reconcile_prefetch(namespace: str, name: str) -> bool:
     return prefetches.reconcile_prefetch(namespace, name)
@@ -109,12 +129,22 @@ def reconcile_prefetch(namespace: str, name: str) -> bool:
 @shared_task(name="gpustack_models.rollup_digest", acks_late=True)
 def rollup_digest(digest: str) -> int:
     written = rollup.rollup(digest)
-    for prefetch in prefetches.prefetches_of_digest(digest):
-        reconcile_prefetch.delay(prefetch.namespace, prefetch.name)
+    for namespace, name in prefetches.prefetches_of_digest(digest):
+        reconcile_prefetch.delay(namespace, name)
     return written
 
 
 # --- Periodic (beat) -------------------------------------------------------------------------------------
+
+
+@shared_task(name="gpustack_models.collect")
+def collect() -> int:
+    """Every ``GPUSTACK_COLLECTION_INTERVAL_SECONDS``: nodes where a grace ended or a retention ran out
+    are reconciled (which drops the digests from spec.models and logs why)."""
+    nodes = collection.collection_pass()
+    for node in sorted(nodes):
+        reconcile_node_store.delay(node)
+    return len(nodes)
 
 
 @shared_task(name="gpustack_models.revalidate_unresolved")

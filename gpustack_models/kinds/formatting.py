@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from datetime import datetime
 
 _UNITS = ("Ki", "Mi", "Gi", "Ti", "Pi", "Ei")
@@ -61,3 +62,18 @@ def parse_time(value: str | None) -> datetime | None:
     if not value:
         return None
     return datetime.fromisoformat(value.replace("Z", "+00:00"))
+
+
+_DURATION_UNITS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
+_DURATION_PART = re.compile(r"([0-9]+(?:\.[0-9]+)?)(ns|us|µs|ms|s|m|h)")
+
+
+def parse_duration(value: str | None) -> float | None:
+    """Seconds of a Go duration (``24h``, ``1h30m``, ``90s``), as the schema admits them; None if absent
+    or malformed."""
+    if not value:
+        return None
+    parts = _DURATION_PART.findall(value)
+    if "".join(n + u for n, u in parts) != value:
+        return None
+    return sum(float(n) * _DURATION_UNITS[u] for n, u in parts)

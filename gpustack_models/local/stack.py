@@ -57,7 +57,7 @@ class LocalStack:
         self.children[name] = subprocess.Popen(argv, cwd=REPO_DIR, env=env, stdout=log, stderr=subprocess.STDOUT)
 
     def start_worker(self) -> None:
-        """The aggregated API, the console, Celery (with beat) and the informers, as the worker."""
+        """The aggregated API, the console, a Celery worker, Celery beat and the informers, as the worker."""
         cert, key, _ca = self.launcher.serving_pki()
         env = dict(os.environ, KUBECONFIG=str(self.launcher.worker_kubeconfig))
         python = sys.executable
@@ -65,8 +65,9 @@ class LocalStack:
         self.spawn("api", [python, "manage.py", *api], env)
         console = ["config.wsgi:application", "--bind", self.console, "--workers", "2", "--no-control-socket"]
         self.spawn("console", [python, "-m", "gunicorn", *console], env)
-        celery = ["-A", "config", "worker", "--pool=prefork", "--concurrency=2", "--beat", "--loglevel=WARNING"]
+        celery = ["-A", "config", "worker", "--pool=prefork", "--concurrency=2", "--loglevel=WARNING"]
         self.spawn("celery", [python, "-m", "celery", *celery, "--without-gossip", "--without-mingle"], env)
+        self.spawn("beat", [python, "-m", "celery", "-A", "config", "beat", "--loglevel=WARNING"], env)
         self.spawn("informers", [python, "manage.py", "runinformers"], env)
 
     def start_node(self) -> None:

@@ -104,6 +104,7 @@ def informers(namespace: str, plugin_selector: str) -> list[Informer]:
         Informer("nodemodelstores", Collection(f"{base}/nodemodelstores")),
         Informer("modelprefetches", Collection(f"{base}/modelprefetches")),
         Informer("nodes", Collection("/api/v1/nodes")),
+        Informer("namespaces", Collection("/api/v1/namespaces")),
         Informer("pods", Collection(f"/api/v1/namespaces/{namespace}/pods", label_selector=plugin_selector)),
     ]
 

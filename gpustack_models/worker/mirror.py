@@ -15,8 +15,9 @@ from datetime import datetime
 
 from django.db import IntegrityError, models, transaction
 
-from gpustack_models.kinds.formatting import parse_time
-from gpustack_models.models import Artifact, Node, NodeStore, PluginPod, Prefetch, StoreEntry
+from gpustack_models.kinds import GROUP
+from gpustack_models.kinds.formatting import parse_duration, parse_time
+from gpustack_models.models import Artifact, Namespace, Node, NodeStore, PluginPod, Prefetch, StoreEntry
 
 from .writes import find_condition
 
@@ -75,14 +76,31 @@ def _store_fields(obj: dict) -> dict:
 
 def _prefetch_fields(obj: dict) -> dict:
     spec = obj.get("spec") or {}
+    retention = spec.get("retention") or {}
     return {
         "artifact_name": (spec.get("artifactRef") or {}).get("name", ""),
         "node_names": spec.get("nodeNames") or [],
         "node_selector": spec.get("nodeSelector"),
-        "pinned": bool((spec.get("retention") or {}).get("pinned")),
+        "pinned": bool(retention.get("pinned")),
+        "ttl_seconds": parse_duration(retention.get("ttlAfterLastUse")),
         "min_ready": spec.get("minReady") or 0,
+        "created_at": _time((obj.get("metadata") or {}).get("creationTimestamp")),
         "status": obj.get("status") or {},
     }
+
+
+PREFETCH_BYTES_ANNOTATION = f"{GROUP}/prefetch-bytes-per-node"
+
+
+def _namespace_fields(obj: dict) -> dict:
+    value = ((obj.get("metadata") or {}).get("annotations") or {}).get(PREFETCH_BYTES_ANNOTATION)
+    try:
+        limit = int(value) if value is not None else None
+    except ValueError:
+        log.warning("namespace %s: ignoring %s=%r: not a number of bytes", obj["metadata"].get("name"),
+                    PREFETCH_BYTES_ANNOTATION, value)  # fmt: skip
+        limit = None
+    return {"prefetch_bytes_per_node": limit if limit is None or limit >= 0 else None}
 
 
 def _node_fields(obj: dict) -> dict:
@@ -123,7 +141,8 @@ STORES = Kind("nodemodelstores", NodeStore, False, _store_fields)
 PREFETCHES = Kind("modelprefetches", Prefetch, True, _prefetch_fields)
 NODES = Kind("nodes", Node, False, _node_fields)
 PODS = Kind("pods", PluginPod, True, _pod_fields)
-KINDS = {k.resource: k for k in (ARTIFACTS, STORES, PREFETCHES, NODES, PODS)}
+NAMESPACES = Kind("namespaces", Namespace, False, _namespace_fields)
+KINDS = {k.resource: k for k in (ARTIFACTS, STORES, PREFETCHES, NODES, PODS, NAMESPACES)}
 
 
 # --- Writes ----------------------------------------------------------------------------------------------
@@ -229,6 +248,8 @@ def _entry_values(entry: dict) -> dict:
         "retry_time": _time(entry.get("retryTime")),
         "last_used_time": _time(entry.get("lastUsedTime")),
         "source": entry.get("source") or "",
+        "pinned": bool(entry.get("pinned")),
+        "collect_time": _time(entry.get("collectTime")),
     }
 
 

@@ -1,20 +1,28 @@
 """NodeModelStores: one per node that runs the plugin, owned by its Node, with the spec the worker computes.
 
-The spec's ``models`` are the digests every reference to the node asks for (prefetches today); the worker
-owns the whole spec as a server-side-apply field manager. A recreated store gets the computed spec at
-once (the deletion event enqueues a reconcile).
+The spec's ``models`` are what the reference model (``references``) places on the node, plus the digests
+no longer referenced there for less than the collection grace (``GPUSTACK_COLLECTION_GRACE_SECONDS``),
+listed with the ``collectTime`` at which they leave; the plugin removes a tree shortly after its digest
+left. What was placed is kept as ``Holding`` rows, so a recreated store gets the same spec at once (the
+deletion event enqueues a reconcile) and a prefetch recreated within the grace finds its bytes. The
+worker owns the whole spec as a server-side-apply field manager.
 """
 
 from __future__ import annotations
 
 import logging
+from collections import defaultdict
+from datetime import datetime, timedelta
 
 from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
 
 from gpustack_models import kube
 from gpustack_models.kinds import GROUP
-from gpustack_models.models import Artifact, Node, NodeStore, PluginPod, Prefetch
+from gpustack_models.models import Holding, Node, NodeStore, PluginPod, PrefetchTarget
 
+from .references import MAX_MODELS, Placement, namespace_quotas, node_references, place
 from .writes import API, WORKER, store_path
 
 log = logging.getLogger(__name__)
@@ -23,23 +31,88 @@ BYTES_PER_SECOND_ANNOTATION = f"{GROUP}/download-bytes-per-second"
 CONCURRENCY_ANNOTATION = f"{GROUP}/download-concurrency"
 
 
-def prefetch_nodes(body: dict | None) -> list[str]:
-    """The nodes a ModelPrefetch body names."""
-    if not body:
-        return []
-    return list((body.get("spec") or {}).get("nodeNames") or [])
+def _spec_item(holding: Holding) -> dict:
+    item = {"digest": holding.digest, "pinned": holding.pinned}
+    if holding.collect_time is not None:
+        item["collectTime"] = holding.collect_time.strftime("%Y-%m-%dT%H:%M:%SZ")
+    return item
 
 
-def desired_models(node: str) -> list[dict]:
-    """spec.models of ``node``: the digests of resolved artifacts every reference to the node names."""
-    wanted: dict[str, bool] = {}
-    prefetches = [p for p in Prefetch.objects.live() if node in (p.node_names or [])]
-    for prefetch in prefetches:
-        artifact = Artifact.objects.live().filter(namespace=prefetch.namespace, name=prefetch.artifact_name).first()
-        if artifact is None or not artifact.digest:
-            continue
-        wanted[artifact.digest] = wanted.get(artifact.digest, False) or prefetch.pinned
-    return [{"digest": d, "pinned": wanted[d]} for d in sorted(wanted)]
+def _release(node: str, holding: Holding, now: datetime, grace: timedelta) -> bool:
+    """An unreferenced holding: start its grace, or end it; True if it stays in spec.models."""
+    if holding.collect_time is None:
+        holding.collect_time = now + grace
+        holding.save(update_fields=["collect_time"])
+        log.info(
+            "node %s: %s no longer referenced; it leaves spec.models at %s unless referenced again",
+            node, holding.digest[:19], holding.collect_time.isoformat(),
+        )  # fmt: skip
+        return True
+    if holding.collect_time > now:
+        return True
+    holding.delete()
+    log.info(
+        "node %s: collected %s: unreferenced for the grace (%ss)",
+        node,
+        holding.digest[:19],
+        f"{grace.total_seconds():g}",
+    )
+    return False
+
+
+def _hold(node: str, holding: Holding | None, digest: str, pinned: bool) -> Holding:
+    if holding is None:
+        log.info("node %s: %s referenced%s; added to spec.models", node, digest[:19], " (pinned)" if pinned else "")
+        return Holding.objects.create(node=node, digest=digest, pinned=pinned)
+    if holding.collect_time is not None or holding.pinned != pinned:
+        if holding.collect_time is not None:
+            log.info("node %s: %s referenced again within its grace; kept", node, digest[:19])
+        holding.collect_time, holding.pinned = None, pinned
+        holding.save(update_fields=["collect_time", "pinned"])
+    return holding
+
+
+def _trim(node: str, kept: list[Holding]) -> list[Holding]:
+    """At most MAX_MODELS holdings: unreferenced ones whose grace ends first leave early."""
+    extra = len(kept) - MAX_MODELS
+    if extra <= 0:
+        return kept
+    waiting = sorted((h for h in kept if h.collect_time is not None), key=lambda h: h.collect_time)[:extra]
+    for holding in waiting:
+        holding.delete()
+        log.info("node %s: %s left spec.models before its grace ended: the node is full", node, holding.digest[:19])
+    gone = {h.pk for h in waiting}
+    return [h for h in kept if h.pk not in gone]
+
+
+def desired_models(node: str, placement: Placement, now: datetime | None = None) -> list[dict]:
+    """spec.models of ``node``: the digests ``placement`` holds, plus those unreferenced for less than the
+    collection grace (with their ``collectTime``); the holdings are kept in the database."""
+    now = now or timezone.now()
+    grace = timedelta(seconds=settings.COLLECTION_GRACE_SECONDS)
+    kept = []
+    with transaction.atomic():
+        rows = {h.digest: h for h in Holding.objects.select_for_update().filter(node=node)}
+        for digest, pinned in placement.held.items():
+            kept.append(_hold(node, rows.pop(digest, None), digest, pinned))
+        kept += [h for h in rows.values() if _release(node, h, now, grace)]
+        kept = _trim(node, kept)
+    return [_spec_item(h) for h in sorted(kept, key=lambda h: h.digest)]
+
+
+def _record_states(states: dict[int, str]) -> set[tuple[str, str]]:
+    """Write the targets' states that changed; the (namespace, name) of the prefetches concerned."""
+    current = PrefetchTarget.objects.filter(pk__in=list(states)).values_list(
+        "pk", "state", "prefetch__namespace", "prefetch__name"
+    )
+    by_state, touched = defaultdict(list), set()
+    for pk, state, namespace, name in current:
+        if states[pk] != state:
+            by_state[states[pk]].append(pk)
+            touched.add((namespace, name))
+    for state, pks in by_state.items():
+        PrefetchTarget.objects.filter(pk__in=pks).update(state=state)
+    return touched
 
 
 def _annotated_int(annotations: dict, key: str, default: int, minimum: int) -> int:
@@ -62,7 +135,7 @@ def hub_spec() -> dict:
     return hub
 
 
-def store_spec(node: str, annotations: dict | None = None) -> dict:
+def store_spec(node: str, annotations: dict | None = None, models: list[dict] | None = None) -> dict:
     """The spec of ``node``'s store. A Node may carry its own download limits as annotations
     (``worker.gpustack.ai/download-bytes-per-second``, ``worker.gpustack.ai/download-concurrency``)."""
     annotations = annotations or {}
@@ -72,13 +145,30 @@ def store_spec(node: str, annotations: dict | None = None) -> dict:
         "watermarks": {"highPercent": settings.STORE_HIGH_PERCENT, "lowPercent": settings.STORE_LOW_PERCENT},
         "download": {"concurrency": concurrency, "bytesPerSecond": rate},
         "hub": hub_spec(),
-        "models": desired_models(node),
+        "models": models if models is not None else [],
     }
+
+
+def _tasks():
+    from gpustack_models import tasks  # tasks import this module
+
+    return tasks
 
 
 def _owned_by(body: dict, owner: dict) -> bool:
     owners = (body.get("metadata") or {}).get("ownerReferences") or []
     return owner in [{k: o.get(k) for k in ("apiVersion", "kind", "name", "uid")} for o in owners]
+
+
+def plan_models(node: str) -> list[dict]:
+    """Decide ``node``'s spec.models from its references (the database only; nothing is applied yet), and
+    tell the prefetches whose place on the node changed."""
+    references, states = node_references(node, timezone.now())
+    placement = place(references, states, namespace_quotas(references))
+    models = desired_models(node, placement)
+    for namespace, name in _record_states(placement.states):
+        _tasks().reconcile_prefetch.delay(namespace, name)
+    return models
 
 
 def reconcile_node_store(node: str) -> str:
@@ -87,7 +177,8 @@ def reconcile_node_store(node: str) -> str:
     runs_plugin = PluginPod.objects.live().filter(node=node, ready=True).exists()
     if node_row is None or not runs_plugin:
         return "no-plugin"
-    spec = store_spec(node, (node_row.body.get("metadata") or {}).get("annotations") or {})
+    models = plan_models(node)
+    spec = store_spec(node, (node_row.body.get("metadata") or {}).get("annotations") or {}, models)
     owner = {"apiVersion": "v1", "kind": "Node", "name": node, "uid": node_row.uid}
     store = NodeStore.objects.live().filter(name=node).first()
     if store is not None and (store.body.get("spec") or {}) == spec and _owned_by(store.body, owner):

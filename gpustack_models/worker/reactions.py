@@ -6,10 +6,9 @@ idempotent tasks by name and key; running one twice, or after a later change, is
 
 from __future__ import annotations
 
-from gpustack_models.models import Prefetch
+from gpustack_models.models import Prefetch, PrefetchTarget
 
 from . import mirror
-from .node_stores import prefetch_nodes
 from .resolution import needs_resolution
 
 
@@ -32,16 +31,20 @@ def artifact_changed(before: dict | None, after: dict | None, namespace: str, na
         return
     for prefetch in Prefetch.objects.live().filter(namespace=namespace, artifact_name=name):
         tasks.reconcile_prefetch.delay(namespace, prefetch.name)
+    # The digest its prefetches place changed (resolved, or gone): their nodes' spec.models with it.
+    targets = PrefetchTarget.objects.filter(prefetch__namespace=namespace, prefetch__artifact_name=name)
+    for node in sorted(set(targets.values_list("node", flat=True))):
+        tasks.reconcile_node_store.delay(node)
     if new_digest:
         tasks.rollup_digest.delay(new_digest)
 
 
 def prefetch_changed(before: dict | None, after: dict | None, namespace: str, name: str) -> None:
-    tasks = _tasks()
-    for node in sorted(set(prefetch_nodes(before)) | set(prefetch_nodes(after))):
-        tasks.reconcile_node_store.delay(node)
-    if after is not None:
-        tasks.reconcile_prefetch.delay(namespace, name)
+    """A new, changed or deleted spec retargets the prefetch (which reconciles its nodes); a status
+    written by the worker itself concerns nobody."""
+    if before is not None and after is not None and before.get("spec") == after.get("spec"):
+        return
+    _tasks().retarget_prefetch.delay(namespace, name)
 
 
 def store_changed(before: dict | None, after: dict | None, namespace: str, name: str) -> None:
@@ -53,13 +56,33 @@ def store_changed(before: dict | None, after: dict | None, namespace: str, name:
         tasks.rollup_digest.delay(digest)
 
 
+def _labels(body: dict | None) -> dict | None:
+    return None if body is None else (body.get("metadata") or {}).get("labels") or {}
+
+
 def node_changed(before: dict | None, after: dict | None, namespace: str, name: str) -> None:
-    _tasks().reconcile_node_store.delay(name)
+    """A node that appears, goes or changes labels is re-evaluated against every label selector."""
+    if _labels(before) != _labels(after):
+        _tasks().retarget_node.delay(name)
+    else:
+        _tasks().reconcile_node_store.delay(name)
 
 
 def plugin_pod_changed(before: dict | None, after: dict | None, namespace: str, name: str) -> None:
+    """A plugin that starts or stops on a node makes the node selectable, or not."""
     nodes = {(body or {}).get("spec", {}).get("nodeName") for body in (before, after)}
     for node in sorted(n for n in nodes if n):
+        _tasks().retarget_node.delay(node)
+
+
+def namespace_changed(before: dict | None, after: dict | None, namespace: str, name: str) -> None:
+    """A namespace's byte limit per node changed: the nodes its prefetches target are placed again."""
+    limit = mirror.PREFETCH_BYTES_ANNOTATION
+    old, new = (((b or {}).get("metadata") or {}).get("annotations") or {} for b in (before, after))
+    if old.get(limit) == new.get(limit):
+        return
+    nodes = PrefetchTarget.objects.filter(prefetch__namespace=name).values_list("node", flat=True)
+    for node in sorted(set(nodes)):
         _tasks().reconcile_node_store.delay(node)
 
 
@@ -69,6 +92,7 @@ REACTIONS = {
     mirror.STORES.resource: store_changed,
     mirror.NODES.resource: node_changed,
     mirror.PODS.resource: plugin_pod_changed,
+    mirror.NAMESPACES.resource: namespace_changed,
 }
 
 

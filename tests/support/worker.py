@@ -1,5 +1,5 @@
 """Fixtures: the worker's processes as ``make run`` starts them (the aggregated API, the informers, a
-Celery worker with beat), the fake hub they resolve against, and clients with the worker's identity."""
+Celery worker and Celery beat), the fake hub they resolve against, and clients with the worker's identity."""
 
 from __future__ import annotations
 
@@ -157,8 +157,11 @@ def database_url() -> str:
     return f"postgres://{s['USER']}:{s.get('PASSWORD') or ''}@{s['HOST']}:{s['PORT']}/{s['NAME']}"
 
 
+COLLECTION_GRACE = 8  # seconds: GPUSTACK_COLLECTION_GRACE_SECONDS of the suite's worker
+
+
 class WorkerStack:
-    """The worker's informers and a Celery worker (with beat), as ``make run`` starts them."""
+    """The worker's informers, a Celery worker and Celery beat, as ``make run`` starts them."""
 
     def __init__(self, launcher, hub, db_url):
         self.launcher = launcher
@@ -176,6 +179,9 @@ class WorkerStack:
             MODELSCOPE_ENDPOINT=self.hub.url,
             GPUSTACK_RESOLVE_RETRY_BASE="0.5",
             GPUSTACK_RESOLVE_RETRY_MAX="3",
+            # The cache's lifecycle on a test's time scale: collection checked every second, an 8 s grace.
+            GPUSTACK_COLLECTION_INTERVAL_SECONDS="1",
+            GPUSTACK_COLLECTION_GRACE_SECONDS=str(COLLECTION_GRACE),
             NO_PROXY="127.0.0.1,127.0.0.2,localhost",
             no_proxy="127.0.0.1,127.0.0.2,localhost",
             HF_HOME=str(TEST_STATE / "hf-home"),
@@ -195,11 +201,19 @@ class WorkerStack:
                 "worker",
                 "--pool=prefork",
                 "--concurrency=4",
-                "--beat",
-                f"--schedule={TEST_STATE / 'beat-schedule'}",
                 "--without-gossip",
                 "--without-mingle",
                 "--loglevel=WARNING",
+            ],
+            "beat": [
+                sys.executable,
+                "-m",
+                "celery",
+                "-A",
+                "config",
+                "beat",
+                f"--schedule={TEST_STATE / 'beat-schedule'}",
+                "--loglevel=INFO",
             ],
         }[name]
         log = open(TEST_STATE / f"{name}.log", "ab")
@@ -223,11 +237,13 @@ def worker_stack(launcher, hub, django_db_setup, django_db_blocker):
         url = database_url()
     stack = WorkerStack(launcher, hub, url)
     stack.start("celery")
+    stack.start("beat")
     stack.start("informers")
     try:
         yield stack
     finally:
         stack.stop("informers")
+        stack.stop("beat")
         stack.stop("celery")
 
 

@@ -1,0 +1,185 @@
+"""The reference model: the one place that decides which digests a node is asked to hold.
+
+A digest is *referenced* on a node while something wants it there. Today that is a ModelPrefetch that
+targets the node (``targets``), its artifact resolved, and not lapsed: ``retention.ttlAfterLastUse`` past
+since the content was last used on that node ends the prefetch's reference there (``pinned`` never
+lapses). Each reference carries what ordering and limits need: its namespace and the content's size
+(for the namespace's per-node byte limit), whether it is pinned or a mount, and when it began.
+
+``place`` turns a node's references into the digests its ``spec.models`` holds: first each namespace's
+limit (``QuotaExceeded`` past it), then the per-node cap of 256 digests, keeping pinned, then mounted,
+then the oldest references (``NodeFull`` for the rest). Every reference left out is told why through its
+``PrefetchTarget`` state, which the prefetch's status reports.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import defaultdict
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+
+from django.conf import settings
+
+from gpustack_models.models import (
+    Artifact,
+    EntryState,
+    Namespace,
+    PrefetchTarget,
+    SourceKind,
+    StoreEntry,
+    TargetState,
+)
+
+log = logging.getLogger(__name__)
+
+MAX_MODELS = 256  # the schema's limit of spec.models
+_EPOCH = datetime.min.replace(tzinfo=UTC)
+
+
+@dataclass(frozen=True)
+class Reference:
+    """One reason for ``digest`` to be on a node."""
+
+    digest: str
+    namespace: str
+    size_bytes: int
+    since: datetime  # when the reference began: older ones win under the cap
+    pinned: bool = False
+    mounted: bool = False
+    target_id: int | None = None  # the PrefetchTarget behind a prefetch's reference
+
+
+@dataclass
+class Placement:
+    """What a node holds: ``held`` digest -> pinned; ``states``: PrefetchTarget id -> its state."""
+
+    held: dict[str, bool] = field(default_factory=dict)
+    states: dict[int, str] = field(default_factory=dict)
+
+
+def _artifacts_of(targets: list[PrefetchTarget]) -> dict[tuple[str, str], Artifact]:
+    keys = {(t.prefetch.namespace, t.prefetch.artifact_name) for t in targets}
+    if not keys:
+        return {}
+    rows = (
+        Artifact.objects.live()
+        .filter(namespace__in={ns for ns, _ in keys}, name__in={name for _, name in keys})
+        .only("namespace", "name", "digest", "size_bytes", "source")
+    )
+    return {(a.namespace, a.name): a for a in rows if (a.namespace, a.name) in keys}
+
+
+def _last_used(node: str) -> dict[str, datetime | None]:
+    """Ready digests of ``node`` and when each was last used."""
+    rows = StoreEntry.objects.filter(node=node, store__deleted=False, state=EntryState.READY)
+    return dict(rows.values_list("digest", "last_used_time"))
+
+
+def _lapses(target: PrefetchTarget, digest: str, used: dict, now: datetime) -> bool:
+    """True once the prefetch's retention has run out on this node (remembered: a lapse stays until the
+    prefetch's spec changes). Never for a pinned prefetch or one without ``ttlAfterLastUse``."""
+    prefetch = target.prefetch
+    if prefetch.pinned or prefetch.ttl_seconds is None:
+        return False
+    if target.lapsed_at is not None:
+        return True
+    last = used.get(digest)
+    if last is None or now - last <= timedelta(seconds=prefetch.ttl_seconds):
+        return False
+    target.lapsed_at = now
+    PrefetchTarget.objects.filter(pk=target.pk).update(lapsed_at=now)
+    log.info(
+        "node %s: %s of prefetch %s/%s lapsed: unused since %s (ttlAfterLastUse %ss)",
+        target.node, digest[:19], prefetch.namespace, prefetch.name, last.isoformat(), f"{prefetch.ttl_seconds:g}",
+    )  # fmt: skip
+    return True
+
+
+def prefetch_references(node: str, now: datetime) -> tuple[list[Reference], dict[int, str]]:
+    """The prefetches' references to ``node``, and the states of the targets that make none (their
+    artifact missing, unresolved or a claim: ``Pending``; retention run out: ``Lapsed``)."""
+    targets = list(
+        PrefetchTarget.objects.filter(node=node, prefetch__deleted=False)
+        .select_related("prefetch")
+        .only(
+            "id", "node", "state", "lapsed_at",
+            "prefetch__namespace", "prefetch__name", "prefetch__artifact_name", "prefetch__pinned",
+            "prefetch__ttl_seconds", "prefetch__created_at",
+        )
+    )  # fmt: skip
+    artifacts, used = _artifacts_of(targets), _last_used(node)
+    references, states = [], {}
+    for target in targets:
+        prefetch = target.prefetch
+        artifact = artifacts.get((prefetch.namespace, prefetch.artifact_name))
+        if artifact is None or not artifact.digest or artifact.source == SourceKind.CLAIM:
+            states[target.pk] = TargetState.PENDING
+        elif _lapses(target, artifact.digest, used, now):
+            states[target.pk] = TargetState.LAPSED
+        else:
+            since = prefetch.created_at or _EPOCH
+            references.append(
+                Reference(artifact.digest, prefetch.namespace, artifact.size_bytes or 0, since, prefetch.pinned,
+                          target_id=target.pk)
+            )  # fmt: skip
+    return references, states
+
+
+def node_references(node: str, now: datetime) -> tuple[list[Reference], dict[int, str]]:
+    """Every reference to ``node`` (see the module's docstring), and the states of targets that make none."""
+    return prefetch_references(node, now)
+
+
+def namespace_quotas(references: list[Reference]) -> dict[str, int]:
+    """Bytes each namespace with a prefetch reference may place on one node (0: no limit)."""
+    namespaces = {r.namespace for r in references if not r.mounted}
+    default = settings.PREFETCH_BYTES_PER_NODE
+    overrides = dict(
+        Namespace.objects.live()
+        .filter(name__in=namespaces, prefetch_bytes_per_node__isnull=False)
+        .values_list("name", "prefetch_bytes_per_node")
+    )
+    return {ns: overrides.get(ns, default) for ns in namespaces}
+
+
+def _priority(ref: Reference) -> tuple:
+    return (not ref.pinned, not ref.mounted, ref.since, ref.digest)
+
+
+def within_quotas(references: list[Reference], states: dict[int, str], quotas: dict[str, int]) -> list[Reference]:
+    """The references each namespace's limit admits (pinned, then oldest first); the others are marked
+    ``QuotaExceeded``. A digest counts once per namespace; mounts are not limited."""
+    admitted, spent, counted = [], defaultdict(int), defaultdict(set)
+    for ref in sorted(references, key=_priority):
+        if ref.mounted:
+            admitted.append(ref)
+            continue
+        limit = quotas.get(ref.namespace, 0)
+        new_bytes = 0 if ref.digest in counted[ref.namespace] else ref.size_bytes
+        if limit and spent[ref.namespace] + new_bytes > limit:
+            if ref.target_id is not None:
+                states[ref.target_id] = TargetState.QUOTA_EXCEEDED
+            continue
+        spent[ref.namespace] += new_bytes
+        counted[ref.namespace].add(ref.digest)
+        admitted.append(ref)
+    return admitted
+
+
+def place(
+    references: list[Reference], states: dict[int, str], quotas: dict[str, int], cap: int = MAX_MODELS
+) -> Placement:
+    """The digests a node holds from its references (see the module's docstring); ``quotas``: bytes per
+    namespace (0 or absent: no limit)."""
+    placement = Placement(states=states)
+    admitted = within_quotas(references, placement.states, quotas)
+    for ref in sorted(admitted, key=_priority):
+        if ref.digest in placement.held or len(placement.held) < cap:
+            placement.held[ref.digest] = placement.held.get(ref.digest, False) or ref.pinned
+            state = TargetState.HELD
+        else:
+            state = TargetState.NODE_FULL
+        if ref.target_id is not None:
+            placement.states[ref.target_id] = state
+    return placement

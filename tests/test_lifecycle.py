@@ -1,0 +1,294 @@
+"""The cache's lifecycle with the real worker (Celery worker and beat processes), real plugins and the control
+plane: prefetch by node selector, the collection grace, retention, disk pressure, the per-node cap and the
+status a tenant can act on. The suite's worker runs with an 8 s collection grace checked every second."""
+
+import time
+import uuid
+
+import pytest
+
+from gpustack_models.kinds import GROUP
+from tests.support import wait_for
+from tests.support.cluster import fresh_namespace
+from tests.support.stores import store
+from tests.support.worker import COLLECTION_GRACE
+from tests.test_plugins import Scenario, big_files
+
+STORAGE = f"/apis/{GROUP}/v1alpha1"
+
+
+@pytest.fixture
+def life(worker_stack, worker_api, hub, worker_kube, admin_http, cluster, namespace, start_plugin):
+    yield Scenario(hub, worker_kube, admin_http, cluster, namespace, start_plugin)
+    hub.faults.clear()
+
+
+def spec_item(kube, node, digest):
+    for item in ((store(kube, node) or {}).get("spec") or {}).get("models") or []:
+        if item["digest"] == digest:
+            return item
+    return None
+
+
+def prefetch_status(kube, ns, name):
+    return kube.get(f"{STORAGE}/namespaces/{ns}/modelprefetches/{name}").get("status") or {}
+
+
+def conditions(kube, ns, name):
+    return {c["type"]: c for c in prefetch_status(kube, ns, name).get("conditions") or []}
+
+
+def wait_condition(kube, ns, name, type_, status, reason=None, timeout=60):
+    def check():
+        cond = conditions(kube, ns, name).get(type_)
+        if cond and cond["status"] == status and (reason is None or cond["reason"] == reason):
+            return cond
+        return None
+
+    return wait_for(check, timeout=timeout, message=f"{ns}/{name} {type_}={status} {reason or ''}")
+
+
+def create_prefetch(kube, ns, name, artifact, **spec):
+    return kube.create(
+        f"{STORAGE}/namespaces/{ns}/modelprefetches",
+        {
+            "apiVersion": f"{GROUP}/v1alpha1",
+            "kind": "ModelPrefetch",
+            "metadata": {"name": name},
+            "spec": {"artifactRef": {"name": artifact}, **spec},
+        },
+    )
+
+
+def label(core, node, value):
+    core.patch_node(node, {"metadata": {"labels": {"tier": value}}})
+
+
+def hub_downloads(hub, since):
+    return [r for r in hub.requests[since:] if r.listener == "cdn" or "/resolve/" in r.path]
+
+
+def test_a_node_selector_follows_the_labels_and_the_unselected_node_loses_its_bytes(life, core, worker_kube):
+    life.artifact()
+    a, b, c = life.plugins(3, GPUSTACK_PLUGIN_REMOVAL_DELAY_SECONDS=1)
+    label(core, a.node, "gpu")
+    label(core, b.node, "gpu")
+    create_prefetch(worker_kube, life.ns, "warm", "art", nodeSelector={"matchLabels": {"tier": "gpu"}})
+    wait_condition(worker_kube, life.ns, "warm", "Available", "True", timeout=120)
+    status = prefetch_status(worker_kube, life.ns, "warm")
+    assert (status["desiredNodes"], status["readyNodes"]) == (2, 2)
+    assert life.entry(c.node) is None
+
+    label(core, c.node, "gpu")  # a third node joins the selection
+    life.wait_state(c.node, "Ready", timeout=120)
+    wait_for(lambda: prefetch_status(worker_kube, life.ns, "warm").get("readyNodes") == 3, message="3 ready")
+
+    label(core, a.node, "cpu")  # and one leaves it: its bytes go after the grace, the others keep theirs
+    left = time.monotonic()
+    wait_for(lambda: prefetch_status(worker_kube, life.ns, "warm").get("desiredNodes") == 2, message="2 desired")
+    item = wait_for(lambda: (spec_item(worker_kube, a.node, life.digest) or {}).get("collectTime") and True,
+                    message="a collectTime on the unselected node")  # fmt: skip
+    assert item
+    wait_for(lambda: not life.tree(a).exists(), timeout=COLLECTION_GRACE + 120, message="the tree to be removed")
+    assert time.monotonic() - left >= COLLECTION_GRACE - 1, "removed before the collection grace"
+    wait_for(lambda: life.entry(a.node) is None, timeout=30, message="the entry to leave the status")
+    assert life.tree(b).exists() and life.tree(c).exists()
+    assert spec_item(worker_kube, b.node, life.digest) == {"digest": life.digest, "pinned": False}
+
+
+def test_a_deleted_prefetch_leaves_after_the_grace_and_a_recreated_one_asks_the_hub_nothing(life, hub, worker_kube):
+    life.artifact()
+    (plugin,) = life.plugins(1, GPUSTACK_PLUGIN_REMOVAL_DELAY_SECONDS=1)
+    life.prefetch([plugin])
+    life.wait_state(plugin.node, "Ready", timeout=120)
+    mark = len(hub.requests)
+    path = f"{STORAGE}/namespaces/{life.ns}/modelprefetches/warm"
+
+    # Deleted and recreated within the grace: the bytes stay and the hub is not asked again.
+    worker_kube.delete(path)
+    wait_for(lambda: (spec_item(worker_kube, plugin.node, life.digest) or {}).get("collectTime"), message="grace")
+    life.prefetch([plugin])
+    wait_for(lambda: spec_item(worker_kube, plugin.node, life.digest) == {"digest": life.digest, "pinned": False},
+             message="the reference back")  # fmt: skip
+    wait_condition(worker_kube, life.ns, "warm", "Available", "True")
+    assert hub_downloads(hub, mark) == [], "a prefetch recreated within the grace downloaded again"
+
+    # Deleted for good: still in spec.models during the grace, then gone, and the tree and entry after it.
+    worker_kube.delete(path)
+    deleted = time.monotonic()
+    wait_for(lambda: (spec_item(worker_kube, plugin.node, life.digest) or {}).get("collectTime"), message="grace")
+    entry = wait_for(lambda: (life.entry(plugin.node) or {}).get("collectTime"), message="collectTime in status")
+    assert entry
+    time.sleep(max(0.0, COLLECTION_GRACE - 2 - (time.monotonic() - deleted)))
+    assert spec_item(worker_kube, plugin.node, life.digest) is not None, "left spec.models before the grace"
+    assert life.tree(plugin).exists()
+    wait_for(lambda: spec_item(worker_kube, plugin.node, life.digest) is None, timeout=30, message="left spec")
+    wait_for(lambda: not life.tree(plugin).exists(), timeout=30, message="the tree removed")
+    wait_for(lambda: life.entry(plugin.node) is None, timeout=30, message="the entry gone")
+    assert hub_downloads(hub, mark) == []
+
+
+def test_retention_lapses_a_prefetch_and_its_content_is_collected(life, worker_kube):
+    life.artifact()
+    (plugin,) = life.plugins(1, GPUSTACK_PLUGIN_REMOVAL_DELAY_SECONDS=1)
+    create_prefetch(worker_kube, life.ns, "brief", "art", nodeNames=[plugin.node],
+                    retention={"ttlAfterLastUse": "3s"})  # fmt: skip
+    life.wait_state(plugin.node, "Ready", timeout=120)
+    lapsed = wait_condition(worker_kube, life.ns, "brief", "Lapsed", "True", timeout=60)
+    assert "1 of 1 nodes" in lapsed["message"]
+    wait_for(lambda: not life.tree(plugin).exists(), timeout=COLLECTION_GRACE + 60, message="collected")
+    # A pinned prefetch never lapses.
+    create_prefetch(worker_kube, life.ns, "kept", "art", nodeNames=[plugin.node],
+                    retention={"ttlAfterLastUse": "1s", "pinned": True})  # fmt: skip
+    life.wait_state(plugin.node, "Ready", timeout=120)
+    time.sleep(4)
+    assert conditions(worker_kube, life.ns, "kept")["Lapsed"]["status"] == "False"
+    assert spec_item(worker_kube, plugin.node, life.digest) == {"digest": life.digest, "pinned": True}
+
+
+def test_pressure_evicts_unreferenced_models_and_never_a_pinned_or_referenced_one(life, hub, worker_kube):
+    """Four 1 MiB models; two lose their prefetch. The plugin comes back with a volume of 4.2 of them: at 95 %
+    it evicts both unreferenced ones (least recently used first) down to the 70 % low watermark."""
+    (plugin,) = life.plugins(1, GPUSTACK_PLUGIN_REMOVAL_DELAY_SECONDS=3600)
+    trees, sizes = {}, {}
+    for name in ("pinned", "held", "old", "newer"):
+        life.files = {}
+        life.repo = f"org/{name}-{uuid.uuid4().hex[:6]}"
+        life.artifact(name, files=big_files(life.repo, mb=1))
+        trees[name] = life.tree(plugin)
+        create_prefetch(worker_kube, life.ns, name, name, nodeNames=[plugin.node],
+                        retention={"pinned": name == "pinned"})  # fmt: skip
+        sizes[name] = life.wait_state(plugin.node, "Ready", timeout=120)["sizeBytes"]
+    for name in ("old", "newer"):
+        worker_kube.delete(f"{STORAGE}/namespaces/{life.ns}/modelprefetches/{name}")
+    wait_for(lambda: spec_item(worker_kube, plugin.node, life.digest) is None, timeout=60, message="newer unwanted")
+    assert all(t.exists() for t in trees.values()), "the removal delay keeps the unreferenced trees"
+    plugin.stop()
+    capacity = int(sum(sizes.values()) * 4.2 / 4)
+    restarted = life.start_plugin(
+        plugin.node, plugin.address, GPUSTACK_PLUGIN_REMOVAL_DELAY_SECONDS=3600, GPUSTACK_PLUGIN_CAPACITY_BYTES=capacity
+    )
+    wait_for(lambda: not trees["old"].exists() and not trees["newer"].exists(), timeout=60, message="evictions")
+    assert trees["pinned"].exists() and trees["held"].exists()
+
+    def low():
+        got = (store(worker_kube, restarted.node).get("status") or {}).get("capacity") or {}
+        return got if got.get("totalBytes") == capacity and got.get("usedPercent", 100) <= 70 else None
+
+    wait_for(low, timeout=30, message="down to the low watermark")
+
+
+def _cap_tenants(core, count):
+    namespaces = []
+    for _ in range(count):
+        gen = fresh_namespace(core)
+        namespaces.append((next(gen), gen))
+    return namespaces
+
+
+def test_300_digests_for_one_node_fill_256_places_and_a_pinned_model_still_lands(
+    worker_stack, worker_api, hub, worker_kube, core, launcher, namespace
+):
+    """30 tenants of 10 artifacts each (distinct digests), all prefetched onto one node: it is asked for 256,
+    the rest say NodeFull, and another tenant's pinned prefetch displaces one of them."""
+    node = f"full-{uuid.uuid4().hex[:6]}"
+    launcher.register_node(node, "127.0.3.1")  # a plugin Pod, no plugin process: nothing is downloaded
+    repo = f"org/many-{uuid.uuid4().hex[:6]}"
+    hub.add_hf_repo(repo, {f"f{i:03d}.json": f"{repo} {i}".encode() for i in range(301)})
+    tenants = _cap_tenants(core, 30)
+    try:
+        for t, (ns, _) in enumerate(tenants):
+            for i in range(10):
+                n = t * 10 + i
+                worker_kube.create(
+                    f"{STORAGE}/namespaces/{ns}/modelartifacts",
+                    {"apiVersion": f"{GROUP}/v1alpha1", "kind": "ModelArtifact", "metadata": {"name": f"a{n}"},
+                     "spec": {"source": {"huggingFace": {"repository": repo}}, "allowPatterns": [f"f{n:03d}.json"]}},
+                )  # fmt: skip
+                create_prefetch(worker_kube, ns, f"p{n}", f"a{n}", nodeNames=[node])
+        wait_for(lambda: len(((store(worker_kube, node) or {}).get("spec") or {}).get("models") or []) == 256,
+                 timeout=240, interval=1, message="256 digests in spec.models")  # fmt: skip
+
+        def node_full():
+            found = 0
+            for ns, _ in tenants:
+                items = worker_kube.get(f"{STORAGE}/namespaces/{ns}/modelprefetches")["items"]
+                for item in items:
+                    conds = {c["type"]: c for c in (item.get("status") or {}).get("conditions") or []}
+                    found += conds.get("Degraded", {}).get("reason") == "NodeFull"
+            return found == 44 or found
+
+        assert wait_for(lambda: node_full() is True, timeout=120, interval=1, message="44 NodeFull") is True
+        # Another tenant's pinned model still lands on the full node.
+        hub.add_hf_repo(f"{repo}-pin", {"config.json": b"pinned"})
+        worker_kube.create(
+            f"{STORAGE}/namespaces/{namespace}/modelartifacts",
+            {"apiVersion": f"{GROUP}/v1alpha1", "kind": "ModelArtifact", "metadata": {"name": "vip"},
+             "spec": {"source": {"huggingFace": {"repository": f"{repo}-pin"}}}},
+        )  # fmt: skip
+        create_prefetch(worker_kube, namespace, "vip", "vip", nodeNames=[node], retention={"pinned": True})
+        digest = wait_for(
+            lambda: (
+                (worker_kube.get(f"{STORAGE}/namespaces/{namespace}/modelartifacts/vip").get("status") or {})
+                .get("resolved", {})
+                .get("manifestDigest")
+            ),
+            timeout=60,
+            message="vip resolved",
+        )
+        wait_for(lambda: spec_item(worker_kube, node, digest) == {"digest": digest, "pinned": True}, timeout=60,
+                 message="the pinned model placed")  # fmt: skip
+        assert len(store(worker_kube, node)["spec"]["models"]) == 256
+        assert conditions(worker_kube, namespace, "vip")["Degraded"]["status"] == "False"
+    finally:
+        launcher.unregister_node(node)
+        for _, gen in tenants:
+            next(gen, None)
+
+
+def test_status_a_tenant_can_act_on(worker_stack, worker_api, hub, worker_kube, core, launcher, namespace):
+    node = f"quota-{uuid.uuid4().hex[:6]}"
+    launcher.register_node(node, "127.0.3.2")
+    repo = f"org/st-{uuid.uuid4().hex[:6]}"
+    hub.add_hf_repo(repo, {"config.json": b"{}", "model.safetensors": b"w" * 5000})
+    kinds = {
+        "good": {"huggingFace": {"repository": repo}},
+        "claim": {"persistentVolumeClaim": {"claimName": "models"}},
+    }
+    for name, source in kinds.items():
+        worker_kube.create(
+            f"{STORAGE}/namespaces/{namespace}/modelartifacts",
+            {"apiVersion": f"{GROUP}/v1alpha1", "kind": "ModelArtifact", "metadata": {"name": name},
+             "spec": {"source": source}},
+        )  # fmt: skip
+    worker_kube.create(
+        f"{STORAGE}/namespaces/{namespace}/modelartifacts",
+        {"apiVersion": f"{GROUP}/v1alpha1", "kind": "ModelArtifact", "metadata": {"name": "nomatch"},
+         "spec": {"source": {"huggingFace": {"repository": repo}}, "allowPatterns": ["*.GGUF"]}},
+    )  # fmt: skip
+    try:
+        create_prefetch(worker_kube, namespace, "ghost", "good", nodeNames=["no-such-node"])
+        cond = wait_condition(worker_kube, namespace, "ghost", "Degraded", "True", "NodeNotFound")
+        assert "no-such-node" in cond["message"]
+        assert conditions(worker_kube, namespace, "ghost")["Progressing"]["status"] == "False"
+
+        create_prefetch(worker_kube, namespace, "broken", "nomatch", nodeNames=[node])
+        cond = wait_condition(worker_kube, namespace, "broken", "Degraded", "True", "EmptyManifest")
+        assert "not resolved" in cond["message"]
+
+        create_prefetch(worker_kube, namespace, "volume", "claim", nodeNames=[node])
+        cond = wait_condition(worker_kube, namespace, "volume", "Degraded", "True", "UnsupportedSource")
+        assert "PersistentVolumeClaim" in cond["message"]
+
+        # The namespace may place 1,000 bytes per node; the model is 5 KB.
+        core.patch_namespace(namespace, {"metadata": {"annotations": {f"{GROUP}/prefetch-bytes-per-node": "1000"}}})
+        create_prefetch(worker_kube, namespace, "big", "good", nodeNames=[node])
+        cond = wait_condition(worker_kube, namespace, "big", "Degraded", "True", "QuotaExceeded")
+        assert "1 of 1 nodes QuotaExceeded" in cond["message"]
+        assert store(worker_kube, node)["spec"]["models"] == []
+        # Raised by the administrator: placed.
+        core.patch_namespace(namespace, {"metadata": {"annotations": {f"{GROUP}/prefetch-bytes-per-node": "10000"}}})
+        wait_condition(worker_kube, namespace, "big", "Degraded", "False")
+        wait_for(lambda: len(store(worker_kube, node)["spec"]["models"]) == 1, message="placed within the limit")
+    finally:
+        launcher.unregister_node(node)
