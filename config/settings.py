@@ -232,6 +232,19 @@ HUB_TIMEOUT = env_float("GPUSTACK_HUB_TIMEOUT", 30.0, minimum=1.0)
 # Backoff of a resolution that failed for a reason that may pass (hub down, Secret or claim missing).
 RESOLVE_RETRY_BASE = env_float("GPUSTACK_RESOLVE_RETRY_BASE", 5.0, minimum=0.1)
 RESOLVE_RETRY_MAX = env_float("GPUSTACK_RESOLVE_RETRY_MAX", 300.0, minimum=0.1)
+# Backoff (seconds) of a resolution that failed for a reason only a person fixes (AccessDenied,
+# RevisionNotFound, EmptyManifest...): tried again after the base, doubling per failure up to the max.
+RESOLVE_TERMINAL_RETRY_BASE = env_float("GPUSTACK_RESOLVE_TERMINAL_RETRY_BASE", 300.0, minimum=1.0)
+RESOLVE_TERMINAL_RETRY_MAX = env_float("GPUSTACK_RESOLVE_TERMINAL_RETRY_MAX", 21600.0, minimum=1.0)
+# How often (seconds) the Secrets named by failed artifacts are read to see whether they changed (a changed
+# token is tried at once), and at most how many Secrets one pass reads.
+SECRET_CHECK_INTERVAL_SECONDS = env_float("GPUSTACK_SECRET_CHECK_INTERVAL_SECONDS", 30.0, minimum=1.0)
+SECRET_CHECK_BATCH = env_int("GPUSTACK_SECRET_CHECK_BATCH", 200, minimum=1)
+# Kubernetes Events: repeats within the series window (seconds) update one Event; each object may get a
+# burst of new Events, then one more per refill interval (seconds), as Kubernetes' own controllers do.
+EVENT_SERIES_SECONDS = env_float("GPUSTACK_EVENT_SERIES_SECONDS", 600.0, minimum=1.0)
+EVENT_BURST = env_int("GPUSTACK_EVENT_BURST", 25, minimum=1)
+EVENT_REFILL_SECONDS = env_float("GPUSTACK_EVENT_REFILL_SECONDS", 300.0, minimum=0.001)
 # Each namespace's share of the hubs: resolution attempts per minute, and how many may start at once.
 RESOLVE_NAMESPACE_RATE = env_float("GPUSTACK_RESOLVE_NAMESPACE_RATE", 30.0, minimum=0.1)
 RESOLVE_NAMESPACE_BURST = env_int("GPUSTACK_RESOLVE_NAMESPACE_BURST", 10, minimum=1)
@@ -289,7 +302,11 @@ PREFETCH_BYTES_PER_NODE = env_int("GPUSTACK_PREFETCH_BYTES_PER_NODE", 0, minimum
 
 CELERY_BEAT_SCHEDULE = {
     "collect-every-interval": {"task": "gpustack_models.collect", "schedule": COLLECTION_INTERVAL_SECONDS},
-    "revalidate-unresolved-every-5m": {"task": "gpustack_models.revalidate_unresolved", "schedule": 300.0},
+    "retry-failed-resolutions-every-30s": {"task": "gpustack_models.retry_failed_resolutions", "schedule": 30.0},
+    "check-resolution-secrets": {
+        "task": "gpustack_models.check_resolution_secrets",
+        "schedule": SECRET_CHECK_INTERVAL_SECONDS,
+    },
     "resync-node-stores-every-1m": {"task": "gpustack_models.resync_node_stores", "schedule": 60.0},
     "purge-tombstones-every-10m": {"task": "gpustack_models.purge_tombstones", "schedule": 600.0},
 }

@@ -283,3 +283,71 @@ class InformerState(models.Model):
 
     def __str__(self):
         return f"{self.resource} at {self.resource_version}"
+
+
+class ResolveState(models.Model):
+    """What the worker remembers of an artifact's resolutions between attempts.
+
+    A resolution that failed for a reason only a person can fix (``AccessDenied``, ``RevisionNotFound``,
+    ``EmptyManifest``...) is tried again at ``retry_at``, with a backoff that doubles per failure; it is
+    tried at once when the Secret it names changes (``secret_version`` is the Secret's uid and
+    resourceVersion as that failure read it, empty when it was missing). ``requested_at`` is the last
+    value of the artifact's ``worker.gpustack.ai/requested-at`` annotation acted upon."""
+
+    namespace = models.CharField(max_length=253)
+    name = models.CharField(max_length=253)
+    uid = models.CharField(max_length=64, blank=True)
+    failed_reason = models.CharField(max_length=64, blank=True, help_text="Empty unless the last attempt failed")
+    failures = models.IntegerField(default=0, help_text="Failures in a row, for the backoff")
+    retry_at = models.DateTimeField(null=True, blank=True)
+    secret_name = models.CharField(max_length=253, blank=True)
+    secret_version = models.CharField(max_length=128, blank=True)
+    secret_checked_at = models.DateTimeField(null=True, blank=True)
+    requested_at = models.CharField(max_length=256, blank=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["namespace", "name"], name="resolvestate_namespace_name")]
+        indexes = [
+            models.Index(fields=["retry_at"], name="resolvestate_retry_at"),
+            models.Index(fields=["secret_checked_at"], name="resolvestate_secret_checked"),
+        ]
+
+    def __str__(self):
+        return f"{self.namespace}/{self.name}: {self.failed_reason or 'ok'}"
+
+
+class EventSeries(models.Model):
+    """One Kubernetes Event the worker keeps counting: repeats of the same (object, type, reason, series
+    key) within the series window update this Event instead of creating another."""
+
+    object_uid = models.CharField(max_length=64)
+    type = models.CharField(max_length=16)
+    reason = models.CharField(max_length=128)
+    series_key = models.CharField(max_length=256, blank=True)
+    event_namespace = models.CharField(max_length=253)
+    event_name = models.CharField(max_length=253)
+    count = models.IntegerField(default=0)
+    first_seen = models.DateTimeField()
+    last_seen = models.DateTimeField()
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["object_uid", "type", "reason", "series_key"], name="eventseries_key")
+        ]
+        indexes = [models.Index(fields=["last_seen"], name="eventseries_last_seen")]
+        verbose_name_plural = "event series"
+
+    def __str__(self):
+        return f"{self.event_namespace}/{self.event_name} x{self.count}"
+
+
+class EventBudget(models.Model):
+    """An object's share of new Events (a token bucket per object, as Kubernetes' own controllers keep)."""
+
+    object_uid = models.CharField(max_length=64, primary_key=True)
+    tokens = models.FloatField()
+    refilled_at = models.DateTimeField()
+    suppressed = models.IntegerField(default=0, help_text="Events dropped by the rate limit")
+
+    def __str__(self):
+        return f"{self.object_uid}: {self.tokens:.1f}"

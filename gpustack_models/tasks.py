@@ -14,8 +14,8 @@ from celery import shared_task
 from django.conf import settings
 from django.db import close_old_connections
 
-from .models import Artifact, ConditionStatus, InformerState, NodeStore, PluginPod, Prefetch
-from .worker import collection, mirror, node_stores, prefetches, resolution, rollup, targets
+from .models import InformerState, NodeStore, PluginPod, Prefetch
+from .worker import collection, events, mirror, node_stores, prefetches, resolution, retries, rollup, selection
 from .worker.reactions import react
 
 log = logging.getLogger(__name__)
@@ -76,13 +76,16 @@ def record_informer(resource: str, resource_version: str, relisted: bool, expire
 
 
 @shared_task(name="gpustack_models.resolve_artifact", acks_late=True)
-def resolve_artifact(namespace: str, name: str, attempt: int = 0) -> str:
-    """Resolve an artifact's source to a commit and manifest digest and write its status.
+def resolve_artifact(namespace: str, name: str, attempt: int = 0, force: bool = False) -> str:
+    """Resolve an artifact's source to a commit and manifest digest and write its status (``force``: even
+    when resolved for its generation, as the requested-at annotation asks).
 
     Temporary failures (hub unavailable, Secret or claim missing) retry with backoff; they never remove
     an earlier resolution. An attempt the namespace's share of the hubs cannot pay for yet waits for it
-    without counting as a failure."""
-    outcome = resolution.resolve_artifact(namespace, name)
+    without counting as a failure. Failures a person must fix are tried again by ``retries``."""
+    outcome = resolution.resolve_artifact(namespace, name, force=force)
+    if outcome.reason == "Gone":
+        retries.forget(namespace, name)
     if not outcome.retry:
         return outcome.reason
     if outcome.postponed:
@@ -92,7 +95,7 @@ def resolve_artifact(namespace: str, name: str, attempt: int = 0) -> str:
         if outcome.retry_after:
             countdown = max(countdown, min(outcome.retry_after, settings.RESOLVE_RETRY_MAX))
         next_attempt = attempt + 1
-    resolve_artifact.apply_async((namespace, name), {"attempt": next_attempt}, countdown=countdown)
+    resolve_artifact.apply_async((namespace, name), {"attempt": next_attempt, "force": force}, countdown=countdown)
     return outcome.reason
 
 
@@ -104,7 +107,7 @@ def reconcile_node_store(node: str) -> str:
 @shared_task(name="gpustack_models.retarget_prefetch", acks_late=True)
 def retarget_prefetch(namespace: str, name: str) -> int:
     """A prefetch's spec changed: its targets again, then the nodes it concerns and its status."""
-    nodes = targets.retarget_prefetch(namespace, name)
+    nodes = selection.retarget_prefetch(namespace, name)
     for node in sorted(nodes):
         reconcile_node_store.delay(node)
     reconcile_prefetch.delay(namespace, name)
@@ -114,7 +117,7 @@ def retarget_prefetch(namespace: str, name: str) -> int:
 @shared_task(name="gpustack_models.retarget_node", acks_late=True)
 def retarget_node(node: str) -> int:
     """A node's labels, existence or plugin changed: which label-selecting prefetches target it."""
-    changed = targets.retarget_node(node)
+    changed = selection.retarget_node(node)
     reconcile_node_store.delay(node)
     for namespace, name in sorted(changed):
         reconcile_prefetch.delay(namespace, name)
@@ -147,20 +150,31 @@ def collect() -> int:
     return len(nodes)
 
 
-@shared_task(name="gpustack_models.revalidate_unresolved")
-def revalidate_unresolved(limit: int = 500) -> int:
-    """Every few minutes: artifacts whose resolution failed for good are tried again (a token may have
-    been granted access, a tag created)."""
-    count = 0
-    for ns, name in (
-        Artifact.objects.live()
-        .exclude(resolved_status=ConditionStatus.TRUE)
-        .exclude(source="")
-        .values_list("namespace", "name")[:limit]
-    ):
+@shared_task(name="gpustack_models.record_events")
+def record_events(regarding: dict, recorded: list[list[str]]) -> int:
+    """Record Kubernetes Events about one object: ``[type, reason, message, series key]`` each."""
+    for type_, reason, message, series_key in recorded:
+        events.record(regarding, type_, reason, message, series_key=series_key)
+    return len(recorded)
+
+
+@shared_task(name="gpustack_models.retry_failed_resolutions")
+def retry_failed_resolutions(limit: int = 500) -> int:
+    """Every 30 s: artifacts whose resolution failed for a reason a person must fix, and whose backoff
+    passed, are tried again (a token may have been granted access, a tag created)."""
+    due = retries.take_due(limit)
+    for ns, name in due:
         resolve_artifact.delay(ns, name)
-        count += 1
-    return count
+    return len(due)
+
+
+@shared_task(name="gpustack_models.check_resolution_secrets")
+def check_resolution_secrets() -> int:
+    """Every few seconds: a failed artifact whose Secret changed since its failure is tried at once."""
+    changed = retries.changed_secrets(settings.SECRET_CHECK_BATCH)
+    for ns, name in changed:
+        resolve_artifact.delay(ns, name)
+    return len(changed)
 
 
 @shared_task(name="gpustack_models.resync_node_stores")
@@ -185,5 +199,6 @@ def purge_tombstones(older_than_seconds: int = 600) -> int:
     total = 0
     for kind in mirror.KINDS.values():
         total += kind.model.objects.filter(deleted=True, updated_at__lt=cutoff).delete()[0]
+    total += events.purge()
     close_old_connections()
     return total

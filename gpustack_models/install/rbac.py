@@ -1,7 +1,8 @@
 """The service's namespace, ServiceAccounts and RBAC.
 
 The worker: full access to the storage CRDs and their status, read on Nodes and its namespace's Pods,
-``get`` on Secrets and claims (read by name when resolving), delegated authentication and authorization.
+``get`` on Secrets and claims (read by name when resolving), ``create`` and ``patch`` on Events (what
+happened to artifacts and node stores), delegated authentication and authorization.
 The plugin: read its NodeModelStore, write its status (its own node only: an admission policy), and
 create TokenReviews. Tenants get nothing.
 """
@@ -46,6 +47,8 @@ def worker_objects() -> list[dict]:
         {"apiGroups": [GROUP], "resources": plurals + [f"{p}/status" for p in plurals], "verbs": ["*"]},
         {"apiGroups": [""], "resources": ["nodes", "namespaces"], "verbs": ["get", "list", "watch"]},
         {"apiGroups": [""], "resources": ["secrets", "persistentvolumeclaims"], "verbs": ["get"]},
+        # Events about artifacts and node stores (kubectl describe): new ones, and repeats counted on them.
+        {"apiGroups": [""], "resources": ["events"], "verbs": ["create", "patch"]},
     ]
     own = [
         {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]},

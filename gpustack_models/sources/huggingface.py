@@ -50,7 +50,14 @@ from huggingface_hub.utils import get_session, parse_ratelimit_headers, set_clie
 from huggingface_hub.utils._http import hf_request_event_hook
 
 from .manifest import ManifestFile, Resolution
-from .resolution_errors import AccessDenied, InvalidManifest, RevisionNotFound, SourceError, SourceUnavailable
+from .resolution_errors import (
+    AccessDenied,
+    InvalidManifest,
+    RevisionNotFound,
+    SourceError,
+    SourceUnavailable,
+    missing_repository,
+)
 
 hf_constants.HF_HUB_DISABLE_TELEMETRY = True
 
@@ -218,10 +225,6 @@ _HUB_ERRORS: tuple[tuple[type[Exception] | tuple[type[Exception], ...], Callable
     (_HubUnavailable, _transport_failed),
     (GatedRepoError, _refused(AccessDenied, "the repository is gated and this token has not been granted access")),
     (DisabledRepoError, _refused(AccessDenied, "access to the repository is disabled")),
-    (
-        RepositoryNotFoundError,
-        _refused(AccessDenied, "repository not found, or private and this token has no access to it"),
-    ),
     (RevisionNotFoundError, _refused(RevisionNotFound, "no such branch, tag or commit")),
     (EntryNotFoundError, _refused(RevisionNotFound, "the revision has no file tree")),
     (HfHubHTTPError, _http_refused),
@@ -236,7 +239,21 @@ _HUB_ERRORS: tuple[tuple[type[Exception] | tuple[type[Exception], ...], Callable
 )
 
 
-def _source_error(exc: Exception, where: str) -> SourceError | None:
+def _missing_repository(exc: Exception, where: str, token_given: bool) -> SourceError | None:
+    """A repository the hub would not show (absent, or private to this caller), said for this caller."""
+    if isinstance(exc, (GatedRepoError, DisabledRepoError)) or not isinstance(exc, HfHubHTTPError):
+        return None
+    status = exc.response.status_code if exc.response is not None else None
+    if not isinstance(exc, RepositoryNotFoundError) and status not in (401, 404):
+        return None
+    detail = f" (HTTP {status}: {exc.server_message})" if exc.server_message else f" (HTTP {status})"
+    return AccessDenied(f"{where}: {missing_repository(token_given)}{detail}")
+
+
+def _source_error(exc: Exception, where: str, token_given: bool = False) -> SourceError | None:
+    missing = _missing_repository(exc, where, token_given)
+    if missing is not None:
+        return missing
     for types, to_source_error in _HUB_ERRORS:
         if isinstance(exc, types):
             return to_source_error(exc, where)
@@ -244,12 +261,12 @@ def _source_error(exc: Exception, where: str) -> SourceError | None:
 
 
 @contextlib.contextmanager
-def _hub_errors(where: str):
+def _hub_errors(where: str, token_given: bool):
     """Turn the client's failures inside the block into the ``SourceError`` they mean."""
     try:
         yield
     except Exception as exc:
-        error = _source_error(exc, where)
+        error = _source_error(exc, where, token_given)
         if error is None:
             raise
         raise error from None
@@ -341,7 +358,10 @@ def resolve(
     _ensure_client_factory()
     api = HfApi(endpoint=endpoint.rstrip("/"), token=token or False, library_name=LIBRARY_NAME)
     where = f"{repository}@{revision}"
-    with _call_settings(_CallSettings(proxy or None, ca_bundle or None, float(timeout))), _hub_errors(where):
+    with (
+        _call_settings(_CallSettings(proxy or None, ca_bundle or None, float(timeout))),
+        _hub_errors(where, bool(token)),
+    ):
         info = api.model_info(repository, revision=revision, timeout=timeout, expand=["sha", "gated"])
         commit = _learn_commit(info, where)
         _check_gated_access(api, repository, info)

@@ -171,6 +171,15 @@ def _as_list(patterns: Sequence[str] | str | None) -> list[str] | None:
     return list(patterns)
 
 
+def _some_paths(files: list[ManifestFile], shown: int = 10) -> str:
+    """A few of the paths that do exist, for a person fixing the patterns."""
+    paths = sorted((f.path for f in files), key=lambda p: p.encode("utf-8"))
+    listed = ", ".join(paths[:shown])
+    more = f", and {len(paths) - shown} more" if len(paths) > shown else ""
+    noun = "file" if len(paths) == 1 else "files"
+    return f"the revision has {len(paths)} {noun}: {listed}{more}"
+
+
 def manifest_text(files: Iterable[ManifestFile]) -> str:
     """The manifest text (encode it as UTF-8 for the exact bytes). Duplicate paths are refused."""
     return MANIFEST_HEADER + "".join(f.line for f in _sorted_unique(files))
@@ -190,12 +199,14 @@ def build_manifest(
 
     Raises ``EmptyManifest`` when nothing is selected and ``InvalidManifest`` on a duplicate path.
     """
+    files = list(files)
     selected = select_files(files, allow_patterns, ignore_patterns)
     if not selected:
-        if allow_patterns is None and ignore_patterns is None:
+        if not files:
             raise EmptyManifest("the repository has no file at this revision")
         raise EmptyManifest(
             f"no file matches allowPatterns={_as_list(allow_patterns)} ignorePatterns={_as_list(ignore_patterns)}"
+            f" (patterns are matched case-sensitively, as fnmatchcase does); {_some_paths(files)}"
         )
     try:
         ordered = _sorted_unique(selected)

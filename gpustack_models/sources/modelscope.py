@@ -58,7 +58,14 @@ from modelscope_hub.errors import (
 from modelscope_hub.utils import build_user_agent
 
 from .manifest import ManifestFile, Resolution, validate_path
-from .resolution_errors import AccessDenied, InvalidManifest, RevisionNotFound, SourceError, SourceUnavailable
+from .resolution_errors import (
+    AccessDenied,
+    InvalidManifest,
+    RevisionNotFound,
+    SourceError,
+    SourceUnavailable,
+    missing_repository,
+)
 
 DEFAULT_REVISION = "master"
 # ModelScope's ``repo/files`` returns at most this many entries, whatever the directory holds.
@@ -71,7 +78,6 @@ _COMMIT = re.compile(r"[0-9a-f]{40}")
 _SHORT_ID = re.compile(r"[0-9a-f]{7,40}")
 # At most this many commits of the listed files are listed to find the revision's commit.
 MAX_COMMIT_CANDIDATES = 3
-_DENIED = "repository not found, or private and this token has no access to it"
 # ModelScope answers many refusals with HTTP 200 and ``{"Code": <business code>, "Message", "RequestId",
 # "Success": false}``; modelscope_hub reads these codes (its ``errors`` module) as: HTTP statuses echoed
 # by the ``/api/v1`` surface, numeric business codes, and the OpenAPI surface's names. What each means
@@ -120,6 +126,7 @@ class _Hub:
             session.verify = ca_bundle or True
             session.proxies = {"http": proxy, "https": proxy} if proxy else {}
         self.listings = 0
+        self.denied = missing_repository(bool(token))
 
     def get(
         self,
@@ -135,12 +142,12 @@ class _Hub:
         ``what`` names the call in messages; a 404 or 400 (as an HTTP status or as the business code
         of a refused envelope) raises ``on_missing`` saying ``missing``.
         """
-        with _client_errors(what, on_missing, missing):
+        with _client_errors(what, on_missing, missing, self.denied):
             response = self.client._request("GET", path, params=params, timeout=self.timeout, single_attempt=True)
             body = response.json()
         if not isinstance(body, dict):
             raise SourceUnavailable(f"{what}: unexpected answer from the hub")
-        _check_envelope(body, what, on_missing, missing)
+        _check_envelope(body, what, on_missing, missing, self.denied)
         return body.get("Data")
 
     def check_readable(self) -> None:
@@ -149,7 +156,7 @@ class _Hub:
             None,
             what=f"{self.repository}: model info",
             on_missing=AccessDenied,
-            missing=_DENIED,
+            missing=self.denied,
         )
 
     def revision_names(self) -> set[str]:
@@ -158,7 +165,7 @@ class _Hub:
             None,
             what=f"{self.repository}: revisions",
             on_missing=AccessDenied,
-            missing=_DENIED,
+            missing=self.denied,
         )
         names: set[str] = set()
         revision_map = data.get("RevisionMap") if isinstance(data, dict) else None
@@ -198,14 +205,14 @@ class _Hub:
 
 
 @contextlib.contextmanager
-def _client_errors(what: str, on_missing: type[SourceError], missing: str):
+def _client_errors(what: str, on_missing: type[SourceError], missing: str, denied: str):
     """Turn the client's failures inside the block (HTTP errors, network) into ``SourceError``."""
     try:
         yield
     except (RateLimitError, ServerError, NetworkError) as exc:
         raise SourceUnavailable(f"{what}: {_first_line(exc)}", retry_after=_seconds(exc)) from None
     except (AuthenticationError, PermissionDeniedError) as exc:
-        raise AccessDenied(f"{what}: {_DENIED} ({_first_line(exc)})") from None
+        raise AccessDenied(f"{what}: {denied} ({_first_line(exc)})") from None
     except (NotExistError, InvalidParameter) as exc:
         raise on_missing(f"{what}: {missing} ({_first_line(exc)})") from None
     except APIError as exc:
@@ -221,7 +228,7 @@ def _field(body: dict[str, Any], name: str, default: Any = None) -> Any:
     return body.get(name.lower(), default)
 
 
-def _check_envelope(body: dict[str, Any], what: str, on_missing: type[SourceError], missing: str) -> None:
+def _check_envelope(body: dict[str, Any], what: str, on_missing: type[SourceError], missing: str, denied: str) -> None:
     """Raise the ``SourceError`` an envelope refusing the request (even with HTTP 200) means.
 
     An envelope is a refusal when ``Success`` is false or ``Code`` is not 200 (an absent ``Code``
@@ -236,7 +243,7 @@ def _check_envelope(body: dict[str, Any], what: str, on_missing: type[SourceErro
     detail = f"the hub refused with code {code}: {message}" + (f", request id {request_id}" if request_id else "")
     refusal = _REFUSALS.get(str(code).strip())
     if refusal == "denied":
-        raise AccessDenied(f"{what}: {_DENIED} ({detail})")
+        raise AccessDenied(f"{what}: {denied} ({detail})")
     if refusal == "missing":
         raise on_missing(f"{what}: {missing} ({detail})")
     raise SourceUnavailable(f"{what}: {detail}")

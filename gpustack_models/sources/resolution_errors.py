@@ -51,6 +51,19 @@ class AccessDenied(SourceError):
         super().__init__(ACCESS_DENIED, message)
 
 
+def missing_repository(token_given: bool) -> str:
+    """What a hub's "no such repository" means to the person who wrote the artifact.
+
+    A hub answers a private repository it will not show exactly as one that does not exist, so the
+    message names both, and says which credential was (or was not) shown to it."""
+    if token_given:
+        return "the repository does not exist, or the token given has no access to it"
+    return (
+        "the repository does not exist, or it is private and no token was given"
+        " (name a Secret holding a hub token, key 'token', in secretRef)"
+    )
+
+
 class SourceUnavailable(SourceError):
     """The hub did not answer usefully right now: 5xx, 429, timeout, connection or proxy failure.
 

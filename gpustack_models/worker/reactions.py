@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from gpustack_models.models import Prefetch, PrefetchTarget
 
-from . import mirror
+from . import mirror, retries, store_events
 from .resolution import needs_resolution
 
 
@@ -24,7 +24,9 @@ def _resolved_digest(body: dict | None) -> str:
 
 def artifact_changed(before: dict | None, after: dict | None, namespace: str, name: str) -> None:
     tasks = _tasks()
-    if after is not None and needs_resolution(after):
+    if after is not None and retries.take_request(after):  # worker.gpustack.ai/requested-at took a new value
+        tasks.resolve_artifact.delay(namespace, name, force=True)
+    elif after is not None and needs_resolution(after):
         tasks.resolve_artifact.delay(namespace, name)
     old_digest, new_digest = _resolved_digest(before), _resolved_digest(after)
     if old_digest == new_digest and after is not None:
@@ -54,6 +56,7 @@ def store_changed(before: dict | None, after: dict | None, namespace: str, name:
     old, new = mirror.entries_of(before), mirror.entries_of(after)
     for digest in sorted(d for d in set(old) | set(new) if old.get(d) != new.get(d)):
         tasks.rollup_digest.delay(digest)
+    store_events.store_changed(before, after)
 
 
 def _labels(body: dict | None) -> dict | None:

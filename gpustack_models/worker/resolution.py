@@ -9,7 +9,9 @@
 4. the resolver's part of the status is applied (``Resolved`` condition, ``status.resolved``).
 
 A failure that may pass (hub unavailable, Secret or claim missing) asks the caller to retry with backoff
-and never revokes an earlier resolution; the others are written as the ``Resolved=False`` reason.
+and never revokes an earlier resolution; the others are written as the ``Resolved=False`` reason and tried
+again later (``retries``). Each outcome is also a Kubernetes Event on the artifact: ``Resolved`` naming the
+commit and digest, or ``ResolutionFailed`` with the reason (one series per reason).
 """
 
 from __future__ import annotations
@@ -22,10 +24,12 @@ from django.conf import settings
 from django.db import transaction
 
 from gpustack_models import kube
+from gpustack_models.kinds import GROUP, PUBLIC_VERSION
+from gpustack_models.kinds.formatting import human_bytes
 from gpustack_models.models import Artifact, ConditionStatus, Manifest, Resolution, SourceKind
 from gpustack_models.sources import SourceError, build_manifest, huggingface, modelscope
 
-from . import budgets
+from . import budgets, events, retries
 from .writes import RESOLVER, apply_status, artifact_path, condition, find_condition
 
 log = logging.getLogger(__name__)
@@ -62,20 +66,27 @@ class Failed(Exception):
         self.reason, self.message, self.retry, self.retry_after = reason, message, retry, retry_after
 
 
-def resolve_artifact(namespace: str, name: str) -> Outcome:
-    """Resolve ``namespace/name`` and write its status (see the module's docstring)."""
+def resolve_artifact(namespace: str, name: str, force: bool = False) -> Outcome:
+    """Resolve ``namespace/name`` and write its status (see the module's docstring). ``force``: also when
+    it is resolved for its generation already (a branch may have moved)."""
     try:
         obj = kube.worker().get(artifact_path(namespace, name))
     except kube.NotFound:
         return Outcome("Gone")
-    return ArtifactResolution(obj).run()
+    return ArtifactResolution(obj, force).run()
+
+
+def short_digest(digest: str) -> str:
+    algorithm, _, hexdigest = digest.partition(":")
+    return f"{algorithm}:{hexdigest[:12]}" if hexdigest else digest
 
 
 class ArtifactResolution:
     """One resolution of one version of an artifact."""
 
-    def __init__(self, obj: dict):
-        self.obj = obj
+    def __init__(self, obj: dict, force: bool = False):
+        self.obj, self.force = obj, force
+        self.secret_name = self.secret_version = ""
         meta = obj["metadata"]
         self.namespace, self.name, self.uid = meta["namespace"], meta["name"], meta["uid"]
         self.generation = meta.get("generation") or 0
@@ -84,7 +95,8 @@ class ArtifactResolution:
         self.previous = find_condition(obj, "Resolved")
 
     def run(self) -> Outcome:
-        if self.status.get("observedGeneration") == self.generation and self.previous.get("status") == "True":
+        current = self.status.get("observedGeneration") == self.generation
+        if current and self.previous.get("status") == "True" and not self.force:
             return Outcome("Resolved")
         source = self.spec.get("source") or {}
         try:
@@ -103,14 +115,13 @@ class ArtifactResolution:
             raise Failed(
                 "ClaimNotFound", f"PersistentVolumeClaim {claim!r} does not exist in {self.namespace}", True
             ) from None
-        self.write({}, self.resolved_condition(f"claim {claim} exists"))
-        return Outcome("Resolved")
+        return self.succeed({}, f"claim {claim} exists")
 
     def resolve_hub(self, kind: str, member: dict) -> Outcome:
         wait = budgets.take(self.namespace)
         if wait > 0:
             return Outcome("Postponed", retry=True, retry_after=wait, postponed=True)
-        secret_name = (member.get("secretRef") or {}).get("name", "")
+        self.secret_name = secret_name = (member.get("secretRef") or {}).get("name", "")
         token = self.read_token(secret_name) if secret_name else None
         hub, endpoint_setting, default_revision = HUBS[kind]
         endpoint = getattr(settings, endpoint_setting)
@@ -139,14 +150,15 @@ class ArtifactResolution:
             message = f"{member['repository']}@{revision} is {resolution.commit}"
         else:  # the hub named no commit: the files are listed at the revision, and the status says so
             message = resolution.note
-        self.write(resolved, self.resolved_condition(message))
-        return Outcome("Resolved")
+        return self.succeed(resolved, message)
 
     def read_token(self, secret_name: str) -> str:
         try:
             secret = kube.worker().get(f"/api/v1/namespaces/{self.namespace}/secrets/{secret_name}")
         except kube.NotFound:
             raise Failed("SecretNotFound", f"Secret {secret_name!r} does not exist in {self.namespace}", True) from None
+        meta = secret.get("metadata") or {}
+        self.secret_version = f"{meta.get('uid', '')}/{meta.get('resourceVersion', '')}"
         raw = (secret.get("data") or {}).get("token")
         if not raw:
             raise Failed("SecretNotFound", f"Secret {secret_name!r} has no key 'token'", True)
@@ -172,6 +184,24 @@ class ArtifactResolution:
                 Resolution.objects.update_or_create(artifact=row, defaults=defaults)
 
     # --- writing the outcome ---------------------------------------------------------------------------
+    def regarding(self) -> dict:
+        return {
+            "apiVersion": f"{GROUP}/{PUBLIC_VERSION}",
+            "kind": "ModelArtifact",
+            "name": self.name,
+            "namespace": self.namespace,
+            "uid": self.uid,
+        }
+
+    def succeed(self, resolved: dict, message: str) -> Outcome:
+        self.write(resolved, self.resolved_condition(message))
+        retries.succeeded(self.namespace, self.name, self.uid)
+        if resolved.get("manifestDigest"):
+            digest, size = short_digest(resolved["manifestDigest"]), human_bytes(resolved["sizeBytes"]) or "0"
+            message = f"{message}: digest {digest}, {resolved['fileCount']} files, {size}B"
+        events.record(self.regarding(), events.NORMAL, "Resolved", message)
+        return Outcome("Resolved")
+
     def resolved_condition(self, message: str) -> dict:
         return condition("Resolved", ConditionStatus.TRUE, "Resolved", message, self.previous, self.generation)
 
@@ -184,6 +214,13 @@ class ArtifactResolution:
             )
             self.write(None, cond)
         log.info("resolving %s/%s: %s: %s", self.namespace, self.name, failure.reason, failure.message)
+        if not failure.retry:
+            state = retries.failed(
+                self.namespace, self.name, self.uid, failure.reason, self.secret_name, self.secret_version
+            )
+            log.info("resolving %s/%s again at %s", self.namespace, self.name, state.retry_at)
+        message = f"{failure.reason}: {failure.message}"
+        events.record(self.regarding(), events.WARNING, "ResolutionFailed", message, series_key=failure.reason)
         return Outcome(failure.reason, retry=failure.retry, retry_after=failure.retry_after)
 
     def write(self, resolved: dict | None, cond: dict) -> None:

@@ -7,7 +7,7 @@ import pytest
 from gpustack_models.kinds.formatting import parse_duration
 from gpustack_models.models import TargetState
 from gpustack_models.worker.references import Reference, place
-from gpustack_models.worker.targets import selector_matches
+from gpustack_models.worker.selection import selector_matches
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 
