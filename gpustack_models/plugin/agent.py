@@ -1,10 +1,11 @@
 """The node plugin process (``manage.py runplugin --node NAME``, the DaemonSet's entry point).
 
 It watches its own NodeModelStore (``kube.watch``, the one watch loop), holds the digests ``spec.models``
-lists with the download engine (``engine``), asks the worker for a fetch ticket per digest with its
-Pod-bound token, writes the store's status from what is on disk (``store_status``), and serves
-``GET /model/downloads`` (live bytes, for the worker only), ``/readyz``, ``/livez`` and ``/metrics``
-over HTTPS (``endpoints``).
+references with the download engine (``engine``: items with a ``collectTime`` are not downloaded, what
+left ``spec.models`` is removed after a short delay, disk pressure evicts what nothing references),
+asks the worker for a fetch ticket per referenced digest with its Pod-bound token, writes the store's
+status from what is on disk (``store_status``), and serves ``GET /model/downloads`` (live bytes, for
+the worker only), ``/readyz``, ``/livez`` and ``/metrics`` over HTTPS (``endpoints``).
 """
 
 from __future__ import annotations
@@ -41,7 +42,8 @@ class PluginSettings:
     worker_ca_file: str
     worker_username: str  # whose token may read /model/downloads
     worker_audience: str  # ... and for which audience it must be (not kube-apiserver's)
-    grace_seconds: float = 600.0
+    removal_delay_seconds: float = 60.0  # a published tree out of spec.models stays this long
+    partial_retention_seconds: float = 86400.0  # partial work and failures out of spec.models: this long
     progress_interval: float = 30.0
     capacity_bytes: int | None = None
     auth_cache_ttl: float = 10.0
@@ -78,6 +80,8 @@ class Plugin:
             metrics=self.metrics,
             settings=DownloadSettings(),
             retry_base=settings.retry_base,
+            removal_delay=settings.removal_delay_seconds,
+            partial_retention=settings.partial_retention_seconds,
         )
         self.writer = StatusWriter(self)
         self.generation = 0
@@ -112,13 +116,17 @@ class Plugin:
             self.engine.set_watermarks(marks.get("highPercent", 80), max(1, marks.get("lowPercent", 70)))
         except ValueError as exc:
             log.warning("ignoring watermarks: %s", exc)
-        self.wanted = [m["digest"] for m in spec.get("models") or [] if m.get("digest")]
+        models = [m for m in spec.get("models") or [] if isinstance(m, dict) and m.get("digest")]
+        self.engine.set_wanted(models)
+        # Only referenced digests are downloaded; one with a collectTime is kept if there, never fetched.
+        self.wanted = [m["digest"] for m in models if m.get("collectTime") is None]
         self.spec_seen.set()
         self.writer.kick.set()
         self.reconcile()
 
     def reconcile(self) -> None:
-        """Start what the spec asks for and is not held; collect what it stopped asking for."""
+        """Start what the spec references and is not held; collect what it stopped asking for, and
+        evict under disk pressure."""
         running = {d["digest"] for d in self.engine.running()}
         for digest in list(self.wanted):
             entry = self.engine.entry(digest)
@@ -132,9 +140,7 @@ class Plugin:
                     continue
                 self._fetching.add(digest)
             threading.Thread(target=self._start, args=(digest,), daemon=True, name=f"ticket-{digest[7:19]}").start()
-        removed = self.engine.collect(self.wanted, self.settings.grace_seconds) if self.spec_seen.is_set() else []
-        for digest in removed:
-            log.info("removed %s after %.0fs out of spec.models", digest, self.settings.grace_seconds)
+        removed = self.engine.collect() if self.spec_seen.is_set() else []
         if removed:
             self.writer.kick.set()
 

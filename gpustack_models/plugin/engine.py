@@ -3,18 +3,29 @@
 One ``Engine`` per node holds the cache and runs at most one ``Download`` per digest, all sharing
 the node-wide limits. The glue:
 
-- calls ``ensure(ticket)`` for every digest the node's store asks for that is not ``Ready`` (the
-  engine keeps a running download, refuses to start one before its ``retryTime`` unless forced, and
-  answers ``Ready`` for a published tree without any request);
+- passes the store's ``spec.models`` items to ``set_wanted`` whenever the spec changes (which digests
+  are referenced, unreferenced with a ``collectTime``, or pinned; see ``lifecycle``);
+- calls ``ensure(ticket)`` for every referenced digest that is not ``Ready`` (the engine keeps a
+  running download, refuses to start one before its ``retryTime`` unless forced, answers ``Ready``
+  for a published tree without any request, and starts nothing for a digest not referenced);
 - writes ``entries()`` / ``capacity()`` to the store's status (``Entry.status()`` is the status
   item), at once when ``on_change`` fires and on its progress thresholds otherwise;
 - serves ``running()`` as the live-bytes endpoint;
-- calls ``collect(spec digests, grace)`` periodically, ``set_limits`` / ``set_watermarks`` when the
-  store's spec changes, and ``close()`` at shutdown (running downloads stay resumable).
+- calls ``collect()`` periodically (removal of what left ``spec.models``, and eviction while the
+  volume is above its high watermark), ``set_limits`` / ``set_watermarks`` when the store's spec
+  changes, and ``close()`` at shutdown (running downloads stay resumable).
+
+Collection: a published tree whose digest left ``spec.models`` is removed ``removal_delay`` seconds
+after the engine saw it leave; partial work and failure records of such a digest after
+``partial_retention`` seconds. Disk pressure: while the volume is above the high watermark, and before
+a download is refused for lack of room, Ready trees neither pinned nor referenced and partial work out
+of ``spec.models`` are evicted, least recently used first, down to the low watermark (or until the
+download fits). A referenced or pinned tree and a running download are never evicted.
 
 Everything the engine knows survives a restart: published trees are found on disk (``Ready``
 without a request), interrupted downloads resume from their checkpoints, failure counts, retry
-times, last use and "absent since" times are persisted per digest.
+times, last use and "absent since" times are persisted per digest (so a restart neither resets
+nor skips a removal delay).
 """
 
 from __future__ import annotations
@@ -43,6 +54,7 @@ from .failures import (
     SourcePenalties,
     backoff_seconds,
 )
+from .lifecycle import Wanted
 from .ticket import FetchTicket, digest_hex
 
 log = logging.getLogger(__name__)
@@ -86,6 +98,8 @@ class Entry:
     retry_time: float | None = None  # epoch seconds
     last_used_time: float | None = None  # epoch seconds
     source: str = SOURCE_HUB
+    pinned: bool = False
+    collect_time: float | None = None  # epoch seconds: when the node removes it unless referenced again
 
     def status(self) -> dict:
         """The status item: camelCase keys, RFC 3339 times, absent fields left out."""
@@ -99,6 +113,8 @@ class Entry:
             "retryTime": rfc3339(self.retry_time),
             "lastUsedTime": rfc3339(self.last_used_time),
             "source": self.source,
+            "pinned": True if self.pinned else None,
+            "collectTime": rfc3339(self.collect_time),
         }
         return {k: v for k, v in out.items() if v is not None}
 
@@ -180,6 +196,8 @@ class Engine:
     the entry as it is when the callback runs, so the last call for a digest always carries its
     current state. ``clock``: epoch seconds, for tests. ``penalties``: the sources that failed lately,
     tried after the others by every download (``SourcePenalties()`` when not given).
+    ``removal_delay`` / ``partial_retention``: seconds a published tree / partial work of a digest out
+    of ``spec.models`` stays on disk (see the module's docstring).
     """
 
     def __init__(
@@ -197,6 +215,8 @@ class Engine:
         clock: Callable[[], float] = time.time,
         retry_base: float = BACKOFF_INITIAL_SECONDS,
         penalties: SourcePenalties | None = None,
+        removal_delay: float = 60.0,
+        partial_retention: float = 86400.0,
     ):
         self.cache = Cache(root, capacity_bytes=capacity_bytes)
         self.settings = settings or DownloadSettings()
@@ -216,6 +236,9 @@ class Engine:
         self._idle_partial: dict[str, int] = {}  # bytes on disk of partial work not running now
         self._last_stats: dict[str, dict] = {}  # counters of each digest's last download
         self._closed = False
+        self._wanted: dict[str, Wanted] | None = None  # spec.models by digest; None until the spec is known
+        self._removal_delay = float(removal_delay)
+        self._partial_retention = float(partial_retention)
         self._load()
         if metrics is not None:
             metrics.attach(self)
@@ -293,6 +316,7 @@ class Engine:
         downloaded = job.download.downloaded_bytes if job is not None else item.downloaded
         state = DOWNLOADING if job is not None else item.state
         failed = state == FAILED
+        wanted = self._wanted.get(item.digest) if self._wanted is not None else None
         return Entry(
             digest=item.digest,
             state=state,
@@ -302,6 +326,8 @@ class Engine:
             message=item.message if failed else None,
             retry_time=item.retry_time if failed else None,
             last_used_time=item.last_used,
+            pinned=wanted is not None and wanted.pinned,
+            collect_time=wanted.collect_time if wanted is not None else self._removal_time(item),
         )
 
     # ---------------------------------------------------------------- queries
@@ -389,10 +415,11 @@ class Engine:
 
     # ---------------------------------------------------------------- downloads
 
-    def ensure(self, ticket: FetchTicket, *, force: bool = False) -> Entry:
+    def ensure(self, ticket: FetchTicket, *, force: bool = False) -> Entry | None:
         """Make sure ``ticket.digest`` is on the node: ``Ready`` if published (no request made), the
         running download if there is one, else start one, unless the digest failed and its
-        ``retryTime`` has not come (``force`` overrides). Returns the digest's entry.
+        ``retryTime`` has not come (``force`` overrides). Returns the digest's entry. Once the spec is
+        known (``set_wanted``), a digest it does not reference is left as it is (its entry, or ``None``).
 
         A ticket whose digest is not ``sha256:<hex>`` raises ``DownloadFailed(InvalidRequest)``;
         any other problem with the ticket is recorded as a ``Failed`` entry."""
@@ -405,6 +432,9 @@ class Engine:
         with self._lock:
             if self._closed:
                 raise RuntimeError("the engine is closed")
+            if not self._referenced(digest):
+                known = self._items.get(digest)
+                return self._entry(known) if known is not None else None
             item, changed = self._wanted_item(digest)
             if self.cache.published(digest) and digest not in self._jobs:
                 changed = self._found_published(item) or changed
@@ -479,19 +509,27 @@ class Engine:
 
     def _reserve(self, digest: str, job: _Job) -> None:
         """Refuse the download unless the volume takes its remaining bytes under the high watermark,
-        counting what every other running download still has to write."""
+        counting what every other running download still has to write; evict what may be evicted
+        (least recently used first) when that makes it fit."""
         with self._lock:
             remaining = job.download.remaining_bytes
             others = sum(j.download.remaining_bytes for d, j in self._jobs.items() if d != digest and j.reserved)
             total, used = self.cache.volume(self._stored_bytes())
             limit = total * self._high / 100.0
-            if used + others + remaining > limit:
-                raise DownloadFailed(
-                    INSUFFICIENT_CAPACITY,
-                    f"{remaining} more bytes would fill the volume past its {self._high:g}% watermark"
-                    f" ({used} of {total} bytes used, {others} reserved by other downloads)",
-                )
-            job.reserved = True
+            evicted = self._make_room(used + others + remaining - limit, f"to make room for {digest[:19]}")
+            if evicted:
+                total, used = self.cache.volume(self._stored_bytes())
+            fits = used + others + remaining <= limit
+            job.reserved = fits
+        for gone in evicted:
+            self._emit(gone)
+        if not fits:
+            raise DownloadFailed(
+                INSUFFICIENT_CAPACITY,
+                f"needs {remaining} more bytes, {max(0, int(limit - used - others))} bytes are free under the"
+                f" volume's {self._high:g}% watermark ({used} of {total} bytes used, {others} reserved by other"
+                " downloads)",
+            )
 
     def _run(self, digest: str, job: _Job) -> None:
         started = time.monotonic()
@@ -588,56 +626,143 @@ class Engine:
 
     # ---------------------------------------------------------------- collection
 
-    def collect(self, wanted_digests: Iterable[str], grace_seconds: float) -> list[str]:
-        """Remove what the node was not asked for during ``grace_seconds``: published trees,
-        partial work and failure records of digests absent from ``wanted_digests``. The time a
-        digest went missing is persisted, so a restart neither resets nor skips the grace.
-        Returns the digests removed."""
-        wanted = set(wanted_digests)
-        now = self._clock()
-        removed: list[str] = []
-        running: list[tuple[str, _Job]] = []
+    def set_wanted(self, items: Iterable[Wanted | dict]) -> None:
+        """The store's ``spec.models`` (``Wanted`` or spec items): which digests are referenced,
+        unreferenced (with a collect time) or pinned. Notes when a digest leaves or comes back, and
+        stops the running download of a digest no longer referenced (its partial work kept)."""
+        wanted: dict[str, Wanted] = {}
+        for raw in items:
+            item = raw if isinstance(raw, Wanted) else Wanted.from_spec(raw)
+            if item is not None:
+                wanted[item.digest] = item
         with self._lock:
+            self._wanted = wanted
+            self._note_absence(self._clock())
+            stopping = [j for d, j in self._jobs.items() if not self._referenced(d) and not j.download.cancelled]
+        for job in stopping:
+            log.info("stopping the download of %s: no longer referenced on this node", job.download.digest[:19])
+            job.download.cancel("no longer referenced on this node; the bytes downloaded are kept")
+
+    def _referenced(self, digest: str) -> bool:
+        """True unless the spec is known and does not reference ``digest``. Caller holds the lock."""
+        if self._wanted is None:
+            return True
+        wanted = self._wanted.get(digest)
+        return wanted is not None and wanted.referenced
+
+    def _note_absence(self, now: float) -> None:
+        """Note when each digest left ``spec.models`` or came back (persisted). Caller holds the lock."""
+        for digest, item in self._items.items():
+            if digest in self._wanted:
+                absent_since = None
+            elif item.absent_since is None or item.absent_since > now:
+                absent_since = now
+            else:
+                continue
+            if item.absent_since != absent_since:
+                item.absent_since = absent_since
+                self._persist(item)
+
+    def _removal_time(self, item: _Item) -> float | None:
+        """When the engine removes ``item`` (out of ``spec.models``), else ``None``. Caller holds the lock."""
+        if self._wanted is None or item.absent_since is None or item.digest in self._wanted:
+            return None
+        published = item.state == READY and item.digest not in self._jobs
+        return item.absent_since + (self._removal_delay if published else self._partial_retention)
+
+    def collect(self) -> list[str]:
+        """Remove what stayed out of ``spec.models`` past its delay, then evict while the volume is
+        above its high watermark; nothing before the spec is known. Returns the digests removed."""
+        now = self._clock()
+        with self._lock:
+            if self._wanted is None:
+                return []
+            self._note_absence(now)
+            removed = []
             for digest, item in list(self._items.items()):
-                if not self._absent_for(item, digest in wanted, now, grace_seconds):
-                    continue
-                job = self._jobs.get(digest)
-                if job is not None:
-                    running.append((digest, job))
-                    continue
-                self._remove(digest)
-                removed.append(digest)
-        removed += self._collect_running(running)
+                removal = self._removal_time(item)
+                if removal is not None and now >= removal and digest not in self._jobs:
+                    why = "out of spec.models" if item.state == READY else "partial work out of spec.models"
+                    self._remove_logged(item, f"{why} for {now - item.absent_since:.0f}s")
+                    removed.append(digest)
+            removed += self._relieve_pressure()
         for digest in removed:
             self._emit(digest)
         return removed
 
-    def _absent_for(self, item: _Item, wanted: bool, now: float, grace_seconds: float) -> bool:
-        """Note when ``item`` went missing from, or came back to, the wanted digests; True once it
-        has been missing for ``grace_seconds``. Caller holds the lock."""
-        if wanted:
-            if item.absent_since is not None:
-                item.absent_since = None
-                self._persist(item)
-            return False
-        if item.absent_since is None or item.absent_since > now:
-            item.absent_since = now
-            self._persist(item)
-            return False
-        return now - item.absent_since >= grace_seconds
+    def _held_bytes(self, item: _Item) -> int:
+        """Bytes ``item`` holds on disk when nothing runs for it. Caller holds the lock."""
+        return item.size if item.state == READY else self._idle_partial.get(item.digest, 0)
 
-    def _collect_running(self, running: list[tuple[str, _Job]]) -> list[str]:
-        """Stop the running downloads of collected digests, then remove them; the digests removed."""
-        removed = []
-        for digest, job in running:
-            job.shutdown = True  # no failure record: the digest is going away
-            job.download.cancel("no longer wanted on this node")
-            job.done.wait(30)
-            with self._lock:
-                if digest not in self._jobs and digest in self._items:
-                    self._remove(digest)
-                    removed.append(digest)
-        return removed
+    def _remove_logged(self, item: _Item, why: str) -> None:
+        """Caller holds the lock."""
+        log.info("removed %s (%d bytes): %s", item.digest, self._held_bytes(item), why)
+        self._remove(item.digest)
+
+    # ---------------------------------------------------------------- disk pressure
+
+    def _evictable(self) -> list[_Item]:
+        """What disk pressure may take, least recently used first (never used: oldest): Ready trees
+        neither pinned nor referenced, and partial work out of ``spec.models``; never a running
+        download. Nothing before the spec is known. Caller holds the lock."""
+        if self._wanted is None:
+            return []
+        out = []
+        for digest, item in self._items.items():
+            wanted = self._wanted.get(digest)
+            if digest in self._jobs or (wanted is not None and (wanted.referenced or wanted.pinned)):
+                continue
+            if item.state == READY or (wanted is None and self._idle_partial.get(digest)):
+                out.append(item)
+        return sorted(out, key=lambda i: (i.last_used if i.last_used is not None else float("-inf"), i.digest))
+
+    def _used_percent(self) -> int:
+        """Caller holds the lock."""
+        total, used = self.cache.volume(self._stored_bytes())
+        return round(100.0 * used / total) if total else 100
+
+    def _relieve_pressure(self) -> list[str]:
+        """Above the high watermark, evict down to the low one; the digests evicted. Caller holds the lock."""
+        percent = self._used_percent()
+        if percent <= self._high:
+            return []
+        evicted = []
+        for item in self._evictable():
+            if percent <= self._low:
+                break
+            self._evict(item, f"the volume is at {percent}% (high {self._high:g}%, low {self._low:g}%)")
+            evicted.append(item.digest)
+            percent = self._used_percent()
+        return evicted
+
+    def _make_room(self, excess: float, why: str) -> list[str]:
+        """Evict, least recently used first, until ``excess`` bytes are freed; nothing if everything
+        that may be evicted would not free that much. Caller holds the lock."""
+        if excess <= 0:
+            return []
+        candidates = self._evictable()
+        if sum(self._held_bytes(item) for item in candidates) < excess:
+            return []
+        evicted = []
+        for item in candidates:
+            if excess <= 0:
+                break
+            excess -= self._held_bytes(item)
+            reason = f"{why} (volume at {self._used_percent()}%, high {self._high:g}%, low {self._low:g}%)"
+            self._evict(item, reason)
+            evicted.append(item.digest)
+        return evicted
+
+    def _evict(self, item: _Item, why: str) -> None:
+        """Caller holds the lock."""
+        log.info(
+            "evicted %s (%d bytes, last used %s): %s",
+            item.digest,
+            self._held_bytes(item),
+            rfc3339(item.last_used) or "never",
+            why,
+        )
+        self._remove(item.digest)
 
     def _remove(self, digest: str) -> None:
         """Caller holds the lock."""

@@ -11,6 +11,7 @@ from prometheus_client import generate_latest
 
 from gpustack_models.plugin import DOWNLOADING, FAILED, READY, Metrics, backoff_seconds
 from gpustack_models.plugin.cache import read_json
+from gpustack_models.plugin.engine import rfc3339
 from gpustack_models.plugin.limits import RateLimiter
 
 from .conftest import InFlight, KiB, MiB, random_bytes, settings, ticket_for, tree_files, wait_for
@@ -288,42 +289,214 @@ def test_it_resumes_an_interrupted_download_after_restart(fakehub, make_engine):
     assert restarted.stats(ticket.digest)["resumed_hash_bytes"] >= 1 * MiB
 
 
-def test_it_collects_a_tree_only_after_the_grace(fakehub, make_engine, clock):
+def test_it_removes_a_tree_only_after_the_removal_delay(fakehub, make_engine, clock):
     kept_commit = fakehub.add_hf_repo("org/kept", {"config.json": b'{"a": 1}'})
     gone_commit = fakehub.add_hf_repo("org/gone", {"config.json": b'{"b": 2}'})
     kept, gone = ticket_for(fakehub, "org/kept", kept_commit), ticket_for(fakehub, "org/gone", gone_commit)
     removed_events = []
-    engine = make_engine(clock=clock, on_change=lambda d, e: e is None and removed_events.append(d))
+    delay = 600
+    engine = make_engine(
+        clock=clock, removal_delay=delay, on_change=lambda d, e: e is None and removed_events.append(d)
+    )
     for ticket in (kept, gone):
         engine.ensure(ticket)
         assert engine.wait(ticket.digest, timeout=30).state == READY
-    grace = 600
+    assert engine.collect() == []  # the spec is not known yet: nothing is collected
 
-    assert engine.collect([kept.digest, gone.digest], grace) == []
-    assert engine.collect([kept.digest], grace) == []  # gone is absent from now on
-    clock.advance(grace - 1)
-    assert engine.collect([kept.digest], grace) == []
+    engine.set_wanted([{"digest": kept.digest}, {"digest": gone.digest}])
+    assert engine.collect() == []
+    engine.set_wanted([{"digest": kept.digest}])  # gone is out of spec.models from now on
+    left = clock.now
+    assert engine.entry(gone.digest).status()["collectTime"] == rfc3339(left + delay)
+    assert "collectTime" not in engine.entry(kept.digest).status()
+    clock.advance(delay - 1)
+    assert engine.collect() == []
     engine.close()
 
     # A restart neither resets the absence clock nor deletes early.
-    restarted = make_engine(clock=clock)
-    assert restarted.collect([kept.digest], grace) == []
+    restarted = make_engine(clock=clock, removal_delay=delay)
+    restarted.set_wanted([{"digest": kept.digest}])
+    assert restarted.collect() == []
+    assert restarted.entry(gone.digest).collect_time == left + delay
     assert restarted.path(gone.digest) is not None
     clock.advance(1)
-    assert restarted.collect([kept.digest], grace) == [gone.digest]
+    assert restarted.collect() == [gone.digest]
     assert restarted.path(gone.digest) is None and restarted.entry(gone.digest) is None
     assert not restarted.cache.record_path(gone.digest).exists()
     assert [e.digest for e in restarted.entries()] == [kept.digest]
 
-    # Wanted again resets the clock.
-    clock.advance(10 * grace)
-    assert restarted.collect([], grace) == []
-    clock.advance(grace - 1)
-    assert restarted.collect([kept.digest], grace) == []
-    clock.advance(grace)
-    assert restarted.collect([kept.digest], grace) == []
+    # Back in spec.models resets the clock.
+    restarted.set_wanted([])
+    clock.advance(delay - 1)
+    restarted.set_wanted([{"digest": kept.digest, "pinned": True}])
+    clock.advance(delay)
+    assert restarted.collect() == []
     assert restarted.path(kept.digest) is not None
+    assert restarted.entry(kept.digest).status()["pinned"] is True
     assert removed_events == []  # the first engine removed nothing
+
+
+def test_it_downloads_only_referenced_items_and_keeps_unreferenced_trees(fakehub, make_engine, clock):
+    ready_commit = fakehub.add_hf_repo("org/held", {"config.json": b'{"held": 1}'})
+    absent_commit = fakehub.add_hf_repo("org/absent", {"config.json": b'{"absent": 1}'})
+    held, absent = ticket_for(fakehub, "org/held", ready_commit), ticket_for(fakehub, "org/absent", absent_commit)
+    engine = make_engine(clock=clock)
+    engine.set_wanted([{"digest": held.digest}])
+    engine.ensure(held)
+    assert engine.wait(held.digest, timeout=30).state == READY
+    fakehub.clear_requests()
+
+    collect_at = "2030-01-01T00:00:00Z"
+    engine.set_wanted(
+        [
+            {"digest": held.digest, "pinned": True, "collectTime": collect_at},
+            {"digest": absent.digest, "collectTime": collect_at},
+        ]
+    )
+    assert engine.ensure(absent) is None  # not referenced: not started
+    assert engine.entry(absent.digest) is None and not engine.running()
+    status = engine.entry(held.digest).status()
+    assert status["state"] == READY and status["collectTime"] == collect_at and status["pinned"] is True
+    assert engine.ensure(held).state == READY
+    assert engine.collect() == []
+
+    engine.set_wanted([{"digest": held.digest}, {"digest": absent.digest}])  # referenced again
+    assert engine.ensure(held).state == READY
+    assert set(engine.entry(held.digest).status()) == {
+        "digest",
+        "state",
+        "sizeBytes",
+        "downloadedBytes",
+        "lastUsedTime",
+        "source",
+    }
+    assert fakehub.requests == []  # a published tree is Ready at once
+    engine.ensure(absent)
+    assert engine.wait(absent.digest, timeout=30).state == READY
+
+
+def test_it_stops_the_download_of_an_unreferenced_item_and_resumes_it_when_referenced(fakehub, make_engine, clock):
+    data = random_bytes(3 * MiB, seed=31)
+    commit = fakehub.add_hf_repo("org/unref", {"model.safetensors": data})
+    fakehub.faults.throttle("model.safetensors", 1 * MiB, listener="cdn")
+    ticket = ticket_for(fakehub, "org/unref", commit)
+    engine = make_engine(clock=clock)
+    engine.set_wanted([{"digest": ticket.digest}])
+    engine.ensure(ticket)
+    wait_for(lambda: engine.running() and engine.running()[0]["downloadedBytes"] >= 1 * MiB)
+
+    engine.set_wanted([{"digest": ticket.digest, "collectTime": "2030-01-01T00:00:00Z"}])
+    entry = engine.wait(ticket.digest, timeout=10)
+    assert not engine.running() and entry.state == FAILED and entry.reason == "Canceled"
+    assert entry.retry_time is None and entry.downloaded_bytes >= 1 * MiB
+    assert engine.cache.partial(ticket.digest).exists()
+    assert engine.ensure(ticket).state == FAILED and not engine.running()  # still unreferenced: not continued
+
+    fakehub.faults.clear()
+    engine.set_wanted([{"digest": ticket.digest}])
+    engine.ensure(ticket)
+    assert engine.wait(ticket.digest, timeout=30).state == READY
+    assert engine.stats(ticket.digest)["resumed_hash_bytes"] >= 1 * MiB - 256 * KiB
+    assert (engine.path(ticket.digest) / "model.safetensors").read_bytes() == data
+
+
+def test_it_keeps_partial_work_out_of_spec_for_the_partial_retention(fakehub, make_engine, clock):
+    commit = fakehub.add_hf_repo("org/partial", {"model.safetensors": random_bytes(3 * MiB, seed=32)})
+    fakehub.faults.throttle("model.safetensors", 1 * MiB, listener="cdn")
+    ticket = ticket_for(fakehub, "org/partial", commit)
+    engine = make_engine(clock=clock, removal_delay=5, partial_retention=30)
+    engine.set_wanted([{"digest": ticket.digest}])
+    engine.ensure(ticket)
+    wait_for(lambda: engine.running() and engine.running()[0]["downloadedBytes"] >= 1 * MiB)
+
+    engine.set_wanted([])  # left spec.models: the download stops, its partial work stays
+    left = clock.now
+    entry = engine.wait(ticket.digest, timeout=10)
+    assert not engine.running() and entry.state == FAILED and entry.downloaded_bytes >= 1 * MiB
+    assert entry.status()["collectTime"] == rfc3339(left + 30)
+    clock.advance(29)
+    assert engine.collect() == []  # past the removal delay of trees, within the retention of partial work
+    assert engine.cache.partial(ticket.digest).exists()
+    engine.close()
+
+    restarted = make_engine(clock=clock, removal_delay=5, partial_retention=30)
+    restarted.set_wanted([])
+    assert restarted.collect() == [] and restarted.entry(ticket.digest).collect_time == left + 30
+    clock.advance(1)
+    assert restarted.collect() == [ticket.digest]
+    assert not restarted.cache.partial(ticket.digest).exists()
+    assert not restarted.cache.record_path(ticket.digest).exists() and restarted.entries() == []
+
+
+def one_mib_trees(fakehub, engine, clock, names, seed):
+    """Download a 1 MiB tree per name, one a minute apart (so each was last used later); their tickets."""
+    tickets = {}
+    for i, name in enumerate(names):
+        commit = fakehub.add_hf_repo(f"org/{name}", {"model.safetensors": random_bytes(MiB, seed=seed + i)})
+        tickets[name] = ticket_for(fakehub, f"org/{name}", commit)
+    engine.set_wanted([{"digest": t.digest} for t in tickets.values()])
+    for ticket in tickets.values():
+        clock.advance(60)
+        engine.ensure(ticket)
+        assert engine.wait(ticket.digest, timeout=30).state == READY
+    return tickets
+
+
+def test_it_evicts_least_recently_used_down_to_the_low_watermark(fakehub, make_engine, clock):
+    engine = make_engine(clock=clock, capacity_bytes=10 * MiB, high_percent=90, low_percent=80, removal_delay=3600)
+    names = ["out-a", "referenced", "pinned", "unref", "out-b", "pinned-referenced"]
+    t = one_mib_trees(fakehub, engine, clock, names, seed=40)
+    clock.advance(60)
+    engine.touch(t["out-a"].digest)  # used last: evicted last
+    collect_at = "2030-01-01T00:00:00Z"
+    engine.set_wanted(
+        [
+            {"digest": t["referenced"].digest},
+            {"digest": t["pinned"].digest, "pinned": True, "collectTime": collect_at},
+            {"digest": t["unref"].digest, "collectTime": collect_at},
+            {"digest": t["pinned-referenced"].digest, "pinned": True},
+        ]
+    )
+    assert engine.collect() == []  # 60 %: under the high watermark
+    assert engine.capacity()["usedPercent"] == 60
+
+    engine.set_watermarks(50, 40)
+    assert engine.collect() == [t["unref"].digest, t["out-b"].digest]  # least recently used first, down to 40 %
+    assert engine.capacity()["usedPercent"] == 40
+    assert engine.collect() == []
+    engine.set_watermarks(30, 10)  # only out-a may still go; referenced and pinned trees stay
+    assert engine.collect() == [t["out-a"].digest]
+    assert engine.collect() == []
+    held = {e.digest for e in engine.entries()}
+    assert held == {t[n].digest for n in ("referenced", "pinned", "pinned-referenced")}
+    assert all(engine.path(d) is not None for d in held)
+
+
+def test_it_evicts_to_make_room_and_says_how_many_bytes_are_missing(fakehub, make_engine, clock, caplog):
+    engine = make_engine(clock=clock, capacity_bytes=10 * MiB, high_percent=50, low_percent=40, removal_delay=3600)
+    t = one_mib_trees(fakehub, engine, clock, ["old", "older", "kept"], seed=50)
+    big = fakehub.add_hf_repo("org/big", {"model.safetensors": random_bytes(3 * MiB, seed=53)})
+    huge = fakehub.add_hf_repo("org/huge", {"model.safetensors": random_bytes(3 * MiB, seed=54)})
+    big, huge = ticket_for(fakehub, "org/big", big), ticket_for(fakehub, "org/huge", huge)
+    engine.touch(t["old"].digest)  # "older" was used before "old"
+    engine.set_wanted([{"digest": t["kept"].digest}, {"digest": big.digest}, {"digest": huge.digest}])
+    assert engine.collect() == []  # 30 %: no pressure
+
+    with caplog.at_level("INFO", logger="gpustack_models.plugin.engine"):
+        engine.ensure(big)  # 3 MiB held + 3 MiB > 5 MiB: the least recently used out-of-spec tree goes
+        assert engine.wait(big.digest, timeout=30).state == READY
+    assert engine.entry(t["older"].digest) is None and engine.path(t["older"].digest) is None
+    assert engine.path(t["old"].digest) is not None and engine.path(t["kept"].digest) is not None
+    [evicted] = [r.getMessage() for r in caplog.records if r.getMessage().startswith("evicted")]
+    assert t["older"].digest in evicted and f"({MiB} bytes, last used " in evicted and "high 50%, low 40%" in evicted
+
+    fakehub.clear_requests()
+    engine.set_watermarks(60, 50)  # 5 of 6 MiB used: 1 MiB free
+    engine.ensure(huge)  # 3 MiB more: evicting "old" would not make room, so nothing is evicted in vain
+    entry = engine.wait(huge.digest, timeout=30)
+    assert entry.state == FAILED and entry.reason == "InsufficientCapacity", entry
+    assert f"needs {3 * MiB} more bytes, {1 * MiB} bytes are free under" in entry.message
+    assert engine.path(t["old"].digest) is not None and fakehub.requests == []
 
 
 def test_it_reports_capacity_of_the_real_volume(make_engine):
