@@ -292,3 +292,47 @@ def test_status_a_tenant_can_act_on(worker_stack, worker_api, hub, worker_kube, 
         wait_for(lambda: len(store(worker_kube, node)["spec"]["models"]) == 1, message="placed within the limit")
     finally:
         launcher.unregister_node(node)
+
+
+def events_of(core, name, uid):
+    found = core.list_event_for_all_namespaces(field_selector=f"involvedObject.name={name},involvedObject.uid={uid}")
+    return found.items
+
+
+def test_a_failing_node_degrades_the_artifact_and_describe_tells_the_story(life, hub, worker_kube, core, kubectl):
+    life.artifact()
+    (plugin,) = life.plugins(1, GPUSTACK_PLUGIN_RETRY_BASE=1)
+    hub.faults.fail(life.repo, 503, times=None)
+    hub.faults.fail(life.weights, 503, times=None)
+    life.prefetch([plugin])
+    life.wait_state(plugin.node, "Failed", reason="SourceUnavailable")
+    art_path = f"{STORAGE}/namespaces/{life.ns}/modelartifacts/art"
+
+    def degraded(status):
+        obj = worker_kube.get(art_path)
+        cond = {c["type"]: c for c in (obj.get("status") or {}).get("conditions") or []}.get("Degraded")
+        return cond if cond and cond["status"] == status else None
+
+    cond = wait_for(lambda: degraded("True"), message="the artifact Degraded")
+    assert cond["reason"] == "SourceUnavailable" and "1 of 1 nodes failed (SourceUnavailable: 1)" in cond["message"]
+    assert plugin.node not in cond["message"]
+    store_uid = store(worker_kube, plugin.node)["metadata"]["uid"]
+
+    def failures():  # retried with backoff: every failure joins one Event series
+        found = [e for e in events_of(core, plugin.node, store_uid) if e.reason == "DownloadFailed"]
+        return found if found and sum(e.count or 1 for e in found) >= 3 else None
+
+    assert len(wait_for(failures, timeout=90, message="three failures recorded")) == 1
+    hub.faults.clear()
+    life.wait_state(plugin.node, "Ready", timeout=120)
+    wait_for(lambda: degraded("False"), message="the artifact recovered")
+
+    described = kubectl("describe", "mart", "art", "-n", life.ns).stdout
+    for reason in ("Resolved", "Degraded", "Recovered"):
+        assert reason in described, described
+    assert plugin.node not in described.split("Events:")[1], "a tenant's Events name a node"
+    described = kubectl("describe", "mpf", "warm", "-n", life.ns).stdout
+    assert "TargetsChanged" in described and "Available" in described.split("Events:")[1], described
+    described = kubectl("describe", "nms", plugin.node).stdout
+    events = described.split("Events:")[1]
+    assert "DownloadStarted" in events and "DownloadFailed" in events and "DownloadReady" in events, described
