@@ -176,6 +176,7 @@ class WorkerStack:
             MODELSCOPE_ENDPOINT=self.hub.url,
             GPUSTACK_RESOLVE_RETRY_BASE="0.5",
             GPUSTACK_RESOLVE_RETRY_MAX="3",
+            GPUSTACK_SECRET_CHECK_INTERVAL_SECONDS="5",
             NO_PROXY="127.0.0.1,127.0.0.2,localhost",
             no_proxy="127.0.0.1,127.0.0.2,localhost",
             HF_HOME=str(TEST_STATE / "hf-home"),
