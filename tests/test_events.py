@@ -90,3 +90,34 @@ def test_it_gives_the_worker_events_create_and_patch_only(cluster, kubectl, laun
     for verb, allowed in (("create", "yes"), ("patch", "yes"), ("delete", "no"), ("list", "no")):
         out = kubectl("auth", "can-i", verb, "events", "-n", "default", f"--as={sa}", check=False).stdout.strip()
         assert out == allowed, (verb, out)
+
+
+def test_it_tells_administrators_what_happened_on_a_node(nodes, worker_kube, core, kubectl, mirror_db):
+    from gpustack_models.models import NodeStore
+    from tests.support.stores import entry, put_entries, store
+    from tests.support.waiting import wait_for
+
+    node = nodes[0]
+    uid = wait_for(lambda: (store(worker_kube, node) or {}).get("metadata", {}).get("uid"), message="the store")
+    digest = "sha256:" + uuid.uuid4().hex * 2
+
+    def write(entries):  # one status at a time, each seen by the mirror before the next
+        rv = int(put_entries(worker_kube, node, entries)["metadata"]["resourceVersion"])
+        wait_for(lambda: NodeStore.objects.filter(name=node, resource_version__gte=rv).exists(), message="mirror")
+
+    for _ in range(3):
+        write([entry(digest, "Downloading", size=2 * 1024 * 1024)])
+        write([entry(digest, "Failed", size=2 * 1024 * 1024, reason="SourceUnavailable")])
+    write([entry(digest, "Ready", size=2 * 1024 * 1024)])
+    write([])
+
+    def recorded():
+        found = {e.reason: e for e in events_of(core, uid, "default")}
+        done = {"DownloadStarted", "DownloadFailed", "DownloadReady", "Collected"} <= set(found)
+        return done and found["DownloadFailed"].count == 3 and found["DownloadStarted"].count == 3 and found
+
+    found = wait_for(recorded, timeout=30, message="the store's events")
+    assert found["DownloadFailed"].type == "Warning" and "SourceUnavailable" in found["DownloadFailed"].message
+    assert digest[:19] in found["DownloadReady"].message and "2.0MiB" in found["DownloadReady"].message
+    described = kubectl("describe", "nodemodelstore", node).stdout
+    assert "(x3 over" in described and "Collected" in described, described
