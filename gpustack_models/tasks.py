@@ -161,8 +161,9 @@ def record_events(regarding: dict, recorded: list[list[str]]) -> int:
 @shared_task(name="gpustack_models.retry_failed_resolutions")
 def retry_failed_resolutions(limit: int = 500) -> int:
     """Every 30 s: artifacts whose resolution failed for a reason a person must fix, and whose backoff
-    passed, are tried again (a token may have been granted access, a tag created)."""
-    due = retries.take_due(limit)
+    passed, are tried again (a token may have been granted access, a tag created); so are failed ones no
+    row schedules yet."""
+    due = retries.take_due(limit) + retries.unscheduled(limit)
     for ns, name in due:
         resolve_artifact.delay(ns, name)
     return len(due)

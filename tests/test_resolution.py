@@ -212,11 +212,144 @@ def test_it_retries_through_hub_errors(artifacts, hub):
     assert len(failed) == 2
 
 
-def test_it_reports_an_empty_manifest(artifacts, hub):
+def resolved_condition(obj: dict) -> dict:
+    return next(c for c in obj["status"]["conditions"] if c["type"] == "Resolved")
+
+
+def test_it_reports_an_empty_manifest_with_the_files_that_exist(artifacts, hub):
     repo = f"org/e-{uuid.uuid4().hex[:6]}"
-    hub.add_hf_repo(repo, {"config.json": b"{}"})
-    artifacts.create("empty", hf(repo), allowPatterns=["*.gguf"])
-    artifacts.answered("empty", reason="EmptyManifest")
+    files = {f"shard-{i:02d}.SAFETENSORS": b"x" for i in range(12)} | {"config.json": b"{}"}
+    hub.add_hf_repo(repo, files)
+    artifacts.create("empty", hf(repo), allowPatterns=["*.safetensors"])
+    message = resolved_condition(artifacts.answered("empty", reason="EmptyManifest"))["message"]
+    assert "case-sensitive" in message and "fnmatchcase" in message, message
+    assert "13 files" in message and "config.json" in message and "shard-00.SAFETENSORS" in message, message
+    assert "and 3 more" in message, message
+
+
+def test_it_says_no_token_was_given_for_a_missing_repository(artifacts, hub, core):
+    artifacts.create("unknown", hf(f"org/none-{uuid.uuid4().hex[:6]}"))
+    message = resolved_condition(artifacts.answered("unknown", reason="AccessDenied"))["message"]
+    assert "does not exist, or it is private and no token was given" in message and "secretRef" in message, message
+    private = f"org/private-{uuid.uuid4().hex[:6]}"
+    hub.add_hf_repo(private, {"config.json": b"{}"}, private=True, token="hf_owner_token")
+    hub.add_token("hf_stranger_token")
+    put_secret(core, artifacts.ns, "stranger", "hf_stranger_token")
+    artifacts.create("stranger", hf(private, secret="stranger"))
+    message = resolved_condition(artifacts.answered("stranger", reason="AccessDenied"))["message"]
+    assert "the token given has no access" in message and "no token was given" not in message, message
+
+
+def put_secret(core, namespace: str, name: str, token: str) -> None:
+    body = k8s.V1Secret(metadata=k8s.V1ObjectMeta(name=name), data={"token": base64.b64encode(token.encode()).decode()})
+    try:
+        core.create_namespaced_secret(namespace, body)
+    except k8s.ApiException as exc:
+        if exc.status != 409:
+            raise
+        core.replace_namespaced_secret(name, namespace, body)
+
+
+def test_it_resolves_a_denied_artifact_within_a_minute_of_its_secret_being_fixed(artifacts, hub, core, mirror_db):
+    from gpustack_models.models import ResolveState
+
+    private = f"org/private-{uuid.uuid4().hex[:6]}"
+    files = {"config.json": b'{"fixed": true}'}
+    hub.add_hf_repo(private, files, private=True, token="hf_right_token")
+    hub.add_token("hf_wrong_token")
+    put_secret(core, artifacts.ns, "hub", "hf_wrong_token")
+    artifacts.create("fixme", hf(private, secret="hub"))
+    artifacts.answered("fixme", reason="AccessDenied")
+    state = wait_for(lambda: ResolveState.objects.filter(namespace=artifacts.ns, name="fixme", failures__gte=1).first(),
+                     message="the failure to be remembered")  # fmt: skip
+    assert state.retry_at.timestamp() - time.time() > 120  # the slow retry is minutes away: the Secret does it
+    put_secret(core, artifacts.ns, "hub", "hf_right_token")
+    fixed = time.monotonic()
+    resolved = artifacts.answered("fixme", timeout=60)["status"]["resolved"]
+    assert resolved["manifestDigest"] == expected_digest(files)
+    assert time.monotonic() - fixed < 60
+
+
+def test_it_backs_off_terminal_failures_per_artifact(artifacts, mirror_db):
+    from gpustack_models.models import ResolveState
+
+    artifacts.create("gone", hf(f"org/none-{uuid.uuid4().hex[:6]}"))
+    artifacts.answered("gone", reason="AccessDenied")
+    state = wait_for(lambda: ResolveState.objects.filter(namespace=artifacts.ns, name="gone", failures=1).first(),
+                     message="the failure to be remembered")  # fmt: skip
+    assert state.failed_reason == "AccessDenied"
+    assert 240 < state.retry_at.timestamp() - time.time() <= 300  # the default base: 5 minutes
+
+
+@pytest.mark.django_db
+def test_it_doubles_the_terminal_backoff_up_to_its_max(settings):
+    from django.utils import timezone
+
+    from gpustack_models.worker import retries
+
+    settings.RESOLVE_TERMINAL_RETRY_BASE, settings.RESOLVE_TERMINAL_RETRY_MAX = 300.0, 1000.0
+    ns, name, uid = f"b-{uuid.uuid4().hex[:6]}", "a", str(uuid.uuid4())
+    waits = []
+    for _ in range(4):
+        state = retries.failed(ns, name, uid, "RevisionNotFound", "", "")
+        waits.append(round((state.retry_at - timezone.now()).total_seconds() / 10) * 10)
+    assert waits == [300, 600, 1000, 1000]
+    retries.succeeded(ns, name, uid)
+    assert (
+        round((retries.failed(ns, name, uid, "RevisionNotFound", "", "").retry_at - timezone.now()).total_seconds())
+        == 300
+    )
+    # A new object under the same name starts afresh.
+    assert retries.failed(ns, name, str(uuid.uuid4()), "RevisionNotFound", "", "").failures == 1
+
+
+def test_it_resolves_again_once_per_requested_at_value(artifacts, hub, admin_http, cluster, mirror_db):
+    from gpustack_models.models import ResolveState
+
+    repo = f"org/moving-{uuid.uuid4().hex[:6]}"
+    first = hub.add_hf_repo(repo, {"config.json": b'{"v": 1}'})
+    artifacts.create("moving", hf(repo))
+    assert artifacts.answered("moving")["status"]["resolved"]["revision"] == first
+    moved = hub.add_hf_commit(repo, {"config.json": b'{"v": 2}'})
+    url = f"{cluster.server}/apis/{GROUP}/v1/namespaces/{artifacts.ns}/modelartifacts/moving"
+
+    def annotate(**labels):
+        patch = {"metadata": {"annotations": {"worker.gpustack.ai/requested-at": "2026-12-01T00:00:00Z"}}}
+        if labels:
+            patch["metadata"]["labels"] = labels
+        resp = admin_http.patch(url, json=patch, headers={"Content-Type": "application/merge-patch+json"})
+        assert resp.status_code == 200, resp.text
+
+    annotate()
+    wait_for(lambda: artifacts.get("moving")["status"]["resolved"].get("revision") == moved, timeout=30,
+             message="the moved branch to be resolved")  # fmt: skip
+    wait_for(lambda: ResolveState.objects.filter(namespace=artifacts.ns, name="moving",
+                                                 requested_at="2026-12-01T00:00:00Z").exists(),
+             message="the request to be remembered")  # fmt: skip
+    time.sleep(2)
+    asked = len(hub.requests_matching(repo))
+    annotate(touched="yes")  # another event with the same value: not a new request
+    wait_for(lambda: artifacts.get("moving")["metadata"].get("labels", {}).get("touched") == "yes")
+    time.sleep(5)
+    assert len(hub.requests_matching(repo)) == asked
+
+
+def test_kubectl_describe_shows_resolution_events(artifacts, hub, kubectl):
+    repo = f"org/described-{uuid.uuid4().hex[:6]}"
+    commit = hub.add_hf_repo(repo, {"config.json": b"{}"})
+    artifacts.create("good", hf(repo))
+    artifacts.create("bad", hf(repo, "no-such-branch"))
+    artifacts.answered("good")
+    artifacts.answered("bad", reason="RevisionNotFound")
+
+    def described(name, reason):
+        out = kubectl("describe", "modelartifact", name, "-n", artifacts.ns).stdout
+        return reason in out.split("Events:")[-1] and out
+
+    good = wait_for(lambda: described("good", "Resolved"), message="the Resolved event")
+    assert commit in good and "Normal" in good and "gpustack-models" in good, good
+    bad = wait_for(lambda: described("bad", "ResolutionFailed"), message="the ResolutionFailed event")
+    assert "Warning" in bad and "RevisionNotFound" in bad, bad
 
 
 def test_it_reports_a_digest_mismatch(artifacts, hub):

@@ -148,6 +148,13 @@ def test_it_refuses_an_empty_selection():
     with pytest.raises(EmptyManifest) as nothing:
         build_manifest(VECTOR, ["*.gguf"])
     assert nothing.value.reason == "EmptyManifest" and "*.gguf" in str(nothing.value)
+    assert "case-sensitively" in nothing.value.message and "the revision has 6 files: B.json, a-b.bin" in str(
+        nothing.value
+    )
+    many = [ManifestFile(f"w{i:02d}.BIN", 1, "sha256", "0" * 64) for i in range(25)]
+    with pytest.raises(EmptyManifest) as upper:
+        build_manifest(many, ["*.bin"])
+    assert "w09.BIN, and 15 more" in upper.value.message and "w10.BIN" not in upper.value.message
     with pytest.raises(EmptyManifest):
         build_manifest([])
     files, digest = build_manifest(VECTOR, ["*.json"], ["B*"])
@@ -266,6 +273,9 @@ def test_it_denies_what_the_huggingface_hub_refuses(fakehub):
         with pytest.raises(AccessDenied) as denied:
             hf(fakehub, repository, token=token)
         assert denied.value.reason == "AccessDenied" and not denied.value.retryable, (repository, token)
+        if repository in ("org/never-created", "org/private"):
+            said = "no token was given" if token is None else "the token given has no access"
+            assert said in denied.value.message, (repository, token, denied.value.message)
 
     assert hf(fakehub, "org/private", token="hf_owner").commit == fakehub.commit_id("org/private")
     fakehub.grant("org/gated", "hf_stranger")
@@ -536,8 +546,11 @@ def test_it_denies_what_modelscope_refuses(fakehub):
         ("owner/model", "ms-forged"),
         ("not-an-owner-slash-name", None),
     ):
-        with pytest.raises(AccessDenied):
+        with pytest.raises(AccessDenied) as denied:
             ms(fakehub, repository, token=token)
+        if repository in ("owner/never-created", "owner/private"):
+            said = "no token was given" if token is None else "the token given has no access"
+            assert said in denied.value.message, (repository, token, denied.value.message)
     assert ms(fakehub, "owner/private", token="ms-owner").commit == fakehub.commit_id("owner/private", kind="ms")
     for revision in ("v9", "f" * 40):
         with pytest.raises(RevisionNotFound):

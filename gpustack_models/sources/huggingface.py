@@ -241,10 +241,11 @@ _HUB_ERRORS: tuple[tuple[type[Exception] | tuple[type[Exception], ...], Callable
 
 def _missing_repository(exc: Exception, where: str, token_given: bool) -> SourceError | None:
     """A repository the hub would not show (absent, or private to this caller), said for this caller."""
-    if isinstance(exc, (GatedRepoError, DisabledRepoError)) or not isinstance(exc, HfHubHTTPError):
+    if not isinstance(exc, HfHubHTTPError) or isinstance(exc, GatedRepoError):
         return None
     status = exc.response.status_code if exc.response is not None else None
-    if not isinstance(exc, RepositoryNotFoundError) and status not in (401, 404):
+    plain = type(exc) is HfHubHTTPError and status in (401, 404)  # not a more precise error of the client
+    if not (plain or isinstance(exc, RepositoryNotFoundError)):
         return None
     detail = f" (HTTP {status}: {exc.server_message})" if exc.server_message else f" (HTTP {status})"
     return AccessDenied(f"{where}: {missing_repository(token_given)}{detail}")

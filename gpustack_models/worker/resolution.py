@@ -34,7 +34,7 @@ from .writes import RESOLVER, apply_status, artifact_path, condition, find_condi
 
 log = logging.getLogger(__name__)
 
-RETRYABLE = ("SourceUnavailable", "SecretNotFound", "ClaimNotFound")
+RETRYABLE = retries.RETRYABLE
 HUBS = {
     SourceKind.HUGGING_FACE: (huggingface, "HF_ENDPOINT", "main"),
     SourceKind.MODEL_SCOPE: (modelscope, "MODELSCOPE_ENDPOINT", "master"),

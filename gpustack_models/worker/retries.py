@@ -21,15 +21,17 @@ from datetime import timedelta
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import F
+from django.db.models import Exists, F, OuterRef
 from django.utils import timezone
 
 from gpustack_models import kube
-from gpustack_models.models import ResolveState
+from gpustack_models.models import Artifact, ConditionStatus, ResolveState
 
 log = logging.getLogger(__name__)
 
 REQUESTED_AT = "worker.gpustack.ai/requested-at"
+# Failures that pass on their own: the resolver's own backoff retries them (see ``resolution``).
+RETRYABLE = ("SourceUnavailable", "SecretNotFound", "ClaimNotFound")
 
 
 def _locked(namespace: str, name: str, uid: str) -> ResolveState:
@@ -64,11 +66,10 @@ def failed(namespace: str, name: str, uid: str, reason: str, secret_name: str, s
 
 
 def succeeded(namespace: str, name: str, uid: str) -> None:
-    with transaction.atomic():
-        state = _locked(namespace, name, uid)
-        state.failed_reason, state.failures, state.retry_at = "", 0, None
-        state.secret_name = state.secret_version = ""
-        state.save()
+    """Nothing left to try again (a row is written only when there was something to clear)."""
+    ResolveState.objects.filter(namespace=namespace, name=name).exclude(failed_reason="").update(
+        uid=uid, failed_reason="", failures=0, retry_at=None, secret_name="", secret_version=""
+    )
 
 
 def forget(namespace: str, name: str) -> None:
@@ -91,6 +92,23 @@ def take_due(limit: int) -> list[tuple[str, str]]:
         )
         ResolveState.objects.filter(pk__in=[pk for pk, _, _ in due]).update(retry_at=lease)
     return [(ns, name) for _, ns, name in due]
+
+
+def unscheduled(limit: int) -> list[tuple[str, str]]:
+    """Mirrored artifacts whose last resolution failed for good but that no row schedules again (failed
+    before these rows existed, or the row was lost): they are tried once, which schedules them."""
+    scheduled = ResolveState.objects.filter(namespace=OuterRef("namespace"), name=OuterRef("name")).exclude(
+        failed_reason=""
+    )
+    rows = (
+        Artifact.objects.live()
+        .filter(resolved_status=ConditionStatus.FALSE)
+        .exclude(resolved_reason__in=RETRYABLE)
+        .exclude(source="")
+        .exclude(Exists(scheduled))
+        .values_list("namespace", "name")[:limit]
+    )
+    return list(rows)
 
 
 def secret_version(namespace: str, name: str) -> str | None:
