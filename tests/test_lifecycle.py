@@ -68,7 +68,7 @@ def hub_downloads(hub, since):
     return [r for r in hub.requests[since:] if r.listener == "cdn" or "/resolve/" in r.path]
 
 
-def test_a_node_selector_follows_the_labels_and_the_unselected_node_loses_its_bytes(life, core, worker_kube):
+def test_a_node_selector_follows_the_labels_and_the_unselected_node_loses_its_bytes(life, core, worker_kube, kubectl):
     life.artifact()
     a, b, c = life.plugins(3, GPUSTACK_PLUGIN_REMOVAL_DELAY_SECONDS=1)
     label(core, a.node, "gpu")
@@ -82,6 +82,11 @@ def test_a_node_selector_follows_the_labels_and_the_unselected_node_loses_its_by
     label(core, c.node, "gpu")  # a third node joins the selection
     life.wait_state(c.node, "Ready", timeout=120)
     wait_for(lambda: prefetch_status(worker_kube, life.ns, "warm").get("readyNodes") == 3, message="3 ready")
+    table = kubectl("get", "mpf", "-o", "wide", "-n", life.ns).stdout
+    print(table)
+    header, row = table.splitlines()
+    assert header.split() == ["NAME", "ARTIFACT", "DESIRED", "READY", "DOWNLOADING", "AVAILABLE", "AGE"]
+    assert row.split()[:6] == ["warm", "art", "3", "3", "0", "True"]
 
     label(core, a.node, "cpu")  # and one leaves it: its bytes go after the grace, the others keep theirs
     left = time.monotonic()
