@@ -295,14 +295,14 @@ def test_it_refuses_to_start_past_the_high_watermark(scenario, hub):
 
 def test_it_restores_a_deleted_store_from_disk_and_collects_after_the_grace(scenario, hub):
     scenario.artifact()
-    (plugin,) = scenario.plugins(1, GPUSTACK_PLUGIN_GRACE_SECONDS=6)
+    (plugin,) = scenario.plugins(1, GPUSTACK_PLUGIN_REMOVAL_DELAY_SECONDS=6)
     scenario.prefetch([plugin])
     scenario.wait_state(plugin.node, "Ready", timeout=90)
     before = len(hub.requests)
     scenario.kube.delete(f"{STORAGE}/nodemodelstores/{plugin.node}")
     scenario.wait_state(plugin.node, "Ready", timeout=10)
     assert len(hub.requests) == before, "a recreated store caused hub requests"
-    # Out of spec.models: kept through the grace, removed after it.
+    # Out of spec.models: kept through the removal delay, removed after it.
     scenario.kube.delete(f"{STORAGE}/namespaces/{scenario.ns}/modelprefetches/warm")
     wait_for(
         lambda: (
@@ -315,10 +315,52 @@ def test_it_restores_a_deleted_store_from_disk_and_collects_after_the_grace(scen
         message="the digest to leave spec.models",
     )
     left = time.monotonic()
-    wait_for(lambda: not scenario.tree(plugin).exists(), timeout=30, interval=0.1, message="removal after the grace")
-    # The grace is the contract: the plugin saw the digest leave after `left`, so it waited at least this long.
-    assert time.monotonic() - left >= 6 - 0.2, "removed before the grace"
+    wait_for(lambda: not scenario.tree(plugin).exists(), timeout=30, interval=0.1, message="removal after the delay")
+    # The delay is the contract: the plugin saw the digest leave after `left`, so it waited at least this long.
+    assert time.monotonic() - left >= 6 - 0.2, "removed before the removal delay"
     wait_for(lambda: scenario.entry(plugin.node) is None, timeout=15, message="the entry to leave the status")
+
+
+def test_it_evicts_unreferenced_trees_least_recently_used_first_to_make_room(scenario, hub):
+    # 13 MB volume, watermarks 80/70: three 3 MiB trees fit (73 %), a 6 MiB one needs two of them gone.
+    (plugin,) = scenario.plugins(
+        1, GPUSTACK_PLUGIN_CAPACITY_BYTES=13_000_000, GPUSTACK_PLUGIN_REMOVAL_DELAY_SECONDS=3600
+    )
+    digests = {"a": scenario.artifact(name="a")}
+    for name, mb in (("b", 3), ("c", 3), ("d", 6)):
+        repo = f"{scenario.repo}-{name}"
+        hub.add_hf_repo(repo, big_files(repo, mb=mb))
+        digests[name] = scenario.artifact(name=name, repo=repo)
+
+    def entry(digest):
+        store = scenario.kube.get(f"{STORAGE}/nodemodelstores/{plugin.node}")
+        return next((m for m in (store.get("status") or {}).get("models") or [] if m["digest"] == digest), None)
+
+    def tree(digest):
+        return plugin.cache / "models" / digest.split(":", 1)[1]
+
+    def prefetch_ready(name):
+        scenario.prefetch([plugin], name=f"warm-{name}", artifact=name)
+        wait_for(lambda: (entry(digests[name]) or {}).get("state") == "Ready", timeout=90, message=f"{name} Ready")
+
+    for name in "abc":  # one after the other: a is the least recently used, then b
+        prefetch_ready(name)
+    for name in "ab":  # nothing references a and b any more; the long removal delay keeps their trees
+        scenario.kube.delete(f"{STORAGE}/namespaces/{scenario.ns}/modelprefetches/warm-{name}")
+    wait_for(
+        lambda: all("collectTime" in (entry(digests[n]) or {}) for n in "ab"),
+        timeout=30,
+        message="a and b to be unreferenced (a collectTime in their entries)",
+    )
+    assert tree(digests["a"]).exists() and tree(digests["b"]).exists()
+
+    prefetch_ready("d")
+    assert not tree(digests["a"]).exists() and not tree(digests["b"]).exists()
+    assert entry(digests["a"]) is None and entry(digests["b"]) is None
+    assert tree(digests["c"]).exists() and entry(digests["c"])["state"] == "Ready"  # referenced: kept
+    log = (TEST_STATE / f"plugin-{plugin.node}.log").read_text()
+    evicted = [line.split("evicted ", 1)[1].split()[0] for line in log.splitlines() if " evicted sha256:" in line]
+    assert evicted == [digests["a"], digests["b"]], "not evicted least recently used first"
 
 
 def test_it_guards_tickets_status_and_live_bytes(scenario, cluster, launcher, worker_api):

@@ -499,6 +499,29 @@ def test_it_evicts_to_make_room_and_says_how_many_bytes_are_missing(fakehub, mak
     assert engine.path(t["old"].digest) is not None and fakehub.requests == []
 
 
+def test_it_evicts_partial_work_out_of_spec_but_never_a_running_download(fakehub, make_engine, clock):
+    left_commit = fakehub.add_hf_repo("org/left", {"model.safetensors": random_bytes(3 * MiB, seed=60)})
+    live_commit = fakehub.add_hf_repo("org/live", {"model.safetensors": random_bytes(3 * MiB, seed=61)})
+    left, live = ticket_for(fakehub, "org/left", left_commit), ticket_for(fakehub, "org/live", live_commit)
+    fakehub.faults.throttle("model.safetensors", 1 * MiB, listener="cdn")
+    engine = make_engine(clock=clock, capacity_bytes=10 * MiB, high_percent=90, low_percent=80)
+    engine.set_wanted([{"digest": left.digest}])
+    engine.ensure(left)
+    wait_for(lambda: engine.running() and engine.running()[0]["downloadedBytes"] >= 1 * MiB)
+    engine.set_wanted([{"digest": live.digest}])  # left stops, its partial work stays (24 h retention)
+    assert engine.wait(left.digest, timeout=10).state == FAILED and engine.cache.partial(left.digest).exists()
+    engine.ensure(live)
+    wait_for(lambda: engine.running() and engine.running()[0]["downloadedBytes"] >= 256 * KiB)
+
+    engine.set_watermarks(5, 1)  # far above the high watermark: only the partial work out of spec may go
+    assert engine.collect() == [left.digest]
+    assert not engine.cache.partial(left.digest).exists() and engine.entry(left.digest) is None
+    assert engine.collect() == []
+    assert [r["digest"] for r in engine.running()] == [live.digest]
+    fakehub.faults.clear()
+    assert engine.wait(live.digest, timeout=30).state == READY
+
+
 def test_it_reports_capacity_of_the_real_volume(make_engine):
     engine = make_engine()
     capacity = engine.capacity()
