@@ -303,6 +303,20 @@ def test_it_doubles_the_terminal_backoff_up_to_its_max(settings):
     assert retries.failed(ns, name, str(uuid.uuid4()), "RevisionNotFound", "", "").failures == 1
 
 
+@pytest.mark.django_db
+def test_it_schedules_failed_artifacts_no_row_schedules_yet():
+    from gpustack_models.models import Artifact
+    from gpustack_models.worker import retries
+
+    ns = f"u-{uuid.uuid4().hex[:6]}"
+    for name, reason in (("denied", "AccessDenied"), ("waiting", "SourceUnavailable"), ("norev", "RevisionNotFound")):
+        Artifact.objects.create(namespace=ns, name=name, resource_version=1, source="huggingFace",
+                                resolved_status="False", resolved_reason=reason)  # fmt: skip
+    assert sorted(n for s, n in retries.unscheduled(10_000) if s == ns) == ["denied", "norev"]
+    retries.failed(ns, "denied", "", "AccessDenied", "", "")
+    assert [n for s, n in retries.unscheduled(10_000) if s == ns] == ["norev"]
+
+
 def test_it_resolves_again_once_per_requested_at_value(artifacts, hub, admin_http, cluster, mirror_db):
     from gpustack_models.models import ResolveState
 
