@@ -192,7 +192,7 @@ def _cap_tenants(core, count):
 
 
 def test_300_digests_for_one_node_fill_256_places_and_a_pinned_model_still_lands(
-    worker_stack, worker_api, hub, worker_kube, core, launcher, namespace
+    worker_stack, worker_api, hub, worker_kube, core, launcher, namespace, mirror_db
 ):
     """30 tenants of 10 artifacts each (distinct digests), all prefetched onto one node: it is asked for 256,
     the rest say NodeFull, and another tenant's pinned prefetch displaces one of them."""
@@ -249,6 +249,19 @@ def test_300_digests_for_one_node_fill_256_places_and_a_pinned_model_still_lands
         launcher.unregister_node(node)
         for _, gen in tenants:
             next(gen, None)
+        settled(node, [ns for ns, _ in tenants])
+
+
+def settled(node, namespaces):
+    """Wait for the worker to digest a large teardown (hundreds of deletions), so the next test's waits
+    measure its own work and not this test's backlog."""
+    from gpustack_models.models import Holding, Prefetch
+
+    def done():
+        live = Prefetch.objects.live().filter(namespace__in=namespaces).exists()
+        return not live and not Holding.objects.filter(node=node).exists()
+
+    wait_for(done, timeout=180, interval=1, message="the worker to finish the teardown")
 
 
 def test_status_a_tenant_can_act_on(worker_stack, worker_api, hub, worker_kube, core, launcher, namespace):

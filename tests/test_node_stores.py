@@ -85,7 +85,7 @@ def test_it_rolls_entries_up_into_status_nodes(nodes, resolved, worker_kube, nam
             got = (worker_kube.get(url).get("status") or {}).get("nodes")
             return got if got == expected else None
 
-        return wait_for(check, timeout=20, message=f"status.nodes == {expected}")
+        return wait_for(check, timeout=60, message=f"status.nodes == {expected}")
 
     def rollup_writes(since: int) -> list[dict]:
         return [

@@ -35,10 +35,12 @@ CLUSTER_SCOPED_NAMESPACE = "default"
 def record(regarding: dict, type_: str, reason: str, message: str, *, series_key: str = "") -> None:
     """Record that ``reason`` happened to ``regarding`` (``apiVersion, kind, name, namespace, uid``;
     no namespace for a cluster-scoped object). ``type_`` is ``Normal`` or ``Warning``."""
+    kind = regarding.get("kind")
     try:
         _record(regarding, type_, reason, message[:MESSAGE_LIMIT], series_key)
+    except kube.StatusError as exc:  # e.g. the namespace is being deleted
+        log.info("could not record the Event %s on %s %s: %s", reason, kind, _named(regarding), exc)
     except Exception:  # an Event is never worth failing the work it describes
-        kind = regarding.get("kind")
         log.warning("could not record the Event %s on %s %s", reason, kind, _named(regarding), exc_info=True)
 
 

@@ -162,11 +162,15 @@ def _owned_by(body: dict, owner: dict) -> bool:
 
 def plan_models(node: str) -> list[dict]:
     """Decide ``node``'s spec.models from its references (the database only; nothing is applied yet), and
-    tell the prefetches whose place on the node changed."""
-    references, states = node_references(node, timezone.now())
-    placement = place(references, states, namespace_quotas(references))
-    models = desired_models(node, placement)
-    for namespace, name in _record_states(placement.states):
+    tell the prefetches whose place on the node changed. Decisions for one node are serialised on its
+    Node row, so two reconciles of a node never decide at once."""
+    with transaction.atomic():
+        list(Node.objects.select_for_update().filter(name=node).values_list("pk", flat=True))
+        references, states = node_references(node, timezone.now())
+        placement = place(references, states, namespace_quotas(references))
+        models = desired_models(node, placement)
+        touched = _record_states(placement.states)
+    for namespace, name in sorted(touched):
         _tasks().reconcile_prefetch.delay(namespace, name)
     return models
 
@@ -174,10 +178,12 @@ def plan_models(node: str) -> list[dict]:
 def reconcile_node_store(node: str) -> str:
     """Make ``node``'s NodeModelStore exist (while the node runs the plugin) with the computed spec."""
     node_row = Node.objects.live().filter(name=node).first()
-    runs_plugin = PluginPod.objects.live().filter(node=node, ready=True).exists()
-    if node_row is None or not runs_plugin:
+    if node_row is None:
+        Holding.objects.filter(node=node).delete()  # the node is gone, and its cache with it
+        return "no-node"
+    models = plan_models(node)  # also while its plugin is away: graces still run out
+    if not PluginPod.objects.live().filter(node=node, ready=True).exists():
         return "no-plugin"
-    models = plan_models(node)
     spec = store_spec(node, (node_row.body.get("metadata") or {}).get("annotations") or {}, models)
     owner = {"apiVersion": "v1", "kind": "Node", "name": node, "uid": node_row.uid}
     store = NodeStore.objects.live().filter(name=node).first()
