@@ -30,6 +30,11 @@ TOKEN_SECONDS = 365 * 24 * 3600
 PLUGIN_LABELS = {"app.kubernetes.io/name": "gpustack-models-plugin"}
 
 
+def kubelet_labels(node: str) -> dict:
+    """The labels a kubelet puts on its Node, so selectors written for a cluster select local nodes too."""
+    return {"kubernetes.io/hostname": node, "kubernetes.io/os": "linux", "kubernetes.io/arch": "amd64"}
+
+
 class Launcher:
     def __init__(self, cluster: LocalCluster, data_dir: Path):
         self.cluster = cluster
@@ -196,7 +201,12 @@ class Launcher:
 
     def ready_node(self, node: str, address: str, labels: dict | None) -> None:
         node_obj = self.create_or_get(
-            "/api/v1/nodes", {"apiVersion": "v1", "kind": "Node", "metadata": {"name": node, "labels": labels or {}}}
+            "/api/v1/nodes",
+            {
+                "apiVersion": "v1",
+                "kind": "Node",
+                "metadata": {"name": node, "labels": {**kubelet_labels(node), **(labels or {})}},
+            },
         )
         now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
         ready = {"type": "Ready", "status": "True", "reason": "KubeletReady", "message": "local"}
