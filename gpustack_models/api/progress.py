@@ -28,6 +28,7 @@ from gpustack_models.kube.tokens import plugin_token
 from gpustack_models.models import EntryState, PluginPod, StoreEntry
 
 from .authorization import ResourceAttributes
+from .renderers import PROGRESS_RENDERERS
 from .targets import Query, Target
 from .views import KubeAPIView
 
@@ -160,14 +161,19 @@ def compute(name: str, namespace: str, artifact: dict) -> dict:
 
 
 class ProgressView(KubeAPIView):
-    """``GET .../namespaces/<ns>/modelartifacts/<name>/progress``: needs ``get`` on ``modelartifacts/progress``."""
+    """``GET .../namespaces/<ns>/modelartifacts/<name>/progress``: needs ``get`` on ``modelartifacts/progress``.
+
+    Answers the object, or a one-row Table (``kubectl get mart <name> --subresource=progress``)."""
+
+    renderer_classes = list(PROGRESS_RENDERERS)
 
     def initial(self, request, *args, **kwargs):
         self.target = Target.checked(MODEL_ARTIFACT, kwargs["namespace"], kwargs["name"])
+        self.query = Query.of(request)
         super().initial(request, *args, **kwargs)
 
     def authorization_attributes(self, request):
-        watching = Query.of(request).watch
+        watching = self.query.watch
         verb = "watch" if watching and request.method in ("GET", "HEAD") else _VERBS.get(request.method, "get")
         return ResourceAttributes(
             verb=verb,
@@ -180,7 +186,7 @@ class ProgressView(KubeAPIView):
         )
 
     def get(self, request, **kwargs):
-        if Query.of(request).watch:
+        if self.query.watch:
             raise MethodNotAllowed("watch is not supported on modelartifacts/progress")
         artifact = kube.worker().request("GET", self.target.storage_path()).raise_for_status().json()
         return Response(compute(self.target.name, self.target.namespace, artifact))

@@ -1,10 +1,11 @@
 """What the v1 API sends, as DRF renderers: objects at v1, Tables and PartialObjectMetadata(List).
 
-A view hands a renderer either a Python object (``progress``, discovery) or ``StorageAnswer``: the bytes
-kube-apiserver answered for the storage version. Storage answers are rewritten as bytes, never decoded
-whole (the fast path: an object or a list at v1 costs one ``bytes.replace``). Each renderer also turns
-the lines of a watch stream (``watch_transform``) and may ask kube-apiserver for a form of its own
-(``upstream_accept``: the CRD's Table, whose raw cells become the v1 columns).
+A view hands a renderer either a Python object (``progress``, also as a one-row Table; discovery) or
+``StorageAnswer``: the bytes kube-apiserver answered for the storage version. Storage answers are
+rewritten as bytes, never decoded whole (the fast path: an object or a list at v1 costs one
+``bytes.replace``). Each renderer also turns the lines of a watch stream (``watch_transform``) and may
+ask kube-apiserver for a form of its own (``upstream_accept``: the CRD's Table, whose raw cells become
+the v1 columns).
 """
 
 from __future__ import annotations
@@ -79,6 +80,14 @@ class TableRenderer(KubeRenderer):
         return TableEvents(view.kind, tables.include_object_policy(view.query))
 
 
+class ProgressTableRenderer(TableRenderer):
+    """The ``progress`` answer (a Python object, computed per request) as a one-row Table."""
+
+    def render(self, data, accepted_media_type=None, renderer_context=None) -> bytes:
+        view = (renderer_context or {}).get("view")
+        return tables.progress_table(data, tables.include_object_policy(view.query))
+
+
 class TableEvents:
     """Watch events as one-row Tables; the column definitions ride on the first event only."""
 
@@ -115,3 +124,4 @@ class PartialObjectMetadataListRenderer(KubeRenderer):
 # What a read may be answered with: a collection (list) and a single object (get, and every watch).
 LIST_RENDERERS = (ObjectRenderer, TableRenderer, PartialObjectMetadataListRenderer)
 OBJECT_RENDERERS = (ObjectRenderer, TableRenderer, PartialObjectMetadataRenderer)
+PROGRESS_RENDERERS = (ObjectRenderer, ProgressTableRenderer)

@@ -12,22 +12,28 @@ from datetime import UTC, datetime
 
 import msgspec
 
-from gpustack_models.kinds import ResourceKind
+from gpustack_models.kinds import PROGRESS_COLUMNS, Column, ResourceKind
 from gpustack_models.kinds.formatting import human_duration, parse_time
 
 from .conversion import PUBLIC, public_bytes
 from .partial import META, Item, decode_event, decode_head, decode_item, decode_list, encode, partial
 
+_NAME = {
+    "name": "Name",
+    "type": "string",
+    "format": "name",
+    "description": "Name must be unique within a namespace.",
+    "priority": 0,
+}
+
+
+def definitions(columns: tuple[Column, ...]) -> list[dict]:
+    """Name, then ``columns``."""
+    return [_NAME] + [column.to_table() for column in columns]
+
 
 def column_definitions(kind: ResourceKind) -> list[dict]:
-    name = {
-        "name": "Name",
-        "type": "string",
-        "format": "name",
-        "description": "Name must be unique within a namespace.",
-        "priority": 0,
-    }
-    return [name] + [column.to_table() for column in kind.columns]
+    return definitions(kind.columns)
 
 
 class _Row(msgspec.Struct):
@@ -165,6 +171,26 @@ def object_table_event(kind: ResourceKind, line: bytes, include_object: str, wit
         kind, bytes(event.object), is_list=False, include_object=include_object, with_columns=with_columns
     )
     return encode({"type": event.type, "object": msgspec.Raw(table)})
+
+
+def progress_table(progress: dict, include_object: str) -> bytes:
+    """The v1 Table of one ``ModelArtifactProgress`` answer: one row, resolved or not.
+
+    The row's object follows ``includeObject``: none, the answer's metadata, or the whole answer."""
+    row = {"cells": [progress["metadata"]["name"]] + [column.object_render(progress) for column in PROGRESS_COLUMNS]}
+    if include_object == "Object":
+        row["object"] = progress
+    elif include_object == "Metadata":
+        row["object"] = {"kind": "PartialObjectMetadata", "apiVersion": META, "metadata": progress["metadata"]}
+    return encode(
+        {
+            "kind": "Table",
+            "apiVersion": META,
+            "metadata": {},
+            "columnDefinitions": definitions(PROGRESS_COLUMNS),
+            "rows": [row],
+        }
+    )
 
 
 def include_object_policy(query) -> str:

@@ -6,7 +6,7 @@ derived from these three objects, so they cannot drift apart.
 """
 
 from .base import CATEGORY, GROUP, PUBLIC_VERSION, STORAGE_VERSION, Column, Field, ResourceKind
-from .modelartifact import MODEL_ARTIFACT
+from .modelartifact import MODEL_ARTIFACT, PROGRESS_COLUMNS
 from .modelprefetch import MODEL_PREFETCH
 from .nodemodelstore import FAILURE_REASONS, MODEL_STATES, NODE_MODEL_STORE
 
@@ -25,6 +25,7 @@ __all__ = [
     "MODEL_PREFETCH",
     "MODEL_STATES",
     "NODE_MODEL_STORE",
+    "PROGRESS_COLUMNS",
     "PUBLIC_VERSION",
     "STORAGE_VERSION",
     "Column",

@@ -214,3 +214,61 @@ MODEL_ARTIFACT = ResourceKind(
     short_names=("mart",),
     subresources=(("progress", "ModelArtifactProgress", ("get",)),),
 )
+
+
+# --- The progress subresource's Table --------------------------------------------------------------
+# Its cells come from the ``ModelArtifactProgress`` answer (computed per request, never stored), so
+# every column renders from that whole object.
+
+
+def progress_percent(progress: dict) -> str:
+    percent = progress.get("downloadingPercent")
+    return "" if percent is None else f"{percent}%"
+
+
+def progress_bytes(progress: dict) -> str:
+    """What the downloading nodes hold, of what they fetch in all (the content's size on each)."""
+    downloading = progress.get("downloading") or 0
+    if not downloading:
+        return ""
+    total = (progress.get("sizeBytes") or 0) * downloading
+    return f"{human_bytes(progress.get('downloadingBytes') or 0)}/{human_bytes(total)}"
+
+
+def progress_failures(progress: dict) -> str:
+    return ",".join(f"{r['reason']}:{r['count']}" for r in progress.get("failureReasons") or ())
+
+
+PROGRESS_COLUMNS = (
+    Column("Ready", "integer", "Nodes holding the content.", object_render=count_of("ready")),
+    Column("Downloading", "integer", "Nodes downloading it.", object_render=count_of("downloading")),
+    Column("Failed", "integer", "Nodes waiting to retry a failed attempt.", object_render=count_of("failed")),
+    Column("Percent", "string", "Mean percent of the downloading nodes.", object_render=progress_percent),
+    Column(
+        "Bytes",
+        "string",
+        "Bytes the downloading nodes hold, of the content's size times the downloading nodes.",
+        object_render=progress_bytes,
+    ),
+    Column(
+        "Live",
+        "integer",
+        "Downloading nodes whose bytes were read from the node just now.",
+        object_render=count_of("live"),
+    ),
+    Column(
+        "Digest",
+        "string",
+        "The content digest (its first 12 hex characters).",
+        object_render=lambda p: (p.get("manifestDigest") or "")[:19],
+        priority=1,
+    ),
+    Column("Failures", "string", "Failed nodes by reason.", object_render=progress_failures, priority=1),
+    Column(
+        "Reason",
+        "string",
+        "Why no node counts: the content is on a claim, or not resolved yet.",
+        object_render=lambda p: p.get("reason") or "",
+        priority=1,
+    ),
+)

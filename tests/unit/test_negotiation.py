@@ -5,7 +5,7 @@ from django.test import RequestFactory
 
 from gpustack_models.api.negotiation import KubeContentNegotiation, parse_accept
 from gpustack_models.api.parsers import OBJECT_PARSERS, PATCH_PARSERS
-from gpustack_models.api.renderers import LIST_RENDERERS, OBJECT_RENDERERS
+from gpustack_models.api.renderers import LIST_RENDERERS, OBJECT_RENDERERS, PROGRESS_RENDERERS
 from gpustack_models.kube.errors import NotAcceptable
 
 KUBECTL_TABLE = (
@@ -52,6 +52,21 @@ def test_it_keeps_parameters_and_treats_a_bad_quality_as_zero():
 )
 def test_it_picks_the_representation_of_a_single_object(accept, expected):
     assert choose(accept) == expected
+
+
+@pytest.mark.parametrize(
+    "accept, expected",
+    [
+        (None, "Object"),
+        ("application/json", "Object"),
+        (KUBECTL_TABLE, "Table"),
+        ("application/json;as=Table;v=v1beta1;g=meta.k8s.io,application/json", "Object"),
+    ],
+)
+def test_it_answers_progress_as_an_object_or_a_table(accept, expected):
+    assert choose(accept, PROGRESS_RENDERERS) == expected
+    with pytest.raises(NotAcceptable):
+        choose("application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1", PROGRESS_RENDERERS)
 
 
 def test_it_answers_the_garbage_collectors_metadata_list():

@@ -7,6 +7,7 @@ from gpustack_models.api.tables import (
     column_definitions,
     include_object_policy,
     object_table_event,
+    progress_table,
     table_from_objects,
 )
 from gpustack_models.kinds import MODEL_ARTIFACT, NODE_MODEL_STORE
@@ -98,3 +99,43 @@ def test_it_turns_a_bookmark_into_an_empty_table():
     event = json.loads(object_table_event(NODE_MODEL_STORE, bookmark, "None", with_columns=False))
     assert event["type"] == "BOOKMARK"
     assert event["object"]["rows"] == [] and event["object"]["metadata"] == {"resourceVersion": "12"}
+
+
+def progress(name="qwen", digest=DIGEST, size=3 * 1024**3, **counts) -> dict:
+    """A ``ModelArtifactProgress`` answer as the view computes it (zeros unless given)."""
+    return {"kind": "ModelArtifactProgress", "apiVersion": "worker.gpustack.ai/v1",
+            "metadata": {"name": name, "namespace": "team-a"}, "timestamp": "2026-01-01T00:00:00Z",
+            "manifestDigest": digest, "sizeBytes": size, "ready": 0, "downloading": 0, "failed": 0,
+            "downloadingBytes": 0, "live": 0, "failureReasons": []} | counts  # fmt: skip
+
+
+def test_it_renders_progress_as_one_row_with_wide_columns():
+    answer = progress(
+        ready=2, downloading=2, failed=3, live=1, downloadingBytes=3 * 1024**3, downloadingPercent=50,
+        failureReasons=[{"reason": "DiskFull", "count": 1}, {"reason": "SourceUnavailable", "count": 2}],
+    )  # fmt: skip
+    table = json.loads(progress_table(answer, "None"))
+    assert table["kind"] == "Table" and table["apiVersion"] == "meta.k8s.io/v1"
+    columns = [(c["name"], c["priority"]) for c in table["columnDefinitions"]]
+    assert columns == [("Name", 0), ("Ready", 0), ("Downloading", 0), ("Failed", 0), ("Percent", 0), ("Bytes", 0),
+                       ("Live", 0), ("Digest", 1), ("Failures", 1), ("Reason", 1)]  # fmt: skip
+    (row,) = table["rows"]
+    assert row["cells"] == ["qwen", 2, 2, 3, "50%", "3.0Gi/6.0Gi", 1, "sha256:aaaaaaaaaaaa",
+                            "DiskFull:1,SourceUnavailable:2", ""]  # fmt: skip
+    assert "object" not in row
+
+
+def test_it_renders_an_unresolved_artifact_as_a_row_of_zeros_with_its_reason():
+    for reason in ("NotResolved", "ClaimSource"):
+        (row,) = json.loads(progress_table(progress("pvc", "", 0, reason=reason), "None"))["rows"]
+        assert row["cells"] == ["pvc", 0, 0, 0, "", "", 0, "", "", reason]
+
+
+def test_it_includes_the_progress_or_its_metadata_as_asked():
+    answer = progress(ready=1)
+    (meta,) = json.loads(progress_table(answer, "Metadata"))["rows"]
+    assert meta["object"] == {"kind": "PartialObjectMetadata", "apiVersion": "meta.k8s.io/v1",
+                              "metadata": {"name": "qwen", "namespace": "team-a"}}  # fmt: skip
+    (whole,) = json.loads(progress_table(answer, "Object"))["rows"]
+    assert whole["object"] == answer
+    assert whole["object"]["kind"] == "ModelArtifactProgress"
