@@ -4,6 +4,7 @@ The dashboard and the tenant pages are the console's site (``console/site.py``);
 artifact pages take their numbers from ``console/pages.py``."""
 
 from django.contrib import admin
+from django.contrib.auth.models import Group, User
 from django.db.models import Count, Exists, OuterRef, Q, Subquery
 from django.utils.html import format_html
 
@@ -22,6 +23,11 @@ from .models import (
     Prefetch,
     StoreEntry,
 )
+
+# Accounts are managed with manage.py (createsuperuser, changepassword), never through the console.
+for account_model in (User, Group):
+    if admin.site.is_registered(account_model):
+        admin.site.unregister(account_model)
 
 
 class FailureReasonFilter(admin.SimpleListFilter):

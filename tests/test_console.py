@@ -404,3 +404,10 @@ def test_it_refuses_a_user_without_staff_status(client, django_user_model):
     for page in ("/admin/", "/admin/tenants/", "/admin/tenants/ns/", "/admin/gpustack_models/nodestore/"):
         response = client.get(page)
         assert response.status_code == 302 and "/admin/login/" in response["Location"], page
+
+
+@pytest.mark.django_db
+def test_it_manages_no_accounts(admin_client):
+    """Accounts are made with manage.py; the console has no page to add or change one."""
+    for page in ("/admin/auth/user/", "/admin/auth/user/add/", "/admin/auth/group/"):
+        assert admin_client.get(page).status_code == 404, page

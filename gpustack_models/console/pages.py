@@ -53,7 +53,7 @@ def artifact_page(request, artifact) -> dict:
         "prefetches": Paginator(prefetches.order_by("name"), PER_PAGE).get_page(request.GET.get("pp")),
         "entries": Paginator(entries.order_by("state", "node"), PER_PAGE).get_page(request.GET.get("p")),
         "numbers": numbers,
-        "bar": queries.bar_percent(numbers, artifact.size_bytes),
+        "bar": queries.bar_percent(numbers),
         "conditions": conditions(artifact),
         "kubectl": [f"kubectl get {target}", f"kubectl get {target} --subresource=progress"],
     }

@@ -165,7 +165,7 @@ def progress(digests) -> dict[str, dict]:
     return out
 
 
-def bar_percent(numbers: dict | None, size: int | None) -> int:
+def bar_percent(numbers: dict | None) -> int:
     """Where an artifact's bar stands: 100 when every node holding it is ready, else the downloading
     nodes' average; 0 with no node."""
     if not numbers:

@@ -71,7 +71,7 @@ class ConsoleSite(admin.AdminSite):
         numbers = queries.progress(a.digest for a in page)
         for artifact in page:
             artifact.numbers = numbers.get(artifact.digest)
-            artifact.bar = queries.bar_percent(artifact.numbers, artifact.size_bytes)
+            artifact.bar = queries.bar_percent(artifact.numbers)
         context = {
             **self.each_context(request),
             "title": f"Tenant {namespace}",
