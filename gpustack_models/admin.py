@@ -1,9 +1,15 @@
-"""The admin console: read-only views of the mirror (Kubernetes is the store of record)."""
+"""The admin console's model pages: read-only views of the mirror (Kubernetes is the store of record).
+
+The dashboard and the tenant pages are the console's site (``console/site.py``); the node store and
+artifact pages take their numbers from ``console/pages.py``."""
 
 from django.contrib import admin
+from django.contrib.auth.models import Group, User
 from django.db.models import Count, Exists, OuterRef, Q, Subquery
 from django.utils.html import format_html
 
+from .console import pages
+from .kinds import FAILURE_REASONS
 from .kinds.formatting import human_bytes
 from .models import (
     Artifact,
@@ -18,8 +24,28 @@ from .models import (
     StoreEntry,
 )
 
-admin.site.site_header = admin.site.site_title = "GPUStack models"
-admin.site.index_title = "Model caches and artifacts"
+# Accounts are managed with manage.py (createsuperuser, changepassword), never through the console.
+for account_model in (User, Group):
+    if admin.site.is_registered(account_model):
+        admin.site.unregister(account_model)
+
+
+class FailureReasonFilter(admin.SimpleListFilter):
+    """Rows with a Failed entry of this reason (a node store with one; an artifact whose digest has one)."""
+
+    title = "failed entries"
+    parameter_name = "failed"
+
+    def lookups(self, request, model_admin):
+        return [(r, r) for r in FAILURE_REASONS]
+
+    def queryset(self, request, queryset):
+        if not self.value():
+            return queryset
+        failed = StoreEntry.objects.filter(state=EntryState.FAILED, reason=self.value(), store__deleted=False)
+        if queryset.model is NodeStore:
+            return queryset.filter(Exists(failed.filter(store=OuterRef("pk"))))
+        return queryset.filter(Exists(failed.filter(digest=OuterRef("digest"))))
 
 
 class ReadOnlyAdmin(admin.ModelAdmin):
@@ -27,6 +53,7 @@ class ReadOnlyAdmin(admin.ModelAdmin):
 
     show_full_result_count = False
     list_per_page = 100
+    actions = None
 
     def has_add_permission(self, request, obj=None):
         return False
@@ -45,10 +72,15 @@ class ReadOnlyAdmin(admin.ModelAdmin):
 @admin.register(Artifact)
 class ArtifactAdmin(ReadOnlyAdmin):
     list_display = ("name", "namespace", "source_display", "state", "revision_short", "size", "nodes_display")
-    list_filter = ("namespace", "source", "resolved_status")
+    list_filter = ("namespace", "source", "resolved_status", FailureReasonFilter)
     search_fields = ("name", "namespace", "repository", "digest")
     ordering = ("namespace", "name")
     readonly_fields = [f.name for f in Artifact._meta.fields]
+    change_form_template = "admin/console/artifact.html"
+
+    def render_change_form(self, request, context, *args, obj=None, **kwargs):
+        context.update(pages.artifact_page(request, obj))
+        return super().render_change_form(request, context, *args, obj=obj, **kwargs)
 
     @admin.display(description="source")
     def source_display(self, obj):
@@ -74,39 +106,17 @@ class ArtifactAdmin(ReadOnlyAdmin):
         return f"{n.get('ready', 0)}/{n.get('downloading', 0)}/{n.get('failed', 0)}"
 
 
-class StoreEntryInline(admin.TabularInline):
-    model = StoreEntry
-    fields = ("digest", "state", "progress", "size", "pinned", "last_used_time", "collect_time", "reason", "retry_time")
-    readonly_fields = fields
-    extra = 0
-    can_delete = False
-    show_change_link = False
-
-    def has_add_permission(self, request, obj=None):
-        return False
-
-    def has_change_permission(self, request, obj=None):
-        return False
-
-    @admin.display(description="progress")
-    def progress(self, obj):
-        if obj.state == EntryState.READY or not obj.size_bytes:
-            return "100%" if obj.state == EntryState.READY else ""
-        return f"{int(obj.downloaded_bytes * 100 / obj.size_bytes)}%"
-
-    @admin.display(description="size")
-    def size(self, obj):
-        return human_bytes(obj.size_bytes)
-
-
 @admin.register(NodeStore)
 class NodeStoreAdmin(ReadOnlyAdmin):
     list_display = ("name", "used", "used_percent", "models", "ready", "downloading", "failed")
+    list_filter = (FailureReasonFilter,)
     search_fields = ("name",)
     ordering = ("name",)
-    inlines = [StoreEntryInline]
-    readonly_fields = ("name", "resource_version", "spec_models", "total_bytes", "stored_bytes", "used_percent")
-    exclude = ("body", "uid", "deleted")
+    change_form_template = "admin/console/nodestore.html"
+
+    def render_change_form(self, request, context, *args, obj=None, **kwargs):
+        context.update(pages.node_store(request, obj))
+        return super().render_change_form(request, context, *args, obj=obj, **kwargs)
 
     def get_queryset(self, request):
         """Entry counts computed by the database in the list's one query, not a query per row."""

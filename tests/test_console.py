@@ -1,4 +1,5 @@
-"""The admin console, in a real headless browser, shows the mirror: artifacts, node stores, prefetches."""
+"""The admin console, in a real headless browser, shows the mirror: the dashboard, tenants, nodes, artifacts,
+prefetches; its numbers refresh in place; it offers no write; its pages cost a fixed number of queries."""
 
 import subprocess
 import sys
@@ -9,8 +10,11 @@ import requests
 
 from gpustack_models.kinds import GROUP
 from gpustack_models.local.cluster import free_port
-from tests.support import REPO, TEST_STATE, wait_for
-from tests.support.stores import entry, prefetch, put_entries, store
+from tests.support import REPO, TEST_STATE, kube_update, wait_for
+from tests.support.stores import STORAGE, entry, prefetch, put_entries, store
+
+SCREENSHOTS = TEST_STATE / "screenshots"
+TIB = 2**40
 
 CHROMIUM_FLAGS = [
     "--headless",
@@ -186,3 +190,224 @@ def test_it_serves_the_console_and_nothing_of_the_api(console, worker_api):
     api = worker_api.session()
     assert api.get(f"{worker_api.url}/admin/login/").status_code == 404
     assert api.get(f"{worker_api.url}/livez").status_code == 200
+
+
+def _login(page, url, password, username="admin"):
+    page.goto(f"{url}/admin/login/")
+    page.fill("#id_username", username)
+    page.fill("#id_password", password)
+    page.click("input[type=submit]")
+
+
+def _put_status(worker_kube, node, entries, total=TIB, stored=TIB // 4):
+    """The store's status as the node's plugin writes it: its entries and the cache's capacity."""
+    capacity = {"totalBytes": total, "storedBytes": stored, "usedPercent": int(stored * 100 / total)}
+    return kube_update(
+        worker_kube,
+        f"{STORAGE}/nodemodelstores/{node}/status",
+        lambda obj: dict(obj, status={"models": entries, "capacity": capacity}),
+    )
+
+
+def _offers_no_write(page):
+    """No form posts but logout's; no add, change or delete link or button."""
+    assert page.locator("form[method=post]").count() == page.locator("form#logout-form").count()
+    assert page.locator("a[href$='/add/'], a[href$='/delete/'], a.addlink, a.changelink, a.deletelink").count() == 0
+    assert page.locator("input[name=_save], select[name=action]").count() == 0
+
+
+def _db(query):
+    """``query``'s answer, read in a thread of its own (the browser's driver runs an event loop in this one)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from django.db import connection
+
+    def run():
+        try:
+            return query()
+        finally:
+            connection.close()
+
+    with ThreadPoolExecutor(1) as pool:
+        return pool.submit(run).result()
+
+
+def _shot(page, name):
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(SCREENSHOTS / f"{name}.png"), full_page=True)
+
+
+def test_its_pages_show_the_cluster_live_and_offer_no_write(
+    console, nodes, resolved, worker_kube, namespace, mirror_db
+):
+    from playwright.sync_api import sync_playwright
+
+    from gpustack_models.models import NodeStore, PluginPod
+
+    url, password = console
+    artifact, digest = resolved
+    a, b, c = nodes
+    for name in nodes:
+        wait_for(lambda name=name: store(worker_kube, name), timeout=30, message=f"the store of {name}")
+    prefetch(worker_kube, namespace, "warm-live", artifact, [a, b])
+    _put_status(worker_kube, a, [entry(digest, "Downloading", 0)])
+    _put_status(worker_kube, b, [entry(digest, "Failed", 0, reason="SourceUnavailable")])
+    _put_status(worker_kube, c, [])
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path="/usr/bin/chromium", args=CHROMIUM_FLAGS)
+        page = browser.new_page(viewport={"width": 1280, "height": 800})
+        _login(page, url, password)
+        page.wait_for_url(f"{url}/admin/")
+
+        # The dashboard: the nodes running the plugin and the cluster's cache capacity.
+        def dashboard():
+            page.goto(f"{url}/admin/")
+            plugins = _db(lambda: PluginPod.objects.live().exclude(node="").values("node").distinct().count())
+            total = _db(lambda: sum(NodeStore.objects.live().values_list("total_bytes", flat=True)))
+            shown = page.inner_text("#node-count")
+            return shown == str(plugins) and total >= 3 * TIB and "TiB" in page.inner_text("#capacity") and shown
+
+        assert int(wait_for(dashboard, timeout=30, interval=1, message="the dashboard's nodes and capacity")) >= 3
+        assert page.locator("#tile-capacity .bar .fill").count() == 1
+        assert "SourceUnavailable" in page.inner_text("#failures")
+        _offers_no_write(page)
+        _shot(page, "dashboard")
+
+        # The tenants, then the tenant's page: the artifact's bar moves without the page reloading.
+        page.goto(f"{url}/admin/tenants/?q={namespace}")
+        assert namespace in page.inner_text("#tenant-list")
+        _offers_no_write(page)
+        _shot(page, "tenants")
+        row = f"#artifact-{artifact}"
+
+        def cell(selector):
+            return page.inner_text(f"{row} {selector}")
+
+        def at_zero():
+            page.goto(f"{url}/admin/tenants/{namespace}/")
+            return cell(".downloading") == "1" and cell(".percent") == "0%"
+
+        wait_for(at_zero, timeout=30, interval=1, message="the tenant's artifact at 0 %")
+        assert cell(".failed") == "1" and "SourceUnavailable" in cell(".reasons")
+        _offers_no_write(page)
+        loaded = page.evaluate("window.probe = 'kept'; window.consoleLoadedAt")
+        _put_status(worker_kube, a, [entry(digest, "Downloading", 420)])
+        wait_for(lambda: cell(".percent") == "42%", timeout=30, interval=0.5, message="the bar at 42 %")
+        assert page.get_attribute(f"{row} .bar", "aria-valuenow") == "42"
+        _shot(page, "tenant")
+        _put_status(worker_kube, a, [entry(digest, "Ready", 1000)])
+        _put_status(worker_kube, b, [])
+        wait_for(lambda: cell(".percent") == "Ready", timeout=30, interval=0.5, message="the artifact Ready")
+        assert page.get_attribute(f"{row} .bar", "aria-valuenow") == "100"
+        assert page.evaluate("[window.probe, window.consoleLoadedAt]") == ["kept", loaded]
+        assert page.evaluate("window.consoleRefreshes") >= 2
+
+        # A node's page after a failure: the capacity bar with its watermarks, the reason, the retry time.
+        _put_status(worker_kube, c, [entry(digest, "Failed", 10, reason="IntegrityMismatch")])
+        failed = NodeStore.objects.filter(name=c, entries__reason="IntegrityMismatch")
+        pk = wait_for(lambda: _db(lambda: failed.values_list("pk", flat=True).first()), message="the failure mirrored")
+        page.goto(f"{url}/admin/gpustack_models/nodestore/{pk}/change/")
+        assert page.locator("#capacity-bar .mark.high").count() == 1
+        assert page.locator("#capacity-bar .mark.low").count() == 1
+        assert "256.0GiB used of 1.0TiB" in page.inner_text("#capacity")
+        entries = page.inner_text("#entry-list")
+        assert "IntegrityMismatch" in entries and "2030-01-01 00:00:00" in entries
+        assert f"{namespace}/{artifact}" in entries
+        _offers_no_write(page)
+        _shot(page, "node")
+
+        # The artifact's page: its source, files, prefetches, nodes, conditions and kubectl commands.
+        page.click(f"text={namespace}/{artifact}")
+        body = page.inner_text("#content-main")
+        assert digest in body and "config.json" in body and "model.safetensors" in body and "warm-live" in body
+        assert f"kubectl get mart {artifact} -n {namespace} --subresource=progress" in body
+        assert "Resolved" in page.inner_text("#conditions")
+        _offers_no_write(page)
+        _shot(page, "artifact")
+        for model in ("artifact", "nodestore", "prefetch", "node", "manifest", "informerstate"):
+            page.goto(f"{url}/admin/gpustack_models/{model}/")
+            _offers_no_write(page)
+        page.goto(f"{url}/admin/gpustack_models/prefetch/?q=warm-live")
+        page.click("#result_list a >> text=warm-live")
+        _offers_no_write(page)
+        browser.close()
+
+
+CONSOLE_PAGES = ("/admin/", "/admin/tenants/", "/admin/tenants/ns-000/", "nodestore", "artifact")
+
+
+def _mirror(first, count):
+    """``count`` namespaces, each with an artifact resolved to its own digest, on ``count`` nodes."""
+    from gpustack_models.models import Artifact, Manifest, NodeStore, PluginPod, Prefetch, StoreEntry
+
+    for i in range(first, first + count):
+        digest = f"sha256:{i:064d}"
+        files = [{"path": f"f{j}", "size": 10} for j in range(3)]
+        Manifest.objects.create(digest=digest, files=files, file_count=3, size_bytes=30)
+        Artifact.objects.create(
+            namespace=f"ns-{i:03d}",
+            name="art",
+            resource_version=1,
+            digest=digest,
+            size_bytes=30,
+            resolved_status="True",
+        )
+        Artifact.objects.create(namespace="ns-000", name=f"a{i:03d}", resource_version=1, digest=digest)
+        Prefetch.objects.create(namespace="ns-000", name=f"p{i:03d}", artifact_name="art", resource_version=1)
+        node = f"node-{i:03d}"
+        store_row = NodeStore.objects.create(name=node, resource_version=1, total_bytes=100, stored_bytes=30)
+        PluginPod.objects.create(namespace="sys", name=node, node=node, ready=i % 2 == 0, resource_version=1)
+        for j, state in enumerate(("Ready", "Downloading", "Failed")):
+            StoreEntry.objects.create(
+                store=store_row, node=node, digest=f"sha256:{(first + j) % (first + count):064d}", state=state,
+                size_bytes=30, downloaded_bytes=10, reason="AccessDenied" if state == "Failed" else "",
+            )  # fmt: skip
+
+
+@pytest.mark.django_db
+def test_its_pages_cost_a_fixed_number_of_queries(admin_client):
+    """Each console page costs the same number of queries with 3 tenants and nodes as with 60."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from gpustack_models.models import Artifact, NodeStore
+
+    def costs():
+        out = {}
+        for page in CONSOLE_PAGES:
+            if page == "nodestore":
+                page = f"/admin/gpustack_models/nodestore/{NodeStore.objects.get(name='node-000').pk}/change/"
+            elif page == "artifact":
+                art = Artifact.objects.get(namespace="ns-000", name="art")
+                page = f"/admin/gpustack_models/artifact/{art.pk}/change/"
+            with CaptureQueriesContext(connection) as captured:
+                response = admin_client.get(page)
+            assert response.status_code == 200, page
+            out[page] = len(captured)
+        return out, response
+
+    _mirror(0, 3)
+    costs()  # the first visits fill per-process caches (content types)
+    few, _ = costs()
+    _mirror(3, 57)
+    many, response = costs()
+    assert many == few
+    assert max(few.values()) <= 12
+    tenants = admin_client.get("/admin/tenants/?o=-artifacts").content.decode()
+    assert tenants.index("ns-000") < tenants.index("ns-001") and "page 1 of 2" in tenants
+
+
+@pytest.mark.django_db
+def test_it_refuses_a_user_without_staff_status(client, django_user_model):
+    user = django_user_model.objects.create_user("tenant", password="secret-enough")
+    client.force_login(user)
+    for page in ("/admin/", "/admin/tenants/", "/admin/tenants/ns/", "/admin/gpustack_models/nodestore/"):
+        response = client.get(page)
+        assert response.status_code == 302 and "/admin/login/" in response["Location"], page
+
+
+@pytest.mark.django_db
+def test_it_manages_no_accounts(admin_client):
+    """Accounts are made with manage.py; the console has no page to add or change one."""
+    for page in ("/admin/auth/user/", "/admin/auth/user/add/", "/admin/auth/group/"):
+        assert admin_client.get(page).status_code == 404, page

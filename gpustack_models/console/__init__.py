@@ -1,0 +1,1 @@
+"""The admin console: a read-only view of the mirror for operators (dashboard, tenants, nodes, artifacts)."""

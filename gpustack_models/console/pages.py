@@ -1,0 +1,59 @@
+"""The context of the node store and artifact pages (their change pages, shown read-only)."""
+
+from __future__ import annotations
+
+from django.core.paginator import Paginator
+
+from gpustack_models.models import Prefetch, Resolution
+
+from . import queries
+
+PER_PAGE = 50
+
+
+def watermarks(store) -> dict:
+    spec = (store.body or {}).get("spec") or {}
+    marks = spec.get("watermarks") or {}
+    return {"high": marks.get("highPercent", 80), "low": marks.get("lowPercent", 70)}
+
+
+def node_store(request, store) -> dict:
+    entries = queries.with_percent(store.entries.all()).order_by("state", "digest")
+    page = Paginator(entries, PER_PAGE).get_page(request.GET.get("p"))
+    wanted = queries.wanted_by(e.digest for e in page)
+    for entry in page:
+        entry.wanted = wanted.get(entry.digest, [])
+    used = int(store.stored_bytes * 100 / store.total_bytes) if store.total_bytes else store.used_percent
+    return {
+        "title": f"Node {store.name}",
+        "store": store,
+        "marks": watermarks(store),
+        "used": min(100, used),
+        "entries": page,
+    }
+
+
+def conditions(artifact) -> list[dict]:
+    status = (artifact.body or {}).get("status") or {}
+    return [c for c in status.get("conditions") or [] if isinstance(c, dict)]
+
+
+def artifact_page(request, artifact) -> dict:
+    resolution = Resolution.objects.select_related("manifest").filter(artifact=artifact).first()
+    files = resolution.manifest.files if resolution else []
+    prefetches = Prefetch.objects.live().filter(namespace=artifact.namespace, artifact_name=artifact.name)
+    entries = queries.with_percent(queries.live_entries().filter(digest=artifact.digest or "-"))
+    numbers = queries.progress([artifact.digest]).get(artifact.digest)
+    target = f"mart {artifact.name} -n {artifact.namespace}"
+    return {
+        "title": f"Artifact {artifact}",
+        "artifact": artifact,
+        "resolution": resolution,
+        "files": Paginator(files, PER_PAGE).get_page(request.GET.get("fp")),
+        "prefetches": Paginator(prefetches.order_by("name"), PER_PAGE).get_page(request.GET.get("pp")),
+        "entries": Paginator(entries.order_by("state", "node"), PER_PAGE).get_page(request.GET.get("p")),
+        "numbers": numbers,
+        "bar": queries.bar_percent(numbers),
+        "conditions": conditions(artifact),
+        "kubectl": [f"kubectl get {target}", f"kubectl get {target} --subresource=progress"],
+    }

@@ -1,0 +1,192 @@
+"""What the console's pages count, each in a fixed number of queries whatever the number of rows."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+from django.db.models import (
+    BigIntegerField,
+    Case,
+    Count,
+    Exists,
+    F,
+    IntegerField,
+    OuterRef,
+    Q,
+    Subquery,
+    Sum,
+    Value,
+    When,
+)
+from django.db.models.functions import Coalesce, Greatest, Least, NullIf
+
+from gpustack_models.models import (
+    Artifact,
+    ConditionStatus,
+    EntryState,
+    Manifest,
+    NodeStore,
+    PluginPod,
+    StoreEntry,
+)
+
+DOWNLOADING, READY, FAILED = EntryState.DOWNLOADING, EntryState.READY, EntryState.FAILED
+
+
+class DistinctNodes(Subquery):
+    """How many distinct nodes the entries of a subquery (``.values("node")``) are on."""
+
+    template = "(SELECT count(DISTINCT _e.node) FROM (%(subquery)s) _e)"
+    output_field = IntegerField()
+
+
+def live_entries():
+    return StoreEntry.objects.filter(store__deleted=False)
+
+
+def percent_expression():
+    """One downloading entry's percent as ``progress`` computes it: its bytes over its size (the manifest's
+    size when the node reported none), capped at 100, truncated."""
+    manifest_size = Subquery(Manifest.objects.filter(digest=OuterRef("digest")).values("size_bytes")[:1])
+    size = Coalesce(NullIf(F("size_bytes"), Value(0)), manifest_size)
+    share = Least(Value(100), F("downloaded_bytes") * 100 / NullIf(size, Value(0)), output_field=BigIntegerField())
+    return Coalesce(share, Value(0), output_field=BigIntegerField())
+
+
+def dashboard() -> dict:
+    pods = PluginPod.objects.live().exclude(node="")
+    plugins = pods.aggregate(
+        nodes=Count("node", distinct=True), ready=Count("node", distinct=True, filter=Q(ready=True))
+    )
+    plugins["not_ready"] = plugins["nodes"] - plugins["ready"]
+    capacity = NodeStore.objects.live().aggregate(
+        stores=Count("id"), total=Coalesce(Sum("total_bytes"), 0), used=Coalesce(Sum("stored_bytes"), 0)
+    )
+    capacity["percent"] = int(capacity["used"] * 100 / capacity["total"]) if capacity["total"] else 0
+    artifacts = Artifact.objects.live().aggregate(
+        total=Count("id"),
+        resolved=Count("id", filter=Q(resolved_status=ConditionStatus.TRUE)),
+        failed=Count("id", filter=Q(resolved_status=ConditionStatus.FALSE)),
+    )
+    artifacts["pending"] = artifacts["total"] - artifacts["resolved"] - artifacts["failed"]
+    unresolved = (
+        Artifact.objects.live()
+        .filter(resolved_status=ConditionStatus.FALSE)
+        .values("resolved_reason")
+        .annotate(count=Count("id"))
+        .order_by("-count", "resolved_reason")
+    )
+    return {
+        "plugins": plugins,
+        "capacity": capacity,
+        "artifacts": artifacts,
+        "unresolved": list(unresolved[:50]),
+        "downloads": in_flight(),
+        "failures": list(entry_failures()[:50]),
+    }
+
+
+def in_flight() -> dict:
+    flying = live_entries().filter(state=DOWNLOADING)
+    out = flying.aggregate(
+        entries=Count("id"),
+        nodes=Count("node", distinct=True),
+        digests=Count("digest", distinct=True),
+        done=Coalesce(Sum("downloaded_bytes"), 0),
+        size=Coalesce(Sum("size_bytes"), 0),
+    )
+    out["percent"] = min(100, int(out["done"] * 100 / out["size"])) if out["size"] else 0
+    return out
+
+
+def entry_failures():
+    """Failed entries by reason: how many entries, nodes and digests each reason has."""
+    return (
+        live_entries()
+        .filter(state=FAILED)
+        .values("reason")
+        .annotate(entries=Count("id"), nodes=Count("node", distinct=True), digests=Count("digest", distinct=True))
+        .order_by("-entries", "reason")
+    )
+
+
+def node_counts(namespace_ref):
+    """Annotations: the distinct nodes ready, downloading and failed on any digest of a namespace's artifacts."""
+    wanted = Artifact.objects.live().filter(namespace=namespace_ref, digest=OuterRef("digest"))
+
+    def nodes(state):
+        return DistinctNodes(live_entries().filter(Exists(wanted), state=state).order_by().values("node"))
+
+    return {"ready_nodes": nodes(READY), "downloading_nodes": nodes(DOWNLOADING), "failed_nodes": nodes(FAILED)}
+
+
+def tenants(search: str = ""):
+    """One row per namespace with artifacts: how many, the bytes they want, and their nodes by state."""
+    rows = Artifact.objects.live()
+    if search:
+        rows = rows.filter(namespace__icontains=search)
+    return (
+        rows.values("namespace")
+        .annotate(
+            artifacts=Count("id"),
+            resolved=Count("id", filter=Q(resolved_status=ConditionStatus.TRUE)),
+            wanted_bytes=Coalesce(Sum("size_bytes"), 0),
+            **node_counts(OuterRef(OuterRef("namespace"))),
+        )
+        .order_by("namespace")
+    )
+
+
+def progress(digests) -> dict[str, dict]:
+    """digest -> the numbers ``progress`` gives from the mirror (live bytes from the plugins aside): ready,
+    downloading, failed, downloadingBytes, downloadingPercent, failureReasons."""
+    digests = [d for d in set(digests) if d]
+    if not digests:
+        return {}
+    entries = live_entries().filter(digest__in=digests).order_by()
+    counted = entries.values("digest").annotate(
+        ready=Count("id", filter=Q(state=READY)),
+        downloading=Count("id", filter=Q(state=DOWNLOADING)),
+        failed=Count("id", filter=Q(state=FAILED)),
+        downloading_bytes=Coalesce(Sum("downloaded_bytes", filter=Q(state=DOWNLOADING)), 0),
+        percent_sum=Coalesce(Sum(percent_expression(), filter=Q(state=DOWNLOADING)), 0),
+    )
+    out = {row["digest"]: dict(row, reasons=[]) for row in counted}
+    for row in out.values():
+        n = row["downloading"]
+        row["percent"] = int(row.pop("percent_sum") / n) if n else None
+    reasons = (
+        entries.filter(state=FAILED)
+        .values("digest")
+        .annotate(reason=Coalesce(NullIf(F("reason"), Value("")), Value("Unknown")), count=Count("id"))
+    )
+    for row in reasons.order_by("digest", "reason"):
+        out[row["digest"]]["reasons"].append({"reason": row["reason"], "count": row["count"]})
+    return out
+
+
+def bar_percent(numbers: dict | None) -> int:
+    """Where an artifact's bar stands: 100 when every node holding it is ready, else the downloading
+    nodes' average; 0 with no node."""
+    if not numbers:
+        return 0
+    if numbers["downloading"]:
+        return numbers["percent"] or 0
+    return 100 if numbers["ready"] else 0
+
+
+def wanted_by(digests) -> dict[str, list]:
+    """digest -> the live artifacts (namespace, name, pk) resolved to it."""
+    out = defaultdict(list)
+    rows = Artifact.objects.live().filter(digest__in=[d for d in digests if d]).order_by("namespace", "name")
+    for pk, digest, namespace, name in rows.values_list("pk", "digest", "namespace", "name"):
+        out[digest].append({"pk": pk, "namespace": namespace, "name": name})
+    return out
+
+
+def with_percent(entries):
+    """Annotate entries with their download percent (0-100)."""
+    pct = Least(Value(100), F("downloaded_bytes") * 100 / NullIf(F("size_bytes"), Value(0)))
+    return entries.annotate(
+        percent=Case(When(state=READY, then=Value(100)), default=Greatest(Coalesce(pct, Value(0)), Value(0)))
+    )

@@ -1,0 +1,83 @@
+"""The console's admin site: a dashboard for its index and the tenant pages next to the models' pages."""
+
+from __future__ import annotations
+
+from django.contrib import admin
+from django.core.paginator import Paginator
+from django.db.models import Q
+from django.http import Http404
+from django.template.response import TemplateResponse
+from django.urls import path
+
+from gpustack_models.models import Artifact
+
+from . import queries
+
+PER_PAGE = 50
+TENANT_SORTS = ("namespace", "artifacts", "wanted_bytes", "ready_nodes", "downloading_nodes", "failed_nodes")
+ARTIFACT_SORTS = ("name", "resolved_status", "size_bytes", "repository")
+
+
+def sorted_by(rows, request, allowed, default):
+    """``rows`` ordered by the ``o`` parameter when it names an allowed column (``-`` for descending)."""
+    order = request.GET.get("o", default)
+    if order.lstrip("-") not in allowed:
+        order = default
+    return rows.order_by(order, default.lstrip("-")), order
+
+
+def page_of(rows, request):
+    return Paginator(rows, PER_PAGE).get_page(request.GET.get("p"))
+
+
+class ConsoleSite(admin.AdminSite):
+    site_header = site_title = "GPUStack models"
+    index_title = "Dashboard"
+    enable_nav_sidebar = False
+
+    def get_urls(self):
+        return [
+            path("tenants/", self.admin_view(self.tenants_view), name="tenants"),
+            path("tenants/<str:namespace>/", self.admin_view(self.tenant_view), name="tenant"),
+            *super().get_urls(),
+        ]
+
+    def index(self, request, extra_context=None):
+        context = {**self.each_context(request), "title": "Dashboard", **queries.dashboard()}
+        request.current_app = self.name
+        return TemplateResponse(request, "admin/index.html", context)
+
+    def tenants_view(self, request):
+        search = request.GET.get("q", "").strip()
+        rows, order = sorted_by(queries.tenants(search), request, TENANT_SORTS, "namespace")
+        context = {
+            **self.each_context(request),
+            "title": "Tenants",
+            "page": page_of(rows, request),
+            "search": search,
+            "order": order,
+        }
+        return TemplateResponse(request, "admin/console/tenants.html", context)
+
+    def tenant_view(self, request, namespace):
+        rows = Artifact.objects.live().filter(namespace=namespace)
+        if not rows.exists():
+            raise Http404("No artifacts in this namespace")
+        search = request.GET.get("q", "").strip()
+        if search:
+            rows = rows.filter(Q(name__icontains=search) | Q(repository__icontains=search))
+        rows, order = sorted_by(rows, request, ARTIFACT_SORTS, "name")
+        page = page_of(rows, request)
+        numbers = queries.progress(a.digest for a in page)
+        for artifact in page:
+            artifact.numbers = numbers.get(artifact.digest)
+            artifact.bar = queries.bar_percent(artifact.numbers)
+        context = {
+            **self.each_context(request),
+            "title": f"Tenant {namespace}",
+            "namespace": namespace,
+            "page": page,
+            "search": search,
+            "order": order,
+        }
+        return TemplateResponse(request, "admin/console/tenant.html", context)
