@@ -89,7 +89,7 @@ class ArtifactAdmin(ReadOnlyAdmin):
     @admin.display(description="state")
     def state(self, obj):
         if obj.resolved_status == ConditionStatus.TRUE:
-            return format_html('<span class="state-ready">Resolved</span>')
+            return format_html('<span class="state-ready">{}</span>', "Resolved")
         return format_html('<span class="state-pending">{}</span>', obj.resolved_reason or "Pending")
 
     @admin.display(description="revision")
