@@ -3,7 +3,9 @@ prefetches; its numbers refresh in place; it offers no write; its pages cost a f
 
 import subprocess
 import sys
+import time
 import uuid
+from datetime import datetime
 
 import pytest
 import requests
@@ -331,6 +333,112 @@ def test_its_pages_show_the_cluster_live_and_offer_no_write(
         page.click("#result_list a >> text=warm-live")
         _offers_no_write(page)
         browser.close()
+
+
+RECORD_PERCENT = """(selector) => {
+    window.probe = "kept";
+    window.seen = [];
+    setInterval(() => {
+        const el = document.querySelector(selector);
+        const text = el ? el.innerText.trim() : "";
+        if (text && window.seen[window.seen.length - 1] !== text) window.seen.push(text);
+    }, 100);
+    return window.consoleLoadedAt;
+}"""
+
+
+def _percents(seen):
+    return [int(t[:-1]) for t in seen if t.endswith("%")]
+
+
+def test_it_shows_a_real_download_move_and_a_real_failure(
+    console, worker_stack, worker_api, hub, worker_kube, admin_http, cluster, namespace, start_plugin, mirror_db
+):
+    """Real plugins download from the hub: the tenant page's bar moves and turns Ready without a reload, the
+    dashboard shows the download's rate, and a node's page shows a real failure's reason and retry time."""
+    from playwright.sync_api import sync_playwright
+
+    from gpustack_models.models import NodeStore
+    from tests.test_plugins import Scenario, big_files
+
+    url, password = console
+    moving = Scenario(hub, worker_kube, admin_http, cluster, namespace, start_plugin)
+    broken = Scenario(hub, worker_kube, admin_http, cluster, namespace, start_plugin)
+    moving.artifact(files=big_files(moving.repo, mb=8))
+    broken.artifact(name="broken")
+    (downloader,) = moving.plugins(1, GPUSTACK_PLUGIN_PROGRESS_INTERVAL=1)
+    (failing,) = broken.plugins(1, GPUSTACK_PLUGIN_RETRY_BASE=3600)
+    hub.faults.throttle(moving.weights, 500_000)  # ~17 s for 8 MiB: several progress writes
+    hub.faults.corrupt(broken.weights, times=None)
+    try:
+        with sync_playwright() as p:
+            browser = p.chromium.launch(executable_path="/usr/bin/chromium", args=CHROMIUM_FLAGS)
+            context = browser.new_context(viewport={"width": 1280, "height": 800})
+            page = context.new_page()
+            _login(page, url, password)
+            page.wait_for_url(f"{url}/admin/")
+            row = "#artifact-art"
+
+            def listed():
+                page.goto(f"{url}/admin/tenants/{namespace}/")
+                return page.locator(f"{row} .percent").count() == 1
+
+            wait_for(listed, timeout=30, interval=1, message="the artifact on the tenant's page")
+            loaded = page.evaluate(RECORD_PERCENT, f"{row} .percent")
+            board = context.new_page()
+            board.goto(f"{url}/admin/")
+            moving.prefetch([downloader])
+
+            # The dashboard: the download in flight and a rate above zero, measured between refreshes.
+            def rate():
+                value = int(board.get_attribute("#download-rate", "data-rate") or 0)
+                return value > 0 and board.inner_text("#download-rate").endswith("B/s") and value
+
+            shown = wait_for(rate, timeout=30, interval=0.5, message="a download rate on the dashboard")
+            assert shown <= 600_000  # no faster than the hub sends (bytes are reported a chunk at a time)
+            assert "Downloads in flight" in board.inner_text("#tile-downloads")
+            _shot(board, "dashboard-download")
+
+            # The tenant's page: the bar moves from 0 toward 100 %, then Ready, without the page reloading.
+            wait_for(
+                lambda: len({v for v in _percents(page.evaluate("window.seen")) if 0 < v < 100}) >= 2,
+                timeout=60,
+                interval=0.5,
+                message="the bar at two values between 0 and 100 %",
+            )
+            _shot(page, "tenant-download")
+            wait_for(
+                lambda: page.evaluate("window.seen.slice(-1)[0]") == "Ready", timeout=60, interval=0.5, message="Ready"
+            )
+            seen = page.evaluate("window.seen")
+            assert seen[0] in ("not on any node", "0%"), seen
+            percents = _percents(seen)
+            assert percents == sorted(percents), seen
+            assert page.get_attribute(f"{row} .bar", "aria-valuenow") == "100"
+            assert page.evaluate("[window.probe, window.consoleLoadedAt]") == ["kept", loaded]
+            _shot(page, "tenant-ready")
+
+            # The failing node's page: its capacity bar, the failure's reason and its retry time, an hour away.
+            broken.prefetch([failing], name="warm-broken", artifact="broken")  # after: its bytes stay out of the rate
+            failed = broken.wait_state(failing.node, "Failed", reason="IntegrityMismatch")
+            retry = datetime.fromisoformat(failed["retryTime"].replace("Z", "+00:00"))
+            assert retry.timestamp() > time.time() + 600
+            mirrored = NodeStore.objects.filter(name=failing.node, entries__reason="IntegrityMismatch")
+            pk = wait_for(lambda: _db(lambda: mirrored.values_list("pk", flat=True).first()), message="mirrored")
+            page.goto(f"{url}/admin/gpustack_models/nodestore/{pk}/change/")
+            assert page.locator("#capacity-bar .fill").count() == 1
+            assert page.locator("#capacity-bar .mark.high").count() == 1
+            assert " used of " in page.inner_text("#capacity-text")
+            failure = page.locator("#entry-list tr.entry", has_text="IntegrityMismatch")
+            assert "Failed" in failure.inner_text() and f"{namespace}/broken" in failure.inner_text()
+            assert failure.locator("td.retry").inner_text().startswith(retry.strftime("%Y-%m-%d %H:%M:%S"))
+            _offers_no_write(page)
+            _shot(page, "node-failure")
+            board.goto(f"{url}/admin/")
+            assert "IntegrityMismatch" in board.inner_text("#failures")
+            browser.close()
+    finally:
+        hub.faults.clear()
 
 
 CONSOLE_PAGES = ("/admin/", "/admin/tenants/", "/admin/tenants/ns-000/", "nodestore", "artifact")
