@@ -45,6 +45,7 @@ class ConsoleSite(admin.AdminSite):
     site_header = site_title = "GPUStack models"
     index_title = "Dashboard"
     enable_nav_sidebar = False
+    site_url = None  # the console is the site: no "view site" link to a page that does not exist
 
     def get_urls(self):
         return [
