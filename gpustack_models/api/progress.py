@@ -11,6 +11,7 @@ The answer names no node.
 from __future__ import annotations
 
 import asyncio
+import logging
 import ssl
 import time
 from collections import Counter
@@ -33,6 +34,8 @@ from .targets import Query, Target
 from .views import KubeAPIView
 
 _sessions: dict = {}
+
+log = logging.getLogger(__name__)
 
 
 def _zeros(name: str, namespace: str, reason: str, digest: str = "", size: int = 0) -> dict:
@@ -71,7 +74,11 @@ async def read_live(endpoints: dict[str, str], digest: str, timeout: float, head
     """node -> downloadedBytes of ``digest`` from each plugin that answered within ``timeout``."""
     import aiohttp
 
-    session = _plugin_session()
+    try:
+        session = _plugin_session()
+    except (OSError, ssl.SSLError) as exc:  # the plugins' CA is missing or unreadable: no node can be read live
+        log.warning("not reading plugins live: their CA %s cannot be loaded: %s", settings.PLUGIN_CA_FILE, exc)
+        return {}
     per_request = aiohttp.ClientTimeout(total=timeout)
 
     async def one(node: str, ip: str):
