@@ -22,6 +22,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from gpustack_models import kube
+from gpustack_models.kinds import GROUP, PUBLIC_VERSION
 from gpustack_models.models import EventBudget, EventSeries
 
 log = logging.getLogger(__name__)
@@ -30,6 +31,14 @@ COMPONENT = "gpustack-models"
 NORMAL, WARNING = "Normal", "Warning"
 MESSAGE_LIMIT = 1024
 CLUSTER_SCOPED_NAMESPACE = "default"
+
+
+def regarding(kind: str, name: str, uid: str, namespace: str = "") -> dict:
+    """What an Event is about: an object of this API (``namespace`` empty for a cluster-scoped one)."""
+    about = {"apiVersion": f"{GROUP}/{PUBLIC_VERSION}", "kind": kind, "name": name, "uid": uid}
+    if namespace:
+        about["namespace"] = namespace
+    return about
 
 
 def record(regarding: dict, type_: str, reason: str, message: str, *, series_key: str = "") -> None:

@@ -135,17 +135,16 @@ def hub_spec() -> dict:
     return hub
 
 
-def store_spec(node: str, annotations: dict | None = None, models: list[dict] | None = None) -> dict:
-    """The spec of ``node``'s store. A Node may carry its own download limits as annotations
-    (``worker.gpustack.ai/download-bytes-per-second``, ``worker.gpustack.ai/download-concurrency``)."""
-    annotations = annotations or {}
+def store_spec(annotations: dict, models: list[dict]) -> dict:
+    """A store's spec holding ``models``, with the limits of its Node's ``annotations``: a Node may carry its
+    own (``worker.gpustack.ai/download-bytes-per-second``, ``worker.gpustack.ai/download-concurrency``)."""
     concurrency = _annotated_int(annotations, CONCURRENCY_ANNOTATION, settings.DOWNLOAD_CONCURRENCY, 1)
     rate = _annotated_int(annotations, BYTES_PER_SECOND_ANNOTATION, settings.DOWNLOAD_BYTES_PER_SECOND, 0)
     return {
         "watermarks": {"highPercent": settings.STORE_HIGH_PERCENT, "lowPercent": settings.STORE_LOW_PERCENT},
         "download": {"concurrency": concurrency, "bytesPerSecond": rate},
         "hub": hub_spec(),
-        "models": models if models is not None else [],
+        "models": models,
     }
 
 
@@ -184,7 +183,7 @@ def reconcile_node_store(node: str) -> str:
     models = plan_models(node)  # also while its plugin is away: graces still run out
     if not PluginPod.objects.live().filter(node=node, ready=True).exists():
         return "no-plugin"
-    spec = store_spec(node, (node_row.body.get("metadata") or {}).get("annotations") or {}, models)
+    spec = store_spec((node_row.body.get("metadata") or {}).get("annotations") or {}, models)
     owner = {"apiVersion": "v1", "kind": "Node", "name": node, "uid": node_row.uid}
     store = NodeStore.objects.live().filter(name=node).first()
     if store is not None and (store.body.get("spec") or {}) == spec and _owned_by(store.body, owner):

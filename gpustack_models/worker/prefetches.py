@@ -241,13 +241,7 @@ def _became(old: dict, new: dict, type_: str) -> dict | None:
 
 def record_transitions(prefetch: Prefetch, old: dict, new: dict) -> None:
     """Events on the prefetch: targets changed, available, degraded (e.g. NodeFull), lapsed."""
-    regarding = {
-        "apiVersion": "worker.gpustack.ai/v1",
-        "kind": "ModelPrefetch",
-        "name": prefetch.name,
-        "namespace": prefetch.namespace,
-        "uid": prefetch.uid,
-    }
+    regarding = events.regarding("ModelPrefetch", prefetch.name, prefetch.uid, prefetch.namespace)
     if old.get("desiredNodes") != new["desiredNodes"]:
         was = old.get("desiredNodes")
         message = f"targets {new['desiredNodes']} nodes" + (f" (was {was})" if was is not None else "")

@@ -24,7 +24,6 @@ from django.conf import settings
 from django.db import transaction
 
 from gpustack_models import kube
-from gpustack_models.kinds import GROUP, PUBLIC_VERSION
 from gpustack_models.kinds.formatting import human_bytes
 from gpustack_models.models import Artifact, ConditionStatus, Manifest, Resolution, SourceKind
 from gpustack_models.sources import SourceError, build_manifest, huggingface, modelscope
@@ -185,13 +184,7 @@ class ArtifactResolution:
 
     # --- writing the outcome ---------------------------------------------------------------------------
     def regarding(self) -> dict:
-        return {
-            "apiVersion": f"{GROUP}/{PUBLIC_VERSION}",
-            "kind": "ModelArtifact",
-            "name": self.name,
-            "namespace": self.namespace,
-            "uid": self.uid,
-        }
+        return events.regarding("ModelArtifact", self.name, self.uid, self.namespace)
 
     def succeed(self, resolved: dict, message: str) -> Outcome:
         self.write(resolved, self.resolved_condition(message))

@@ -68,13 +68,7 @@ def degraded_of(counts: dict, reasons: Counter) -> tuple[str, str, str]:
 
 
 def _regarding(artifact: Artifact) -> dict:
-    return {
-        "apiVersion": "worker.gpustack.ai/v1",
-        "kind": "ModelArtifact",
-        "name": artifact.name,
-        "namespace": artifact.namespace,
-        "uid": artifact.uid,
-    }
+    return events.regarding("ModelArtifact", artifact.name, artifact.uid, artifact.namespace)
 
 
 def _write(artifact: Artifact, counts: dict, degraded: tuple[str, str, str]) -> bool:

@@ -17,9 +17,9 @@ Each names the digest (short form) and its size. The Events are recorded by a ta
 
 from __future__ import annotations
 
-from gpustack_models.kinds import GROUP, PUBLIC_VERSION
 from gpustack_models.kinds.formatting import human_bytes
 
+from . import events
 from .events import NORMAL, WARNING
 from .mirror import entries_of
 from .resolution import short_digest
@@ -79,12 +79,7 @@ def store_changed(before: dict | None, after: dict | None) -> None:
     if not found:
         return
     meta = after.get("metadata") or {}
-    regarding = {
-        "apiVersion": f"{GROUP}/{PUBLIC_VERSION}",
-        "kind": "NodeModelStore",
-        "name": meta.get("name", ""),
-        "uid": meta.get("uid", ""),
-    }
+    regarding = events.regarding("NodeModelStore", meta.get("name", ""), meta.get("uid", ""))
     from gpustack_models import tasks  # tasks import the reactions, which import this module
 
     tasks.record_events.delay(regarding, found)
