@@ -79,3 +79,14 @@ def test_the_quota_counts_a_digest_once_per_namespace_and_never_limits_mounts():
     placement = place(refs, {}, {"a": 100})
     assert placement.states[2] == TargetState.HELD
     assert placement.states[3] == TargetState.HELD
+
+
+@pytest.mark.parametrize(
+    "value, limit", [("1000", 1000), ("0", 0), ("-5", None), ("lots", None), (None, None)],
+)  # fmt: skip
+def test_a_namespaces_byte_limit_is_read_from_its_annotation_and_a_bad_one_ignored(value, limit):
+    from gpustack_models.worker.mirror import PREFETCH_BYTES_ANNOTATION, _namespace_fields
+
+    annotations = {} if value is None else {PREFETCH_BYTES_ANNOTATION: value}
+    obj = {"metadata": {"name": "tenant", "annotations": annotations}}
+    assert _namespace_fields(obj) == {"prefetch_bytes_per_node": limit}
