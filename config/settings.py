@@ -218,6 +218,9 @@ API_BIND = env_list("GPUSTACK_API_BIND", [f"127.0.0.1:{API_PORT}", f"[::1]:{API_
 API_WORKERS = env_int("GPUSTACK_API_WORKERS", 2, minimum=1)
 # Threads per API worker process for request handling (an open watch holds none).
 API_THREADS = env_int("GPUSTACK_API_THREADS", 64, minimum=1)
+# Who calls the placement webhook: the user kube-apiserver's admission configuration authenticates as
+# (a client certificate of the cluster's client CA); RBAC lets exactly this user post to it.
+PLACEMENT_CALLER = env_str("GPUSTACK_PLACEMENT_CALLER", "kube-apiserver-admission")
 TLS_CERT_FILE = env_str("GPUSTACK_TLS_CERT_FILE", str(DATA_DIR / "worker-pki" / "serving.crt"))
 TLS_KEY_FILE = env_str("GPUSTACK_TLS_KEY_FILE", str(DATA_DIR / "worker-pki" / "serving.key"))
 

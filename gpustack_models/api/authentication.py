@@ -120,21 +120,40 @@ class RequestHeaderConfig:
         now = datetime.datetime.now(datetime.UTC)
         if not (cert.not_valid_before_utc <= now <= cert.not_valid_after_utc):
             return False
-        issued = False
-        for ca in self.ca_certs:
-            try:
-                cert.verify_directly_issued_by(ca)
-                issued = True
-                break
-            except (ValueError, TypeError, InvalidSignature):
-                continue
-        if not issued:
+        if not any(_issued_by(cert, ca) for ca in self.ca_certs):
             return False
         if self.allowed_names:
             cns = [a.value for a in cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME)]
             if not any(cn in self.allowed_names for cn in cns):
                 return False
         return True
+
+    def client_certificate_user(self, der: bytes) -> KubeUser | None:
+        """The user of a client certificate issued by the cluster's client CA (``client-ca-file``), as
+        kube-apiserver reads one: the CN is the user, each O a group. ``None`` for anything else."""
+        try:
+            cert = x509.load_der_x509_certificate(der)
+            authorities = x509.load_pem_x509_certificates(self.client_ca_pem.encode()) if self.client_ca_pem else []
+        except ValueError:
+            return None
+        now = datetime.datetime.now(datetime.UTC)
+        if not (cert.not_valid_before_utc <= now <= cert.not_valid_after_utc):
+            return None
+        if not any(_issued_by(cert, ca) for ca in authorities):
+            return None
+        cns = cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME)
+        if not cns or not cns[0].value:
+            return None
+        groups = [a.value for a in cert.subject.get_attributes_for_oid(NameOID.ORGANIZATION_NAME)]
+        return make_user(str(cns[0].value), groups=[str(g) for g in groups])
+
+
+def _issued_by(cert: x509.Certificate, ca: x509.Certificate) -> bool:
+    try:
+        cert.verify_directly_issued_by(ca)
+        return True
+    except (ValueError, TypeError, InvalidSignature):
+        return False
 
 
 AUTH_CONFIGMAPS = Collection(
@@ -280,6 +299,18 @@ class FrontProxyAuthentication(BaseAuthentication):
         if user is None:
             raise Unauthorized("front-proxy request without a user header")
         return user, "front-proxy"
+
+
+class ClientCertificateAuthentication(BaseAuthentication):
+    """A client certificate of the cluster's client CA (kube-apiserver calling a webhook presents one when
+    its admission configuration says so). The front proxy's certificate is not a user here."""
+
+    def authenticate(self, request):
+        der = peer_certificate(request)
+        if der is None or requestheader.verified(der):
+            return None
+        user = requestheader.current().client_certificate_user(der)
+        return (user, "x509") if user is not None else None
 
 
 _tokens = TokenReviewer(kube.worker, lambda: settings.AUTH_CACHE_TTL)

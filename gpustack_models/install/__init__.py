@@ -1,6 +1,6 @@
 """Everything installed into a cluster besides the CRDs (``kinds.crd``), from the same definitions:
 the namespace and ServiceAccounts, RBAC (``rbac``), the admission policies guarding the storage version
-(``policies``), and the aggregation (``aggregation``).
+(``policies``), the aggregation (``aggregation``) and the placement webhook (``webhooks``).
 
 ``python manage.py writemanifests`` writes the static ones to ``deploy/``; the local launcher and the
 test fixtures apply them, plus the APIService for the local worker with its serving CA.
@@ -17,6 +17,7 @@ from gpustack_models.kinds.crd import HEADER, crd_files
 from .aggregation import api_service, serving_names
 from .policies import policy_objects
 from .rbac import namespace_objects, rbac_objects
+from .webhooks import caller_objects, placement_webhook, webhook_objects
 
 DEPLOY_DIR = Path(__file__).resolve().parents[2] / "deploy"
 
@@ -30,6 +31,7 @@ def manifest_files() -> dict[Path, str]:
         DEPLOY_DIR / "worker" / "namespace.yaml": render(namespace_objects()),
         DEPLOY_DIR / "worker" / "rbac.yaml": render(rbac_objects()),
         DEPLOY_DIR / "worker" / "admission-policies.yaml": render(policy_objects()),
+        DEPLOY_DIR / "worker" / "placement-webhook.yaml": render(webhook_objects()),
     }
 
 
@@ -44,11 +46,14 @@ def stale_files() -> list[Path]:
 
 __all__ = [
     "api_service",
+    "caller_objects",
     "deploy_files",
     "manifest_files",
     "namespace_objects",
+    "placement_webhook",
     "policy_objects",
     "rbac_objects",
     "serving_names",
     "stale_files",
+    "webhook_objects",
 ]

@@ -86,7 +86,7 @@ class Launcher:
             "app.kubernetes.io/part-of=gpustack-models",
             "--timeout=60s",
         )
-        self.apply(install.namespace_objects() + install.rbac_objects())
+        self.apply(install.namespace_objects() + install.rbac_objects() + install.caller_objects())
         self.install_policies()
 
     def install_policies(self) -> None:
@@ -150,15 +150,22 @@ class Launcher:
         return crt, key, ca.read_bytes()
 
     def register(self, port: int) -> None:
+        """The APIService, and the placement webhook by URL (the local API process is outside the cluster)."""
         _crt, _key, ca = self.serving_pki()
-        self.apply(install.api_service(ca, port))
+        url = f"https://127.0.0.1:{port}{install.webhooks.PATH}"
+        self.apply(install.api_service(ca, port) + [install.placement_webhook(url, ca)])
 
     def unregister(self) -> None:
-        """Remove the APIService: an unavailable one blocks namespace deletion and garbage collection."""
-        try:
-            self.admin.delete(f"/apis/apiregistration.k8s.io/v1/apiservices/{PUBLIC_VERSION}.{GROUP}")
-        except kube.NotFound:
-            pass
+        """Remove the APIService (an unavailable one blocks namespace deletion and garbage collection) and
+        the placement webhook (a stopped one only delays Pod creates: it fails open)."""
+        for path in (
+            f"/apis/apiregistration.k8s.io/v1/apiservices/{PUBLIC_VERSION}.{GROUP}",
+            f"/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations/{install.webhooks.NAME}",
+        ):
+            try:
+                self.admin.delete(path)
+            except kube.NotFound:
+                pass
 
     def wait_available(self, timeout: float = 90.0) -> None:
         """Until kube-apiserver reports the APIService Available and serves our discovery."""

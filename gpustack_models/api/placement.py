@@ -1,0 +1,148 @@
+"""Placement preference: the mutating admission webhook for Pods that mount a model.
+
+kube-apiserver calls ``POST /internal/v1/placement`` with an ``AdmissionReview`` for every Pod create whose
+spec has a ``model.csi.gpustack.ai`` volume (the webhook configuration's ``matchConditions`` keep every
+other Pod away). The answer adds one ``preferredDuringSchedulingIgnoredDuringExecution`` node-affinity term
+per mounted artifact: ``matchFields metadata.name In [...]``, at most ``MAX_NODES`` nodes holding the
+artifact's digest Ready, weight 1 (the lowest weight that still breaks a tie). Never a required term: GPU
+fit and every other rule of the scheduler come first, and a Pod whose resources fit only elsewhere still
+schedules. The webhook never refuses a Pod (``failurePolicy: Ignore`` besides): what it cannot place it
+admits unchanged.
+
+Who may call: the answer names nodes holding a namespace's model, which a tenant never sees. The caller
+authenticates (kube-apiserver with the client certificate its admission configuration gives it, or a
+bearer token) and needs ``post`` on the non-resource URL ``/internal/v1/placement`` (RBAC).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import logging
+
+from rest_framework.parsers import JSONParser
+from rest_framework.response import Response
+
+from gpustack_models.kube.errors import BadRequest
+from gpustack_models.models import Artifact, EntryState, SourceKind, StoreEntry
+
+from .authentication import ClientCertificateAuthentication, TokenReviewAuthentication
+from .views import KubeAPIView
+
+log = logging.getLogger(__name__)
+
+DRIVER = "model.csi.gpustack.ai"
+REVIEW_VERSION = "admission.k8s.io/v1"
+MAX_NODES = 100
+WEIGHT = 1
+_PREFERRED = "preferredDuringSchedulingIgnoredDuringExecution"
+
+
+def mounted_artifacts(pod: dict) -> list[str]:
+    """The artifact names of ``pod``'s model volumes, in order, each once."""
+    names: list[str] = []
+    for volume in (pod.get("spec") or {}).get("volumes") or []:
+        csi = volume.get("csi") if isinstance(volume, dict) else None
+        if not isinstance(csi, dict) or csi.get("driver") != DRIVER:
+            continue
+        attributes = csi.get("volumeAttributes")
+        name = attributes.get("artifact") if isinstance(attributes, dict) else None
+        if isinstance(name, str) and name and name not in names:
+            names.append(name)
+    return names
+
+
+def holders(namespace: str, artifacts: list[str]) -> list[list[str]]:
+    """For each resolved, downloadable artifact of ``namespace`` among ``artifacts``: the nodes holding its
+    digest Ready (at most ``MAX_NODES``, by name). Artifacts held nowhere give no list."""
+    rows = (
+        Artifact.objects.live()
+        .filter(namespace=namespace, name__in=artifacts)
+        .exclude(digest="")
+        .exclude(source=SourceKind.CLAIM)
+        .values_list("name", "digest")
+    )
+    digests = dict(rows)
+    out = []
+    for name in artifacts:
+        digest = digests.get(name)
+        if not digest:
+            continue
+        nodes = list(
+            StoreEntry.objects.filter(digest=digest, state=EntryState.READY, store__deleted=False)
+            .order_by("node")
+            .values_list("node", flat=True)[:MAX_NODES]
+        )
+        if nodes:
+            out.append(nodes)
+    return out
+
+
+def preference(nodes: list[str]) -> dict:
+    return {
+        "weight": WEIGHT,
+        "preference": {"matchFields": [{"key": "metadata.name", "operator": "In", "values": nodes}]},
+    }
+
+
+def affinity_patch(pod: dict, node_lists: list[list[str]]) -> list[dict]:
+    """JSON Patch operations adding one preferred term per node list to ``pod``, keeping what it has."""
+    terms = [preference(nodes) for nodes in node_lists]
+    if not terms:
+        return []
+    affinity = (pod.get("spec") or {}).get("affinity")
+    if not isinstance(affinity, dict):
+        return [{"op": "add", "path": "/spec/affinity", "value": {"nodeAffinity": {_PREFERRED: terms}}}]
+    node_affinity = affinity.get("nodeAffinity")
+    if not isinstance(node_affinity, dict):
+        return [{"op": "add", "path": "/spec/affinity/nodeAffinity", "value": {_PREFERRED: terms}}]
+    path = f"/spec/affinity/nodeAffinity/{_PREFERRED}"
+    if not isinstance(node_affinity.get(_PREFERRED), list):
+        return [{"op": "add", "path": path, "value": terms}]
+    return [{"op": "add", "path": f"{path}/-", "value": term} for term in terms]
+
+
+def review_request(body) -> dict:
+    """The ``request`` of an AdmissionReview body; ``BadRequest`` naming what is wrong otherwise."""
+    if not isinstance(body, dict) or body.get("kind") != "AdmissionReview":
+        raise BadRequest("expected an AdmissionReview")
+    if body.get("apiVersion") != REVIEW_VERSION:
+        raise BadRequest(
+            f"apiVersion: Unsupported value: {body.get('apiVersion')!r}: supported values: {REVIEW_VERSION}"
+        )
+    request = body.get("request")
+    if not isinstance(request, dict) or not isinstance(request.get("uid"), str) or not request["uid"]:
+        raise BadRequest("request.uid: Required value")
+    return request
+
+
+def patch_for(request: dict) -> list[dict]:
+    pod = request.get("object")
+    if request.get("operation") != "CREATE" or not isinstance(pod, dict) or pod.get("kind") != "Pod":
+        return []
+    if (pod.get("spec") or {}).get("nodeName"):
+        return []  # already bound: nothing to prefer
+    namespace = request.get("namespace") or (pod.get("metadata") or {}).get("namespace") or ""
+    artifacts = mounted_artifacts(pod)
+    if not namespace or not artifacts:
+        return []
+    return affinity_patch(pod, holders(namespace, artifacts))
+
+
+class PlacementView(KubeAPIView):
+    authentication_classes = [ClientCertificateAuthentication, TokenReviewAuthentication]
+    parser_classes = [JSONParser]
+
+    def post(self, request):
+        review = request.data
+        admission = review_request(review)
+        response = {"uid": admission["uid"], "allowed": True}
+        try:
+            patch = patch_for(admission)
+        except Exception:  # a placement we cannot compute must not fail the Pod: admit it unchanged
+            log.exception("placement for pod %s/%s failed", admission.get("namespace"), admission.get("name"))
+            patch = []
+        if patch:
+            response["patchType"] = "JSONPatch"
+            response["patch"] = base64.b64encode(json.dumps(patch).encode()).decode()
+        return Response({"apiVersion": REVIEW_VERSION, "kind": "AdmissionReview", "response": response})

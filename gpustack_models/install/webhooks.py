@@ -1,0 +1,73 @@
+"""The placement webhook's registration: a MutatingWebhookConfiguration, and the RBAC that lets its caller
+(kube-apiserver, as ``GPUSTACK_PLACEMENT_CALLER``) post to it.
+
+In a cluster the webhook is reached through the API's Service (``deploy/``, the chart fills ``caBundle``);
+a local API process outside the cluster is registered by URL with its serving CA.
+"""
+
+from __future__ import annotations
+
+import base64
+
+from django.conf import settings
+
+from .common import meta
+from .rbac import binding, role
+
+NAME = "gpustack-models-placement"
+PATH = "/internal/v1/placement"
+DRIVER = "model.csi.gpustack.ai"
+# Only Pods with a model volume ever reach the webhook.
+MOUNTS_A_MODEL = (
+    "has(object.spec.volumes) && object.spec.volumes.exists(v, has(v.csi) && v.csi.driver == '" + DRIVER + "')"
+)
+
+
+def placement_webhook(url: str | None = None, ca_bundle: bytes | None = None) -> dict:
+    """The configuration, calling ``url`` (a local API process) or else the API's Service."""
+    if url:
+        client = {"url": url}
+    else:
+        service = {"namespace": settings.NAMESPACE, "name": settings.API_SERVICE_NAME, "path": PATH, "port": 443}
+        client = {"service": service}
+    if ca_bundle:
+        client["caBundle"] = base64.b64encode(ca_bundle).decode()
+    webhook = {
+        "name": "placement.model.csi.gpustack.ai",
+        "clientConfig": client,
+        "rules": [
+            {
+                "operations": ["CREATE"],
+                "apiGroups": [""],
+                "apiVersions": ["v1"],
+                "resources": ["pods"],
+                "scope": "Namespaced",
+            }
+        ],
+        "matchConditions": [{"name": "mounts-a-model", "expression": MOUNTS_A_MODEL}],
+        "failurePolicy": "Ignore",
+        "sideEffects": "None",
+        "timeoutSeconds": 2,
+        "reinvocationPolicy": "Never",
+        "matchPolicy": "Equivalent",
+        "admissionReviewVersions": ["v1"],
+    }
+    return {
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "MutatingWebhookConfiguration",
+        "metadata": meta(NAME),
+        "webhooks": [webhook],
+    }
+
+
+def caller_objects() -> list[dict]:
+    """``post`` on the webhook's path for its caller, and nobody else."""
+    name = "gpustack-models:placement-caller"
+    rules = [{"nonResourceURLs": [PATH], "verbs": ["post"]}]
+    subjects = [{"kind": "User", "apiGroup": "rbac.authorization.k8s.io", "name": settings.PLACEMENT_CALLER}]
+    return [role("ClusterRole", name, rules), binding("ClusterRoleBinding", name, "ClusterRole", name, subjects)]
+
+
+def webhook_objects() -> list[dict]:
+    """What ``deploy/`` holds: the caller's RBAC and the configuration through the Service."""
+    return caller_objects() + [placement_webhook()]

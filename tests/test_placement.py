@@ -1,0 +1,196 @@
+"""The placement webhook: Pods mounting a model prefer the nodes holding it, through the real kube-apiserver;
+who may ask it, and what hostile callers and bodies get."""
+
+from __future__ import annotations
+
+import base64
+import json
+import uuid
+
+import pytest
+import requests
+
+from gpustack_models.local import pki
+
+from .support.stores import entry, put_entries, store
+from .support.waiting import wait_for
+
+PATH = "/internal/v1/placement"
+DRIVER = "model.csi.gpustack.ai"
+PREFERRED = "preferredDuringSchedulingIgnoredDuringExecution"
+
+
+def model_pod(name: str, artifact: str, **spec) -> dict:
+    container = {"name": "c", "image": "localhost/none:1", "volumeMounts": [{"name": "m", "mountPath": "/models/m"}]}
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name},
+        "spec": {
+            "containers": [container],
+            "volumes": [
+                {
+                    "name": "m",
+                    "csi": {
+                        "driver": "model.csi.gpustack.ai",
+                        "readOnly": True,
+                        "volumeAttributes": {"artifact": artifact},
+                    },
+                }
+            ],
+            **spec,
+        },
+    }
+
+
+def review(namespace: str, pod: dict, operation="CREATE") -> dict:
+    return {
+        "apiVersion": "admission.k8s.io/v1",
+        "kind": "AdmissionReview",
+        "request": {"uid": str(uuid.uuid4()), "operation": operation, "namespace": namespace, "object": pod},
+    }
+
+
+def client_cert(cluster, tmp_path, common_name: str, authority=None) -> tuple[str, str]:
+    """A client certificate for ``common_name`` from the cluster's client CA (or ``authority``)."""
+    ca = authority or pki.KeyPair.load(cluster.pki_dir, "ca")
+    return tuple(str(p) for p in pki.issue(ca, common_name, client=True).write(tmp_path, common_name))
+
+
+def held(worker_kube, node, digest):
+    """Make ``node``'s store report ``digest`` Ready, as its plugin would."""
+    wait_for(lambda: store(worker_kube, node), timeout=30, message=f"the store of {node}")
+    put_entries(worker_kube, node, [entry(digest, "Ready", 4096, 4096)])
+
+
+def terms_of(answer: dict) -> list[dict]:
+    response = answer["response"]
+    assert response["allowed"] is True
+    if "patch" not in response:
+        return []
+    assert response["patchType"] == "JSONPatch"
+    ops = json.loads(base64.b64decode(response["patch"]))
+    assert [op["op"] for op in ops] == ["add"]
+    assert ops[0]["path"] == "/spec/affinity"
+    assert "requiredDuringSchedulingIgnoredDuringExecution" not in ops[0]["value"]["nodeAffinity"]
+    return ops[0]["value"]["nodeAffinity"][PREFERRED]
+
+
+@pytest.fixture
+def caller(cluster, worker_api, tmp_path):
+    """The webhook's caller as kube-apiserver presents itself (the user RBAC lets post to it)."""
+    from django.conf import settings
+
+    session = worker_api.session(cert=client_cert(cluster, tmp_path, settings.PLACEMENT_CALLER))
+    return lambda body: session.post(f"{worker_api.url}{PATH}", json=body, timeout=10)
+
+
+def test_a_pod_mounting_a_model_prefers_the_nodes_holding_it(caller, worker_kube, nodes, namespace, resolved):
+    name, digest = resolved
+    held(worker_kube, nodes[1], digest)
+
+    def nodes_preferred():
+        resp = caller(review(namespace, model_pod("p", name)))
+        assert resp.status_code == 200, resp.text
+        terms = terms_of(resp.json())
+        return terms or None
+
+    terms = wait_for(nodes_preferred, timeout=30, message="the webhook to prefer the holding node")
+    assert terms == [
+        {"weight": 1, "preference": {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [nodes[1]]}]}}
+    ]
+    # Another namespace names the same artifact: nothing of this namespace's is preferred.
+    other = caller(review(f"{namespace}-x", model_pod("p", name))).json()
+    assert "patch" not in other["response"] and other["response"]["allowed"] is True
+    # An artifact held nowhere, an update, and a Pod already bound are admitted unchanged.
+    for body in (
+        review(namespace, model_pod("p", "not-there")),
+        review(namespace, model_pod("p", name), operation="UPDATE"),
+        review(namespace, model_pod("p", name, nodeName=nodes[0])),
+    ):
+        answer = caller(body).json()["response"]
+        assert answer == {"uid": body["request"]["uid"], "allowed": True}
+
+
+def test_a_pods_own_affinity_is_kept_and_only_a_preference_is_added(caller, worker_kube, nodes, namespace, resolved):
+    name, digest = resolved
+    held(worker_kube, nodes[0], digest)
+    required = {"nodeSelectorTerms": [{"matchExpressions": [{"key": "gpu", "operator": "In", "values": ["a100"]}]}]}
+    own = {"weight": 50, "preference": {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["z"]}]}}
+    pod = model_pod("p", name, affinity={"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": required,
+                                                           PREFERRED: [own]}})  # fmt: skip
+
+    def ops():
+        response = caller(review(namespace, pod)).json()["response"]
+        return json.loads(base64.b64decode(response["patch"])) if "patch" in response else None
+
+    patch = wait_for(ops, timeout=30, message="a placement patch")
+    assert patch == [
+        {
+            "op": "add",
+            "path": f"/spec/affinity/nodeAffinity/{PREFERRED}/-",
+            "value": {
+                "weight": 1,
+                "preference": {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [nodes[0]]}]},
+            },  # fmt: skip
+        }
+    ]
+
+
+def test_only_the_admission_caller_may_ask(cluster, worker_api, tmp_path, namespace):
+    body = review(namespace, model_pod("p", "art"))
+    url = f"{worker_api.url}{PATH}"
+    anonymous = worker_api.session().post(url, json=body, timeout=10)
+    assert anonymous.status_code == 401, anonymous.text
+    assert anonymous.json()["kind"] == "Status"
+    tenant = worker_api.session(token=cluster.tokens()["alice"]).post(url, json=body, timeout=10)
+    assert tenant.status_code == 403, tenant.text
+    assert "cannot post path" in tenant.json()["message"]
+    # A certificate of the cluster's client CA for someone else is a user without the right.
+    mallory = worker_api.session(cert=client_cert(cluster, tmp_path, "mallory")).post(url, json=body, timeout=10)
+    assert mallory.status_code == 403, mallory.text
+    # The front proxy's certificate without its headers, and a forged token, are nobody.
+    proxy = (str(cluster.pki_path("front-proxy-client.crt")), str(cluster.pki_path("front-proxy-client.key")))
+    assert worker_api.session(cert=proxy).post(url, json=body, timeout=10).status_code == 401
+    assert worker_api.session(token="forged.token.value").post(url, json=body, timeout=10).status_code == 401
+    # A certificate of an authority the cluster does not know is refused at the handshake or unauthenticated.
+    stranger = client_cert(cluster, tmp_path, "kube-apiserver-admission", authority=pki.new_ca("stranger-ca"))
+    try:
+        code = worker_api.session(cert=stranger).post(url, json=body, timeout=10).status_code
+    except requests.exceptions.SSLError:
+        code = "handshake refused"
+    assert code in (401, "handshake refused")
+
+
+@pytest.mark.parametrize(
+    "body, field",
+    [
+        (b"not json", "JSON"),
+        (b"[]", "AdmissionReview"),
+        (json.dumps({"kind": "AdmissionReview", "apiVersion": "admission.k8s.io/v1beta1"}).encode(), "apiVersion"),
+        (json.dumps({"kind": "AdmissionReview", "apiVersion": "admission.k8s.io/v1", "request": {}}).encode(), "uid"),
+    ],
+)
+def test_a_malformed_review_is_a_bad_request(cluster, worker_api, tmp_path, body, field):
+    from django.conf import settings
+
+    session = worker_api.session(cert=client_cert(cluster, tmp_path, settings.PLACEMENT_CALLER))
+    resp = session.post(f"{worker_api.url}{PATH}", data=body, headers={"Content-Type": "application/json"}, timeout=10)
+    assert resp.status_code == 400, resp.text
+    assert resp.json()["kind"] == "Status" and field in resp.json()["message"]
+
+
+def test_hostile_pods_are_admitted_unchanged(caller, namespace):
+    hostile = [
+        {"kind": "Pod", "spec": {"volumes": "not a list"}},
+        {"kind": "Pod", "spec": {"volumes": [None, 3, {"csi": "x"}, {"csi": {"driver": "model.csi.gpustack.ai"}}]}},
+        {"kind": "Pod", "spec": {"volumes": [{"csi": {"driver": DRIVER, "volumeAttributes": {"artifact": ["x"]}}}]}},
+        {"kind": "Pod", "spec": {"volumes": [{"csi": {"driver": DRIVER, "volumeAttributes": ["artifact"]}}]}},
+        {"kind": "Pod", "spec": None},
+        "a string",
+    ]  # fmt: skip
+    for pod in hostile:
+        body = review(namespace, pod)
+        resp = caller(body)
+        assert resp.status_code == 200, resp.text
+        assert resp.json()["response"] == {"uid": body["request"]["uid"], "allowed": True}
