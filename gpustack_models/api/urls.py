@@ -2,7 +2,7 @@
 
 from django.urls import path, re_path
 
-from . import discovery, fetch_tickets, health, openapi, progress, resources
+from . import discovery, fetch_tickets, health, mounts, openapi, progress, resources
 from .tls_worker import threaded
 
 GROUP = r"apis/worker\.gpustack\.ai"
@@ -25,4 +25,6 @@ urlpatterns = [
     path("openapi/v2", threaded(openapi.OpenAPIV2View.as_view())),
     re_path(r"^openapi/v3(?P<rest>/.*)?$", threaded(openapi.OpenAPIV3View.as_view())),
     path("internal/v1/tickets", threaded(fetch_tickets.TicketView.as_view())),
+    path("internal/v1/mounts", threaded(mounts.MountView.as_view())),
+    path("internal/v1/mounts/release", threaded(mounts.ReleaseView.as_view())),
 ]
