@@ -258,7 +258,7 @@ def test_every_refusal_is_a_status_and_changes_nothing(mounts, hub, cluster, cor
         assert_refused(mounts.post(in_name), 400, "pod.name must be")
         raw = mounts.post(None, data=b"{not json", headers={"Content-Type": "application/json"})
         assert raw.status_code == 400 and raw.json()["kind"] == "Status"
-        assert_refused(mounts.post(None), 400, "JSON object")
+        assert_refused(mounts.post(None), 400, "node must be")  # no body at all: the first field missing
         # The release: the same token rules, and a body of the same shape.
         assert_refused(mounts.release("v", token=mounts.tokens[other_node]), 403, "bound to node")
         assert_refused(mounts.release("v", token=None), 401, "Unauthorized")
