@@ -71,13 +71,13 @@ class Mounts:
     def release(self, volume_id: str, node: str | None = None, token: str | None = "") -> requests.Response:
         return self.post({"node": node or self.node, "volumeId": volume_id}, token=token, path="mounts/release")
 
-    def pod(self, name: str | None = None, node: str | None = None, ns: str | None = None) -> dict:
+    def pod(self, name: str | None = None, node: str | None = None, ns: str | None = None, **meta) -> dict:
         ns = ns or self.ns
         wait_for(lambda: has_default_service_account(self.launcher.admin, ns), message="the default ServiceAccount")
         body = {
             "apiVersion": "v1",
             "kind": "Pod",
-            "metadata": {"name": name or f"server-{uuid.uuid4().hex[:6]}"},
+            "metadata": {"name": name or f"server-{uuid.uuid4().hex[:6]}", **meta},
             "spec": {"nodeName": node or self.node, "containers": [{"name": "c", "image": "example.invalid/none"}]},
         }
         created = self.launcher.admin.create(f"/api/v1/namespaces/{ns}/pods", body)
@@ -270,6 +270,20 @@ def test_every_refusal_is_a_status_and_changes_nothing(mounts, hub, cluster, cor
             assert MOUNT_PROTECTION not in mounts.finalizers(name), name
     finally:
         next(gen, None)
+
+
+def test_a_static_pod_mounts_nothing_and_a_pod_at_most_64_volumes(mounts):
+    static = mounts.pod(annotations={"kubernetes.io/config.mirror": "node-made"})
+    assert_refused(mounts.post(mounts.body(static)), 403, "is a static Pod")
+    assert rows(node=mounts.node) == []
+    pod = mounts.pod()
+    for _ in range(64):
+        resp = mounts.post(mounts.body(pod))
+        assert resp.status_code == 200, resp.text
+    assert_refused(mounts.post(mounts.body(pod)), 409, "already mounts 64 model volumes")
+    assert len(rows(node=mounts.node)) == 64
+    volume = rows(node=mounts.node)[0].volume_id
+    assert mounts.post(dict(mounts.body(pod), volumeId=volume)).status_code == 200, "a known volume again"
 
 
 def test_an_artifact_being_deleted_is_not_mounted(mounts):

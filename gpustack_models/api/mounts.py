@@ -8,13 +8,15 @@ attributes alone. In this order, each refusal a ``Status``:
 
 1. the body's shape (400 naming the field);
 2. the token is the plugin's, bound to the node the body names (401, 403);
-3. the Pod exists with that uid (404) and is bound to that node (403), read live;
+3. the Pod exists with that uid (404), is bound to that node (403) and is not a static Pod (a mirror Pod
+   its node made itself, 403), read live;
 4. the ModelArtifact ``artifact`` exists in the Pod's namespace (404), read live; it is not being deleted
    (409), takes its files from a hub and not a claim (400), has a resolved content digest (409 with its
    ``Resolved`` condition's reason and message), which ``expectedDigest``, when given, equals (400).
 
 The answer is ``{"digest", "namespace", "artifact", "sizeBytes", "fileCount"}``. Before it, the mount is
-recorded (a ``MountReference``; the same node and volume id again updates it) and the artifact carries
+recorded (a ``MountReference``; the same node and volume id again updates it; at most 64 volumes per Pod,
+409 past that) and the artifact carries
 the finalizer ``worker.gpustack.ai/model-artifact-protection`` (so a deletion racing the mount waits for
 the Pod); then the node's ``spec.models`` is reconciled (the worker's task), which places the digest.
 
@@ -51,6 +53,8 @@ _VOLUME_ID = re.compile(r"[\x21-\x7e]{1,128}")  # printable ASCII, no space
 _UID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}", re.I)
 _DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
 _PATCH_ATTEMPTS = 5
+MAX_VOLUMES_PER_POD = 64  # mount references one Pod may hold on its node
+MIRROR_ANNOTATION = "kubernetes.io/config.mirror"  # a static Pod: its node made it, no tenant asked
 
 RECONCILE_NODE = "gpustack_models.reconcile_node_store"
 RELEASE_PROTECTION = "gpustack_models.release_mount_protection"
@@ -120,6 +124,8 @@ def check_pod(req: MountRequest) -> None:
         raise NotFound(f"{named} not found (no Pod of uid {req.pod_uid})")
     if (pod.get("spec") or {}).get("nodeName") != req.node:
         raise Forbidden(f"{named} is not on node {req.node}")
+    if MIRROR_ANNOTATION in ((pod.get("metadata") or {}).get("annotations") or {}):
+        raise Forbidden(f"{named} is a static Pod (made by its node, not through the API): it cannot mount models")
 
 
 def artifact_path(namespace: str, name: str) -> str:
@@ -197,6 +203,8 @@ def record(req: MountRequest, artifact: dict, answer: dict) -> tuple[dict, Mount
     with transaction.atomic():
         list(Artifact.objects.select_for_update().filter(namespace=req.pod_namespace, name=req.artifact).values("pk"))
         previous = MountReference.objects.select_for_update().filter(node=req.node, volume_id=req.volume_id).first()
+        if previous is None and _pod_volumes(req) >= MAX_VOLUMES_PER_POD:
+            raise Conflict(f"pod {req.pod_namespace}/{req.pod_name} already mounts {MAX_VOLUMES_PER_POD} model volumes")
         values = {
             "pod_namespace": req.pod_namespace,
             "pod_name": req.pod_name,
@@ -213,6 +221,10 @@ def record(req: MountRequest, artifact: dict, answer: dict) -> tuple[dict, Mount
                 digest=answer["digest"], size_bytes=answer["sizeBytes"]
             )
     return answer, previous
+
+
+def _pod_volumes(req: MountRequest) -> int:
+    return MountReference.objects.filter(node=req.node, pod_uid=req.pod_uid).count()
 
 
 def enqueue(task: str, *args: str) -> None:
