@@ -409,3 +409,14 @@ def _settled(namespaces):
 
     wait_for(lambda: not Prefetch.objects.live().filter(namespace__in=namespaces).exists(), timeout=180, interval=1,
              message="the worker to finish the teardown")  # fmt: skip
+
+
+def test_the_worker_may_get_any_pod_by_name_and_nothing_more_on_tenants_pods(cluster, kubectl, launcher):
+    from django.conf import settings
+
+    sa = f"system:serviceaccount:{settings.NAMESPACE}:{settings.WORKER_SERVICE_ACCOUNT}"
+    for verb, allowed in (("get", "yes"), ("list", "no"), ("watch", "no"), ("delete", "no"), ("patch", "no")):
+        out = kubectl("auth", "can-i", verb, "pods", "-n", "tenant-x", f"--as={sa}", check=False).stdout.strip()
+        assert out == allowed, (verb, out)
+    out = kubectl("auth", "can-i", "patch", f"modelartifacts.{GROUP}", "-n", "tenant-x", f"--as={sa}", check=False)
+    assert out.stdout.strip() == "yes", "the protection finalizer"
