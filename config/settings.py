@@ -306,6 +306,7 @@ PREFETCH_BYTES_PER_NODE = env_int("GPUSTACK_PREFETCH_BYTES_PER_NODE", 0, minimum
 
 CELERY_BEAT_SCHEDULE = {
     "collect-every-interval": {"task": "gpustack_models.collect", "schedule": COLLECTION_INTERVAL_SECONDS},
+    "check-mounts-every-interval": {"task": "gpustack_models.check_mounts", "schedule": COLLECTION_INTERVAL_SECONDS},
     "retry-failed-resolutions-every-30s": {"task": "gpustack_models.retry_failed_resolutions", "schedule": 30.0},
     "check-resolution-secrets": {
         "task": "gpustack_models.check_resolution_secrets",

@@ -351,3 +351,35 @@ class EventBudget(models.Model):
 
     def __str__(self):
         return f"{self.object_uid}: {self.tokens:.1f}"
+
+
+# Carried by a ModelArtifact while a Pod's volume mounts its content (as pvc-protection on a claim).
+MOUNT_PROTECTION = "worker.gpustack.ai/model-artifact-protection"
+
+
+class MountReference(models.Model):
+    """A Pod's volume on a node that mounts an artifact's content (the node plugin asked for it when the
+    kubelet published the volume): the digest is referenced on that node until the volume is released or
+    the Pod is gone. While any remains, its artifact carries the finalizer
+    ``worker.gpustack.ai/model-artifact-protection``, so deleting it waits for its Pods."""
+
+    node = models.CharField(max_length=253)
+    volume_id = models.CharField(max_length=128, help_text="The CSI volume id the kubelet gave the volume")
+    pod_namespace = models.CharField(max_length=63)
+    pod_name = models.CharField(max_length=253)
+    pod_uid = models.CharField(max_length=64)
+    artifact = models.CharField(max_length=253, help_text="The ModelArtifact's name, in the Pod's namespace")
+    digest = models.CharField(max_length=71)
+    size_bytes = models.BigIntegerField(default=0)
+    created_at = models.DateTimeField(auto_now_add=True)
+    last_seen = models.DateTimeField(help_text="When the plugin last asked for it, or the Pod was last found")
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["node", "volume_id"], name="mount_node_volume")]
+        indexes = [
+            models.Index(fields=["pod_namespace", "artifact"], name="mount_artifact"),
+            models.Index(fields=["node"], name="mount_node"),
+        ]
+
+    def __str__(self):
+        return f"{self.node}: {self.pod_namespace}/{self.pod_name} mounts {self.artifact} ({self.digest[:19]})"

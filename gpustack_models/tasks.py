@@ -15,7 +15,18 @@ from django.conf import settings
 from django.db import close_old_connections
 
 from .models import InformerState, NodeStore, PluginPod, Prefetch
-from .worker import collection, events, mirror, node_stores, prefetches, resolution, retries, rollup, selection
+from .worker import (
+    collection,
+    events,
+    mirror,
+    mount_checks,
+    node_stores,
+    prefetches,
+    resolution,
+    retries,
+    rollup,
+    selection,
+)
 from .worker.reactions import react
 
 log = logging.getLogger(__name__)
@@ -147,6 +158,24 @@ def collect() -> int:
     nodes = collection.collection_pass()
     for node in sorted(nodes):
         reconcile_node_store.delay(node)
+    return len(nodes)
+
+
+@shared_task(name="gpustack_models.release_mount_protection", acks_late=True)
+def release_mount_protection(namespace: str, name: str) -> bool:
+    """A mount of the artifact was released or ended: lift its protection finalizer if none remains."""
+    return mount_checks.release_protection(namespace, name)
+
+
+@shared_task(name="gpustack_models.check_mounts")
+def check_mounts() -> int:
+    """Every ``GPUSTACK_COLLECTION_INTERVAL_SECONDS``: mount references whose Pod is gone end (their nodes
+    reconciled, their artifacts released), and artifacts protected with no mount left are released."""
+    nodes, artifacts = mount_checks.check_mounts()
+    for node in sorted(nodes):
+        reconcile_node_store.delay(node)
+    for namespace, name in sorted(artifacts | mount_checks.leftover_protections()):
+        release_mount_protection.delay(namespace, name)
     return len(nodes)
 
 

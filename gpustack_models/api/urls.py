@@ -2,7 +2,7 @@
 
 from django.urls import path, re_path
 
-from . import discovery, fetch_tickets, health, openapi, placement, progress, resources
+from . import discovery, fetch_tickets, health, mounts, openapi, placement, progress, resources
 from .tls_worker import threaded
 
 GROUP = r"apis/worker\.gpustack\.ai"
@@ -26,4 +26,6 @@ urlpatterns = [
     re_path(r"^openapi/v3(?P<rest>/.*)?$", threaded(openapi.OpenAPIV3View.as_view())),
     path("internal/v1/tickets", threaded(fetch_tickets.TicketView.as_view())),
     path("internal/v1/placement", threaded(placement.PlacementView.as_view())),
+    path("internal/v1/mounts", threaded(mounts.MountView.as_view())),
+    path("internal/v1/mounts/release", threaded(mounts.ReleaseView.as_view())),
 ]

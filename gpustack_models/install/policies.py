@@ -3,7 +3,7 @@
 RBAC has no version field, so anyone with write RBAC on the group could reach v1alpha1 directly. Only
 the worker creates objects or changes spec/status; a node's plugin writes its own NodeModelStore's
 status. Metadata-only updates and deletes stay open (the garbage collector and kubectl label rely on
-them).
+them, and the worker's own finalizer on mounted ModelArtifacts is one).
 """
 
 from __future__ import annotations

@@ -1,8 +1,10 @@
 """The service's namespace, ServiceAccounts and RBAC.
 
-The worker: full access to the storage CRDs and their status, read on Nodes and its namespace's Pods,
-``get`` on Secrets and claims (read by name when resolving), ``create`` and ``patch`` on Events (what
-happened to artifacts and node stores), delegated authentication and authorization.
+The worker: full access to the storage CRDs and their status (the mount protection finalizer of
+ModelArtifacts included), read on Nodes and its namespace's Pods, ``get`` on Pods everywhere (a mount
+is authorized from its Pod, and ends when the Pod is gone: read by name, never listed or watched), ``get``
+on Secrets and claims (read by name when resolving), ``create`` and ``patch`` on Events (what happened to
+artifacts and node stores), delegated authentication and authorization.
 The plugin: read its NodeModelStore, write its status (its own node only: an admission policy), and
 create TokenReviews. Tenants get nothing.
 """
@@ -47,6 +49,8 @@ def worker_objects() -> list[dict]:
         {"apiGroups": [GROUP], "resources": plurals + [f"{p}/status" for p in plurals], "verbs": ["*"]},
         {"apiGroups": [""], "resources": ["nodes", "namespaces"], "verbs": ["get", "list", "watch"]},
         {"apiGroups": [""], "resources": ["secrets", "persistentvolumeclaims"], "verbs": ["get"]},
+        # The Pod a node plugin asks to mount a model for, and whether it still exists: by name only.
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["get"]},
         # Events about artifacts and node stores (kubectl describe): new ones, and repeats counted on them.
         {"apiGroups": [""], "resources": ["events"], "verbs": ["create", "patch"]},
     ]

@@ -1,10 +1,12 @@
 """The reference model: the one place that decides which digests a node is asked to hold.
 
-A digest is *referenced* on a node while something wants it there. Today that is a ModelPrefetch that
-targets the node (``targets``), its artifact resolved, and not lapsed: ``retention.ttlAfterLastUse`` past
-since the content was last used on that node ends the prefetch's reference there (``pinned`` never
-lapses). Each reference carries what ordering and limits need: its namespace and the content's size
-(for the namespace's per-node byte limit), whether it is pinned or a mount, and when it began.
+A digest is *referenced* on a node while something wants it there: a ModelPrefetch that targets the
+node (``targets``), its artifact resolved, and not lapsed (``retention.ttlAfterLastUse`` past since the
+content was last used on that node ends the prefetch's reference there; ``pinned`` never lapses); or a
+Pod's volume on the node that mounts it (a ``MountReference``, until the volume is released or the Pod is
+gone: mounts never lapse and no namespace limit applies to them). Each reference carries what ordering
+and limits need: its namespace and the content's size (for the namespace's per-node byte limit), whether
+it is pinned or a mount, and when it began.
 
 ``place`` turns a node's references into the digests its ``spec.models`` holds: first each namespace's
 limit (``QuotaExceeded`` past it), then the per-node cap of 256 digests, keeping pinned, then mounted,
@@ -24,6 +26,7 @@ from django.conf import settings
 from gpustack_models.models import (
     Artifact,
     EntryState,
+    MountReference,
     Namespace,
     PrefetchTarget,
     SourceKind,
@@ -126,9 +129,16 @@ def prefetch_references(node: str, now: datetime) -> tuple[list[Reference], dict
     return references, states
 
 
+def mount_references(node: str) -> list[Reference]:
+    """The references of the Pods' volumes on ``node`` that mount a model: one per volume."""
+    rows = MountReference.objects.filter(node=node).values_list("digest", "pod_namespace", "size_bytes", "created_at")
+    return [Reference(digest, ns, size, since, mounted=True) for digest, ns, size, since in rows]
+
+
 def node_references(node: str, now: datetime) -> tuple[list[Reference], dict[int, str]]:
     """Every reference to ``node`` (see the module's docstring), and the states of targets that make none."""
-    return prefetch_references(node, now)
+    references, states = prefetch_references(node, now)
+    return references + mount_references(node), states
 
 
 def namespace_quotas(references: list[Reference]) -> dict[str, int]:

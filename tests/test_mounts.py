@@ -1,0 +1,422 @@
+"""Mount references with the real worker (API process, Celery worker and beat) and the control plane: a node
+plugin's mount request is authorized from the cluster (its bound token, the Pod, the artifact in the Pod's
+namespace), places the digest on the node at once and protects the artifact; a release, a deleted Pod or a
+deleted node ends it. Pods are created bound to a node (no kubelet runs them: they stay Pending, which is
+all authorization needs). The suite's worker checks mounts every second, with an 8 s collection grace."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import dataclass, field
+
+import pytest
+import requests
+import yaml
+
+from gpustack_models import kube
+from gpustack_models.kinds import GROUP
+from gpustack_models.models import MOUNT_PROTECTION, MountReference
+from tests.support import wait_for
+from tests.support.cluster import fresh_namespace
+from tests.support.stores import prefetch, store
+from tests.support.worker import COLLECTION_GRACE
+
+STORAGE = f"/apis/{GROUP}/v1alpha1"
+_addresses = iter(range(10, 250))
+
+
+def bound_token(launcher, node: str) -> str:
+    """The plugin's Pod-bound token for ``node``, as the DaemonSet's projected token would be."""
+    return yaml.safe_load(launcher.plugin_kubeconfig(node).read_text())["users"][0]["user"]["token"]
+
+
+def has_default_service_account(admin, namespace: str) -> bool:
+    try:
+        return bool(admin.get(f"/api/v1/namespaces/{namespace}/serviceaccounts/default"))
+    except kube.NotFound:
+        return False
+
+
+@dataclass
+class Mounts:
+    """Two nodes with their plugins' bound tokens (no plugin process), Pods, and the mount endpoint."""
+
+    api: object
+    launcher: object
+    kube: kube.Kube
+    ns: str
+    artifact: str
+    digest: str
+    nodes: list[str]
+    tokens: dict[str, str] = field(default_factory=dict)
+    pods: list[tuple[str, str]] = field(default_factory=list)
+
+    @property
+    def node(self) -> str:
+        return self.nodes[0]
+
+    def post(self, body, token: str | None = "", path: str = "mounts", **kwargs) -> requests.Response:
+        """POST to the worker as the first node's plugin (``token``: another one; None: none)."""
+        session = requests.Session()
+        session.trust_env = False
+        token = self.tokens[self.node] if token == "" else token
+        headers = dict(kwargs.pop("headers", {}), **({"Authorization": f"Bearer {token}"} if token else {}))
+        if body is not None:
+            kwargs["json"] = body
+        return session.post(
+            f"{self.api.url}/internal/v1/{path}", headers=headers, verify=str(self.api.ca_file), timeout=30, **kwargs
+        )
+
+    def release(self, volume_id: str, node: str | None = None, token: str | None = "") -> requests.Response:
+        return self.post({"node": node or self.node, "volumeId": volume_id}, token=token, path="mounts/release")
+
+    def pod(self, name: str | None = None, node: str | None = None, ns: str | None = None, **meta) -> dict:
+        ns = ns or self.ns
+        wait_for(lambda: has_default_service_account(self.launcher.admin, ns), message="the default ServiceAccount")
+        body = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": name or f"server-{uuid.uuid4().hex[:6]}", **meta},
+            "spec": {"nodeName": node or self.node, "containers": [{"name": "c", "image": "example.invalid/none"}]},
+        }
+        created = self.launcher.admin.create(f"/api/v1/namespaces/{ns}/pods", body)
+        self.pods.append((ns, created["metadata"]["name"]))
+        return created
+
+    def delete_pod(self, pod: dict) -> None:
+        meta = pod["metadata"]
+        try:
+            self.launcher.admin.delete(
+                f"/api/v1/namespaces/{meta['namespace']}/pods/{meta['name']}", query={"gracePeriodSeconds": "0"}
+            )
+        except kube.NotFound:
+            pass
+
+    def body(self, pod: dict, artifact: str | None = None, node: str | None = None, **extra) -> dict:
+        meta = pod["metadata"]
+        return {
+            "node": node or self.node,
+            "volumeId": f"csi-{uuid.uuid4().hex}",
+            "pod": {"namespace": meta["namespace"], "name": meta["name"], "uid": meta["uid"]},
+            "artifact": artifact or self.artifact,
+            "expectedDigest": None,
+            **extra,
+        }
+
+    def models(self, node: str | None = None) -> list[dict]:
+        return ((store(self.kube, node or self.node) or {}).get("spec") or {}).get("models") or []
+
+    def item(self, digest: str, node: str | None = None) -> dict | None:
+        return next((m for m in self.models(node) if m["digest"] == digest), None)
+
+    def artifact_object(self, name: str | None = None, ns: str | None = None) -> dict | None:
+        try:
+            return self.kube.get(f"{STORAGE}/namespaces/{ns or self.ns}/modelartifacts/{name or self.artifact}")
+        except kube.NotFound:
+            return None
+
+    def finalizers(self, name: str | None = None, ns: str | None = None) -> list[str]:
+        return ((self.artifact_object(name, ns) or {}).get("metadata") or {}).get("finalizers") or []
+
+
+@pytest.fixture
+def mounts(worker_stack, worker_api, launcher, worker_kube, namespace, resolved, mirror_db):
+    name, digest = resolved
+    nodes = [f"m-{uuid.uuid4().hex[:6]}-{i}" for i in range(2)]
+    for node in nodes:
+        launcher.register_node(node, f"127.0.5.{next(_addresses)}")
+    m = Mounts(worker_api, launcher, worker_kube, namespace, name, digest, nodes)
+    m.tokens = {node: bound_token(launcher, node) for node in nodes}
+    for node in nodes:
+        wait_for(lambda node=node: store(worker_kube, node), message=f"the store of {node}")
+    yield m
+    for ns, pod in m.pods:
+        m.delete_pod({"metadata": {"namespace": ns, "name": pod}})
+    for node in nodes:
+        launcher.unregister_node(node)
+
+
+def rows(**filters) -> list[MountReference]:
+    return list(MountReference.objects.filter(**filters))
+
+
+def test_a_mount_places_its_digest_at_once_protects_the_artifact_and_a_release_lets_both_go(mounts):
+    pod = mounts.pod()
+    body = mounts.body(pod, expectedDigest=mounts.digest)
+    asked = time.monotonic()
+    resp = mounts.post(body)
+    assert resp.status_code == 200, resp.text
+    answer = resp.json()
+    size = mounts.artifact_object()["status"]["resolved"]
+    assert answer == {
+        "digest": mounts.digest,
+        "namespace": mounts.ns,
+        "artifact": mounts.artifact,
+        "sizeBytes": size["sizeBytes"],
+        "fileCount": size["fileCount"],
+    }
+    assert MOUNT_PROTECTION in mounts.finalizers(), "the finalizer is there before the answer"
+    wait_for(lambda: mounts.item(mounts.digest), timeout=5, interval=0.05, message="the digest in spec.models")
+    assert time.monotonic() - asked < 2.5, "the mounted digest took more than 2 s to reach spec.models"
+    assert mounts.item(mounts.digest) == {"digest": mounts.digest, "pinned": False}
+    assert mounts.models(mounts.nodes[1]) == [], "placed on another node"
+    (row,) = rows(node=mounts.node)
+    meta = pod["metadata"]
+    assert (row.volume_id, row.pod_namespace, row.pod_name, row.pod_uid, row.artifact, row.digest) == (
+        body["volumeId"], meta["namespace"], meta["name"], meta["uid"], mounts.artifact, mounts.digest
+    )  # fmt: skip
+    assert row.size_bytes == size["sizeBytes"]
+
+    again = mounts.post(body)  # the kubelet retries; the same volume is one reference
+    assert again.status_code == 200 and again.json() == answer
+    assert len(rows(node=mounts.node)) == 1 and mounts.finalizers().count(MOUNT_PROTECTION) == 1
+
+    released = mounts.release(body["volumeId"])
+    assert (released.status_code, released.json()) == (200, {})
+    assert rows(node=mounts.node) == []
+    assert mounts.release(body["volumeId"]).status_code == 200, "a release is idempotent"
+    wait_for(lambda: MOUNT_PROTECTION not in mounts.finalizers(), timeout=10, message="the finalizer lifted")
+    left = time.monotonic()
+    wait_for(lambda: (mounts.item(mounts.digest) or {}).get("collectTime"), timeout=10, message="a collectTime")
+    wait_for(lambda: mounts.item(mounts.digest) is None, timeout=COLLECTION_GRACE + 20, message="the digest to go")
+    assert time.monotonic() - left >= COLLECTION_GRACE - 2, "left spec.models before the collection grace"
+
+
+def _unresolvable(mounts, hub) -> str:
+    """An artifact of a repository the hub does not have: resolution fails."""
+    mounts.kube.create(
+        f"{STORAGE}/namespaces/{mounts.ns}/modelartifacts",
+        {"apiVersion": f"{GROUP}/v1alpha1", "kind": "ModelArtifact", "metadata": {"name": "missing"},
+         "spec": {"source": {"huggingFace": {"repository": f"org/none-{uuid.uuid4().hex[:6]}"}}}},
+    )  # fmt: skip
+
+    def failed():
+        conds = (mounts.artifact_object("missing").get("status") or {}).get("conditions") or []
+        return next((c for c in conds if c["type"] == "Resolved" and c["status"] == "False"), None)
+
+    return wait_for(failed, timeout=60, message="the resolution to fail")["reason"]
+
+
+def _claim(mounts) -> None:
+    mounts.kube.create(
+        f"{STORAGE}/namespaces/{mounts.ns}/modelartifacts",
+        {"apiVersion": f"{GROUP}/v1alpha1", "kind": "ModelArtifact", "metadata": {"name": "volume"},
+         "spec": {"source": {"persistentVolumeClaim": {"claimName": "models"}}}},
+    )  # fmt: skip
+
+
+def assert_refused(resp: requests.Response, code: int, message: str) -> None:
+    assert resp.status_code == code, (code, resp.status_code, resp.text)
+    status = resp.json()
+    assert status["kind"] == "Status" and status["code"] == code, status
+    assert message in status["message"], (message, status["message"])
+
+
+def test_every_refusal_is_a_status_and_changes_nothing(mounts, hub, cluster, core):
+    reason = _unresolvable(mounts, hub)
+    _claim(mounts)
+    other_node = mounts.nodes[1]
+    pod = mounts.pod()
+    elsewhere = mounts.pod(node=other_node)
+    gen = fresh_namespace(core)
+    team_b = next(gen)
+    try:
+        outsider = mounts.pod(ns=team_b)
+        wrong_uid = mounts.body(pod)
+        wrong_uid["pod"]["uid"] = str(uuid.uuid4())
+        gone = mounts.body(pod)
+        gone["pod"]["name"] = "no-such-pod"
+        cases = [
+            # who asks
+            (mounts.body(pod), None, 401, "Unauthorized"),
+            (mounts.body(pod), "not-a-token", 401, "Unauthorized"),
+            (mounts.body(pod), cluster.tokens()["erin"], 403, "is not the node plugin"),
+            (mounts.body(pod), mounts.tokens[other_node], 403, f"bound to node {other_node}, not {mounts.node}"),
+            # the Pod
+            (wrong_uid, "", 404, f"pod {mounts.ns}/{pod['metadata']['name']} not found"),
+            (gone, "", 404, f"pod {mounts.ns}/no-such-pod not found"),
+            (mounts.body(elsewhere), "", 403, f"is not on node {mounts.node}"),
+            # the artifact, in the Pod's namespace
+            (mounts.body(outsider), "", 404, f"modelartifact {mounts.artifact} not found in namespace {team_b}"),
+            (mounts.body(pod, "missing"), "", 409, f"modelartifact missing is not resolved yet ({reason}: "),
+            (mounts.body(pod, "volume"), "", 400, "takes its files from a volume claim: mount the claim itself"),
+            (mounts.body(pod, expectedDigest="sha256:" + "0" * 64), "", 400, "does not match the digest"),
+            # hostile bodies
+            (mounts.body(pod, volumeId=5), "", 400, "volumeId must be"),
+            (mounts.body(pod, volumeId="v" * 129), "", 400, "volumeId must be"),
+            (mounts.body(pod, artifact="x" * 300_000), "", 400, "artifact must be"),
+            (mounts.body(pod, artifact="../nodemodelstores/x"), "", 400, "artifact must be"),
+            (mounts.body(pod, node="../../nodes"), "", 400, "node must be"),
+            (dict(mounts.body(pod), pod=["x"]), "", 400, "pod must be an object"),
+            ([mounts.body(pod)], "", 400, "JSON object"),
+        ]
+        for body, token, code, message in cases:
+            assert_refused(mounts.post(body, token=token), code, message)
+        in_name = mounts.body(pod)
+        in_name["pod"]["name"] = "../kube-system/pods/x"
+        assert_refused(mounts.post(in_name), 400, "pod.name must be")
+        raw = mounts.post(None, data=b"{not json", headers={"Content-Type": "application/json"})
+        assert raw.status_code == 400 and raw.json()["kind"] == "Status"
+        assert_refused(mounts.post(None), 400, "node must be")  # no body at all: the first field missing
+        # The release: the same token rules, and a body of the same shape.
+        assert_refused(mounts.release("v", token=mounts.tokens[other_node]), 403, "bound to node")
+        assert_refused(mounts.release("v", token=None), 401, "Unauthorized")
+        assert_refused(mounts.post({"node": mounts.node, "volumeId": ""}, path="mounts/release"), 400, "volumeId")
+        time.sleep(1.5)  # a reconcile enqueued by mistake would have run by now
+        assert rows(node__in=mounts.nodes) == [], "a refused mount was recorded"
+        assert mounts.models() == [] and mounts.models(other_node) == []
+        for name in (mounts.artifact, "missing", "volume"):
+            assert MOUNT_PROTECTION not in mounts.finalizers(name), name
+    finally:
+        next(gen, None)
+
+
+def test_a_static_pod_mounts_nothing_and_a_pod_at_most_64_volumes(mounts):
+    static = mounts.pod(annotations={"kubernetes.io/config.mirror": "node-made"})
+    assert_refused(mounts.post(mounts.body(static)), 403, "is a static Pod")
+    assert rows(node=mounts.node) == []
+    pod = mounts.pod()
+    for _ in range(64):
+        resp = mounts.post(mounts.body(pod))
+        assert resp.status_code == 200, resp.text
+    assert_refused(mounts.post(mounts.body(pod)), 409, "already mounts 64 model volumes")
+    assert len(rows(node=mounts.node)) == 64
+    volume = rows(node=mounts.node)[0].volume_id
+    assert mounts.post(dict(mounts.body(pod), volumeId=volume)).status_code == 200, "a known volume again"
+
+
+def test_an_artifact_being_deleted_is_not_mounted(mounts):
+    mounts.kube.create(
+        f"{STORAGE}/namespaces/{mounts.ns}/modelartifacts",
+        {"apiVersion": f"{GROUP}/v1alpha1", "kind": "ModelArtifact",
+         "metadata": {"name": "held", "finalizers": ["example.com/hold"]},
+         "spec": {"source": {"huggingFace": {"repository": "org/whatever"}}}},
+    )  # fmt: skip
+    path = f"{STORAGE}/namespaces/{mounts.ns}/modelartifacts/held"
+    mounts.kube.delete(path)
+    try:
+        assert_refused(mounts.post(mounts.body(mounts.pod(), "held")), 409, "modelartifact held in namespace")
+        assert mounts.finalizers("held") == ["example.com/hold"]
+        assert rows(node=mounts.node) == []
+    finally:
+        mounts.kube.json(
+            "PATCH", path, body={"metadata": {"finalizers": None}}, content_type="application/merge-patch+json"
+        )
+
+
+def test_a_deleted_pod_ends_its_mount_and_a_deleted_artifact_waits_for_it(mounts):
+    pod = mounts.pod()
+    assert mounts.post(mounts.body(pod)).status_code == 200
+    wait_for(lambda: mounts.item(mounts.digest), timeout=5, message="the digest in spec.models")
+    # Deleting the artifact while a Pod mounts it waits for the Pod.
+    mounts.kube.delete(f"{STORAGE}/namespaces/{mounts.ns}/modelartifacts/{mounts.artifact}")
+    time.sleep(3)  # three mount checks
+    obj = mounts.artifact_object()
+    assert obj is not None and obj["metadata"].get("deletionTimestamp"), "deleted while mounted"
+    assert obj["metadata"]["finalizers"] == [MOUNT_PROTECTION]
+    assert mounts.item(mounts.digest) == {"digest": mounts.digest, "pinned": False}
+    # A new mount of it is refused while it is being deleted.
+    assert_refused(mounts.post(mounts.body(mounts.pod())), 409, "is being deleted")
+    mounts.delete_pod(pod)
+    wait_for(lambda: rows(node=mounts.node) == [], timeout=15, message="the mount check to end the reference")
+    wait_for(lambda: mounts.artifact_object() is None, timeout=15, message="the artifact to go")
+    wait_for(lambda: (mounts.item(mounts.digest) or {}).get("collectTime"), timeout=10, message="a collectTime")
+
+
+def test_a_deleted_node_ends_its_mounts(mounts):
+    pod = mounts.pod()
+    assert mounts.post(mounts.body(pod)).status_code == 200
+    replaced = mounts.pod(node=mounts.nodes[1])
+    assert mounts.post(mounts.body(replaced, node=mounts.nodes[1]), token=mounts.tokens[mounts.nodes[1]]).ok
+    wait_for(lambda: mounts.item(mounts.digest, mounts.nodes[1]), timeout=5, message="placed on the second node")
+    assert len(rows(node__in=mounts.nodes)) == 2
+    mounts.launcher.unregister_node(mounts.node)  # its Pod stays, bound to a node that is gone
+    wait_for(lambda: rows(node=mounts.node) == [], timeout=15, message="the reference on the deleted node to end")
+    time.sleep(2)
+    assert len(rows(node=mounts.nodes[1])) == 1, "the other node's mount ended too"
+    assert MOUNT_PROTECTION in mounts.finalizers(), "the artifact is still mounted on the other node"
+    mounts.delete_pod(replaced)
+    wait_for(lambda: MOUNT_PROTECTION not in mounts.finalizers(), timeout=15, message="the finalizer lifted")
+
+
+def test_namespace_limits_do_not_limit_mounts(mounts, core):
+    core.patch_namespace(mounts.ns, {"metadata": {"annotations": {f"{GROUP}/prefetch-bytes-per-node": "1"}}})
+    prefetch(mounts.kube, mounts.ns, "warm", mounts.artifact, [mounts.node])
+
+    def quota_exceeded():
+        obj = mounts.kube.get(f"{STORAGE}/namespaces/{mounts.ns}/modelprefetches/warm")
+        conds = {c["type"]: c for c in (obj.get("status") or {}).get("conditions") or []}
+        return conds.get("Degraded", {}).get("reason") == "QuotaExceeded"
+
+    wait_for(quota_exceeded, timeout=30, message="the prefetch QuotaExceeded")
+    assert mounts.models() == []
+    assert mounts.post(mounts.body(mounts.pod())).status_code == 200
+    wait_for(lambda: mounts.item(mounts.digest), timeout=5, message="the mounted digest placed despite the limit")
+
+
+def _tenants(core, count):
+    made = []
+    for _ in range(count):
+        gen = fresh_namespace(core)
+        made.append((next(gen), gen))
+    return made
+
+
+def _node_full(kube_client, namespaces) -> int:
+    found = 0
+    for ns in namespaces:
+        for item in kube_client.get(f"{STORAGE}/namespaces/{ns}/modelprefetches")["items"]:
+            conds = {c["type"]: c for c in (item.get("status") or {}).get("conditions") or []}
+            found += conds.get("Degraded", {}).get("reason") == "NodeFull"
+    return found
+
+
+def test_a_mount_keeps_its_place_under_the_cap_ahead_of_unpinned_prefetches(mounts, hub, core):
+    """26 tenants prefetch 260 distinct digests onto one node: 256 are placed, 4 NodeFull. A mount of another
+    digest then takes a place: still 256, and one more prefetch is left out."""
+    repo = f"org/cap-{uuid.uuid4().hex[:6]}"
+    hub.add_hf_repo(repo, {f"f{i:03d}.json": f"{repo} {i}".encode() for i in range(260)})
+    tenants = _tenants(core, 26)
+    namespaces = [ns for ns, _ in tenants]
+    try:
+        for t, ns in enumerate(namespaces):
+            for i in range(10):
+                n = t * 10 + i
+                mounts.kube.create(
+                    f"{STORAGE}/namespaces/{ns}/modelartifacts",
+                    {"apiVersion": f"{GROUP}/v1alpha1", "kind": "ModelArtifact", "metadata": {"name": f"a{n}"},
+                     "spec": {"source": {"huggingFace": {"repository": repo}}, "allowPatterns": [f"f{n:03d}.json"]}},
+                )  # fmt: skip
+                prefetch(mounts.kube, ns, f"p{n}", f"a{n}", [mounts.node])
+        wait_for(lambda: len(mounts.models()) == 256, timeout=240, interval=1, message="256 digests in spec.models")
+        wait_for(lambda: _node_full(mounts.kube, namespaces) == 4, timeout=120, interval=1, message="4 NodeFull")
+        assert mounts.item(mounts.digest) is None
+        assert mounts.post(mounts.body(mounts.pod())).status_code == 200
+        wait_for(lambda: mounts.item(mounts.digest), timeout=10, message="the mounted digest placed on a full node")
+        assert len(mounts.models()) == 256
+        wait_for(lambda: _node_full(mounts.kube, namespaces) == 5, timeout=60, interval=1, message="5 NodeFull")
+    finally:
+        for _, gen in tenants:
+            next(gen, None)
+        _settled(namespaces)
+
+
+def _settled(namespaces):
+    """Wait for the worker to digest the teardown (hundreds of deletions), so the next test's waits measure
+    its own work."""
+    from gpustack_models.models import Prefetch
+
+    wait_for(lambda: not Prefetch.objects.live().filter(namespace__in=namespaces).exists(), timeout=180, interval=1,
+             message="the worker to finish the teardown")  # fmt: skip
+
+
+def test_the_worker_may_get_any_pod_by_name_and_nothing_more_on_tenants_pods(cluster, kubectl, launcher):
+    from django.conf import settings
+
+    sa = f"system:serviceaccount:{settings.NAMESPACE}:{settings.WORKER_SERVICE_ACCOUNT}"
+    for verb, allowed in (("get", "yes"), ("list", "no"), ("watch", "no"), ("delete", "no"), ("patch", "no")):
+        out = kubectl("auth", "can-i", verb, "pods", "-n", "tenant-x", f"--as={sa}", check=False).stdout.strip()
+        assert out == allowed, (verb, out)
+    out = kubectl("auth", "can-i", "patch", f"modelartifacts.{GROUP}", "-n", "tenant-x", f"--as={sa}", check=False)
+    assert out.stdout.strip() == "yes", "the protection finalizer"
