@@ -22,6 +22,10 @@ protos: $(VENV)/.installed
 controlplane:
 	@deploy/controlplane/build.sh >/dev/null
 
+# Builds (or reuses) csi-sanity, the CSI conformance tests, in the same cache.
+csi-sanity:
+	@deploy/csi-sanity/build.sh >/dev/null
+
 run: venv controlplane
 	$(PY) manage.py runlocal
 
@@ -37,7 +41,7 @@ lint: venv
 unit: venv
 	$(PY) -m pytest tests/unit -q $(PYTEST_ARGS)
 
-test: venv controlplane lint
+test: venv controlplane csi-sanity lint
 	$(PY) -m tests.services -- $(PY) -m pytest $(PYTEST_ARGS)
 
 # Benchmarks at full size, results printed together at the end.
