@@ -11,6 +11,7 @@ import json
 import os
 import socket
 import subprocess
+import tempfile
 import time
 import uuid
 from pathlib import Path
@@ -153,9 +154,8 @@ def test_it_passes_csi_sanity_for_the_identity_and_node_services(scenario, tmp_p
     assert any("NodeGetInfo" in n for n in names) and any("GetPluginInfo" in n for n in names)
 
 
-def test_it_identifies_itself_and_registers_with_the_kubelet(scenario, tmp_path):
-    registry = tmp_path / "plugins_registry"
-    registry.mkdir()
+def test_it_identifies_itself_and_registers_with_the_kubelet(scenario):
+    registry = Path(tempfile.mkdtemp(prefix="registry-"))  # short: a socket's path has at most 107 bytes
     stale = registry / "model.csi.gpustack.ai-reg.sock"
     leftover = socket.socket(socket.AF_UNIX)
     leftover.bind(str(stale))  # a socket left by an earlier run: nothing listens on it
@@ -228,9 +228,10 @@ def test_it_refuses_hostile_target_paths_and_volume_ids(scenario, namespace, tar
         "/",
     ]
     for path in hostile:
-        for call in (kubelet.publish, kubelet.unpublish):
-            args = ("vol-1", path, pod_context(namespace)) if call is kubelet.publish else ("vol-1", path)
-            error = kubelet.refusal(call, *args)
+        for error in (
+            kubelet.refusal(kubelet.publish, "vol-1", path, pod_context(namespace)),
+            kubelet.refusal(kubelet.unpublish, "vol-1", path),
+        ):
             assert error.code() == grpc.StatusCode.INVALID_ARGUMENT, (path, error.details())
     assert (precious / "keep").read_text() == "mine" and not is_mount_point(precious)
     for volume_id in ("", "x" * 129, "vol\n1", "vol\x001"):

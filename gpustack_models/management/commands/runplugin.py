@@ -6,7 +6,7 @@ from django.core.management.base import BaseCommand, CommandError
 
 from gpustack_models.kube.identity import worker_user
 from gpustack_models.plugin.agent import Plugin, PluginSettings
-from gpustack_models.plugin.csi.registration import SocketPathError, check_socket_path
+from gpustack_models.plugin.csi.registration import SocketPathError, check_socket_path, registration_socket
 
 
 class Command(BaseCommand):
@@ -22,6 +22,10 @@ class Command(BaseCommand):
         csi_socket = settings.PLUGIN_CSI_SOCKET or str(settings.DATA_DIR / "plugin" / node / "csi.sock")
         try:
             check_socket_path(csi_socket, "GPUSTACK_PLUGIN_CSI_SOCKET")
+            if settings.PLUGIN_REGISTRATION_DIR:
+                check_socket_path(
+                    registration_socket(settings.PLUGIN_REGISTRATION_DIR), "GPUSTACK_PLUGIN_REGISTRATION_DIR"
+                )
         except SocketPathError as exc:
             raise CommandError(str(exc)) from None
         plugin = Plugin(
