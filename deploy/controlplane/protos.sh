@@ -9,6 +9,7 @@ set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 repo=$(cd "$here/../.." && pwd)
 python=${1:-$repo/.venv/bin/python}
+case $python in /*) ;; */*) python="$PWD/$python" ;; esac  # absolute: protoc runs from a work directory
 out="$repo/gpustack_models/plugin/csi/generated"
 
 module_dir() {
