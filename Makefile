@@ -4,18 +4,27 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: run test unit lint bench fuzz venv controlplane manifests clean
+.PHONY: run test unit lint bench fuzz venv protos controlplane csi-sanity manifests clean
 
-venv: $(VENV)/.installed
+venv: $(VENV)/.installed protos
 
 $(VENV)/.installed: requirements.txt requirements-dev.txt
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --disable-pip-version-check -q -r requirements-dev.txt
 	@cat requirements.txt requirements-dev.txt > $@
 
+# The CSI and kubelet plugin-registration gRPC stubs, generated from the protos of the modules
+# deploy/controlplane/go.mod pins (not committed; skipped while the protos' sums are unchanged).
+protos: $(VENV)/.installed
+	@deploy/controlplane/protos.sh $(PY)
+
 # Builds (or reuses) etcd, kube-apiserver, kube-controller-manager and kubectl in a cache outside the repo.
 controlplane:
 	@deploy/controlplane/build.sh >/dev/null
+
+# Builds (or reuses) csi-sanity, the CSI conformance tests, in the same cache.
+csi-sanity:
+	@deploy/csi-sanity/build.sh >/dev/null
 
 run: venv controlplane
 	$(PY) manage.py runlocal
@@ -32,7 +41,7 @@ lint: venv
 unit: venv
 	$(PY) -m pytest tests/unit -q $(PYTEST_ARGS)
 
-test: venv controlplane lint
+test: venv controlplane csi-sanity lint
 	$(PY) -m tests.services -- $(PY) -m pytest $(PYTEST_ARGS)
 
 # Benchmarks at full size, results printed together at the end.

@@ -68,6 +68,14 @@ def env_list(name, default=()):
     return [item.strip() for item in raw.split(",") if item.strip()]
 
 
+def env_abs_path(name):
+    """An absolute path, or "" when unset."""
+    raw = os.environ.get(name, "")
+    if raw and not os.path.isabs(raw):
+        raise ImproperlyConfigured(f"{name}={raw!r}: must be an absolute path")
+    return raw
+
+
 def env_url(name, default, schemes):
     raw = os.environ.get(name) or default
     parts = urlsplit(raw)
@@ -294,6 +302,12 @@ PLUGIN_PROGRESS_INTERVAL = env_float("GPUSTACK_PLUGIN_PROGRESS_INTERVAL", 30.0, 
 PLUGIN_RETRY_BASE = env_float("GPUSTACK_PLUGIN_RETRY_BASE", 60.0, minimum=1.0)
 # Treat the cache volume as this many bytes (0: the volume's real size).
 PLUGIN_CAPACITY_BYTES = env_int("GPUSTACK_PLUGIN_CAPACITY_BYTES", 0, minimum=0)
+# The CSI driver's unix socket (default: $GPUSTACK_DATA_DIR/plugin/<node>/csi.sock; at most 107 bytes).
+PLUGIN_CSI_SOCKET = env_abs_path("GPUSTACK_PLUGIN_CSI_SOCKET")
+# The kubelet's plugin registration directory (<kubelet root>/plugins_registry); empty: do not register.
+PLUGIN_REGISTRATION_DIR = env_abs_path("GPUSTACK_PLUGIN_REGISTRATION_DIR")
+# The kubelet's root directory: CSI target paths must then be under its pods/ directory.
+PLUGIN_KUBELET_DIR = env_abs_path("GPUSTACK_PLUGIN_KUBELET_DIR")
 
 # --- The cache's lifecycle --------------------------------------------------------------------------------
 # A digest nothing references on a node leaves that node's spec.models after this many seconds.

@@ -1,6 +1,7 @@
 """Everything installed into a cluster besides the CRDs (``kinds.crd``), from the same definitions:
 the namespace and ServiceAccounts, RBAC (``rbac``), the admission policies guarding the storage version
-(``policies``), the aggregation (``aggregation``) and the placement webhook (``webhooks``).
+(``policies``), the aggregation (``aggregation``), the placement webhook (``webhooks``) and the CSIDriver
+object of the node plugin's CSI driver (``csi``).
 
 ``python manage.py writemanifests`` writes the static ones to ``deploy/``; the local launcher and the
 test fixtures apply them, plus the APIService for the local worker with its serving CA.
@@ -15,6 +16,7 @@ import yaml
 from gpustack_models.kinds.crd import HEADER, crd_files
 
 from .aggregation import api_service, serving_names
+from .csi import csi_driver_objects
 from .policies import policy_objects
 from .rbac import namespace_objects, rbac_objects
 from .webhooks import caller_objects, placement_webhook, webhook_objects
@@ -32,6 +34,7 @@ def manifest_files() -> dict[Path, str]:
         DEPLOY_DIR / "worker" / "rbac.yaml": render(rbac_objects()),
         DEPLOY_DIR / "worker" / "admission-policies.yaml": render(policy_objects()),
         DEPLOY_DIR / "worker" / "placement-webhook.yaml": render(webhook_objects()),
+        DEPLOY_DIR / "csi" / "csidriver.yaml": render(csi_driver_objects()),
     }
 
 
@@ -47,6 +50,7 @@ def stale_files() -> list[Path]:
 __all__ = [
     "api_service",
     "caller_objects",
+    "csi_driver_objects",
     "deploy_files",
     "manifest_files",
     "namespace_objects",

@@ -69,7 +69,7 @@ class Launcher:
 
     # --- install --------------------------------------------------------------------------------------
     def install(self) -> None:
-        """CRDs, namespace, ServiceAccounts, RBAC and the admission policies."""
+        """CRDs, namespace, ServiceAccounts, RBAC, the admission policies and the CSIDriver."""
         self.kubectl(
             "apply",
             "--server-side",
@@ -86,7 +86,8 @@ class Launcher:
             "app.kubernetes.io/part-of=gpustack-models",
             "--timeout=60s",
         )
-        self.apply(install.namespace_objects() + install.rbac_objects() + install.caller_objects())
+        objects = install.namespace_objects() + install.rbac_objects() + install.caller_objects()
+        self.apply(objects + install.csi_driver_objects())
         self.install_policies()
 
     def install_policies(self) -> None:

@@ -79,6 +79,7 @@ class LocalStack:
         cluster = self.cluster
         kubectl = f"{cluster.kubectl} --kubeconfig {cluster.kubeconfig}"
         cache = self.data_dir / "plugin" / LOCAL_NODE / "cache"
+        csi_socket = self.data_dir / "plugin" / LOCAL_NODE / "csi.sock"
         return (
             f"\ngpustack-models is running (Kubernetes {cluster.version})\n"
             f"  kubeconfig: {cluster.kubeconfig}\n"
@@ -86,6 +87,7 @@ class LocalStack:
             f"  API:        worker.gpustack.ai/v1 through {cluster.server} (worker on :{settings.API_PORT})\n"
             f"  console:    http://{self.console}/admin/\n"
             f"  node:       {LOCAL_NODE} (plugin on {LOCAL_NODE_ADDRESS}:{settings.PLUGIN_PORT}, cache {cache})\n"
+            f"  CSI:        model.csi.gpustack.ai on {csi_socket}\n"
             f"  logs:       {self.log_dir}/\n"
             f"  try:        {kubectl} api-resources --api-group=worker.gpustack.ai\n"
             "Ctrl-C stops everything."

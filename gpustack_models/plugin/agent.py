@@ -5,7 +5,8 @@ references with the download engine (``engine``: items with a ``collectTime`` ar
 left ``spec.models`` is removed after a short delay, disk pressure evicts what nothing references),
 asks the worker for a fetch ticket per referenced digest with its Pod-bound token, writes the store's
 status from what is on disk (``store_status``), and serves ``GET /model/downloads`` (live bytes, for
-the worker only), ``/readyz``, ``/livez`` and ``/metrics`` over HTTPS (``endpoints``).
+the worker only), ``/readyz``, ``/livez`` and ``/metrics`` over HTTPS (``endpoints``). It serves the
+CSI driver ``model.csi.gpustack.ai`` on a unix socket and registers it with the kubelet (``csi``).
 """
 
 from __future__ import annotations
@@ -23,6 +24,9 @@ from gpustack_models.kube.reviews import TokenReviewer
 from gpustack_models.kube.watch import Collection, WatchHandler, watch_forever
 
 from . import FAILED, READY, DownloadSettings, Engine, FetchTicket
+from .csi.driver import Driver, IdentityService, NodeService
+from .csi.registration import CsiServers
+from .csi.worker_api import WorkerMounts
 from .endpoints import serve
 from .failures import DownloadFailed
 from .metrics import Metrics
@@ -48,6 +52,13 @@ class PluginSettings:
     capacity_bytes: int | None = None
     auth_cache_ttl: float = 10.0
     retry_base: float = 60.0
+    csi_socket: str = ""  # the CSI driver's unix socket ("": no CSI driver)
+    registration_dir: str = ""  # the kubelet's plugins_registry directory ("": do not register)
+    kubelet_dir: str = ""  # the kubelet's root: target paths must be under its pods/ ("": not checked)
+
+
+MOUNT_TOUCH_SECONDS = 60.0  # a mounted tree's lastUsedTime is moved this often
+RELEASE_RETRY_EVERY = 5  # reconcile passes (2 s each) between retries of releases the worker did not take
 
 
 class StoreWatch(WatchHandler):
@@ -93,6 +104,10 @@ class Plugin:
         )
         self._fetching: set[str] = set()
         self._lock = threading.Lock()
+        self.csi: Driver | None = None
+        if settings.csi_socket:
+            worker = WorkerMounts(settings.worker_url, settings.worker_ca_file, settings.node, self.kube.auth_headers)
+            self.csi = Driver(self.engine, settings.node, worker, settings.kubelet_dir, self.writer.kick.set)
 
     # --- events ----------------------------------------------------------------------------------------
     def _changed(self, digest, entry) -> None:
@@ -184,9 +199,14 @@ class Plugin:
         watch_forever(self.kube, collection, StoreWatch(self), self.stopping, name="store")
 
     def reconcile_forever(self) -> None:
+        passes = 0
         while not self.stopping.wait(2.0):
+            passes += 1
             try:
                 self.reconcile()
+                self.engine.touch_mounted(MOUNT_TOUCH_SECONDS)
+                if self.csi is not None and passes % RELEASE_RETRY_EVERY == 0:
+                    self.csi.retry_releases()
             except Exception as exc:
                 log.warning("reconcile: %s", exc)
 
@@ -202,8 +222,17 @@ class Plugin:
         return 200 if user.get("username") == self.settings.worker_username else 403
 
     # --- the process -----------------------------------------------------------------------------------
+    def csi_servers(self) -> CsiServers | None:
+        if self.csi is None:
+            return None
+        settings = self.settings
+        return CsiServers(settings.csi_socket, settings.registration_dir, IdentityService(), NodeService(self.csi))
+
     def run(self) -> None:
         server = serve(self)
+        csi = self.csi_servers()
+        if csi is not None:
+            csi.start()
         threads = [
             threading.Thread(target=server.serve_forever, name="https", daemon=True),
             threading.Thread(target=self.watch_store, name="store-watch", daemon=True),
@@ -220,4 +249,6 @@ class Plugin:
         )
         self.stopping.wait()
         server.shutdown()
+        if csi is not None:
+            csi.stop()  # the mounts stay: Pods keep their models while the plugin restarts
         self.engine.close(timeout=10)

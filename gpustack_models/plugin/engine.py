@@ -237,6 +237,7 @@ class Engine:
         self._last_stats: dict[str, dict] = {}  # counters of each digest's last download
         self._closed = False
         self._wanted: dict[str, Wanted] | None = None  # spec.models by digest; None until the spec is known
+        self._mounted: frozenset[str] = frozenset()  # digests a Pod has mounted: never removed nor evicted
         self._removal_delay = float(removal_delay)
         self._partial_retention = float(partial_retention)
         self._load()
@@ -624,6 +625,44 @@ class Engine:
         if persist or item.last_used_saved is None or now - item.last_used_saved >= _TOUCH_PERSIST_SECONDS:
             self._persist(item)
 
+    # ---------------------------------------------------------------- mounts
+
+    def set_mounted(self, digests: Iterable[str]) -> None:
+        """The digests Pods on this node have mounted now: held whatever ``spec.models`` says (never
+        removed, never evicted). A digest no longer mounted and out of ``spec.models`` gets its removal
+        delay counted from now."""
+        mounted = frozenset(digests)
+        now = self._clock()
+        with self._lock:
+            released = self._mounted - mounted
+            self._mounted = mounted
+            for digest in released:
+                item = self._items.get(digest)
+                if item is not None and item.absent_since is not None:
+                    item.absent_since = now
+                    self._persist(item)
+
+    def mounted(self) -> frozenset[str]:
+        with self._lock:
+            return self._mounted
+
+    def touch_mounted(self, interval: float) -> list[str]:
+        """Note the use of every mounted Ready tree last used ``interval`` seconds ago or more (each
+        reported as a change); the digests touched."""
+        now = self._clock()
+        touched = []
+        with self._lock:
+            for digest in sorted(self._mounted):
+                item = self._items.get(digest)
+                if item is None or item.state != READY:
+                    continue
+                if item.last_used is None or now - item.last_used >= interval:
+                    self._touch(item, now, persist=True)
+                    touched.append(digest)
+        for digest in touched:
+            self._emit(digest)
+        return touched
+
     # ---------------------------------------------------------------- collection
 
     def set_wanted(self, items: Iterable[Wanted | dict]) -> None:
@@ -644,8 +683,9 @@ class Engine:
             job.download.cancel("no longer referenced on this node; the bytes downloaded are kept")
 
     def _referenced(self, digest: str) -> bool:
-        """True unless the spec is known and does not reference ``digest``. Caller holds the lock."""
-        if self._wanted is None:
+        """True unless the spec is known and does not reference ``digest`` (a mounted digest is referenced).
+        Caller holds the lock."""
+        if self._wanted is None or digest in self._mounted:
             return True
         wanted = self._wanted.get(digest)
         return wanted is not None and wanted.referenced
@@ -666,6 +706,8 @@ class Engine:
     def _removal_time(self, item: _Item) -> float | None:
         """When the engine removes ``item`` (out of ``spec.models``), else ``None``. Caller holds the lock."""
         if self._wanted is None or item.absent_since is None or item.digest in self._wanted:
+            return None
+        if item.digest in self._mounted:
             return None
         published = item.state == READY and item.digest not in self._jobs
         return item.absent_since + (self._removal_delay if published else self._partial_retention)
@@ -710,7 +752,9 @@ class Engine:
         out = []
         for digest, item in self._items.items():
             wanted = self._wanted.get(digest)
-            if digest in self._jobs or (wanted is not None and (wanted.referenced or wanted.pinned)):
+            if digest in self._jobs or digest in self._mounted:
+                continue
+            if wanted is not None and (wanted.referenced or wanted.pinned):
                 continue
             if item.state == READY or (wanted is None and self._idle_partial.get(digest)):
                 out.append(item)

@@ -591,3 +591,33 @@ def test_it_serves_state_reads_while_a_download_is_blocked(fakehub, make_engine)
     assert answers["capacity"]["storedBytes"] == held_at
     assert engine.cancel(ticket.digest, wait=10)
     assert engine.entry(ticket.digest).reason == "Canceled"
+
+
+def test_it_never_removes_nor_evicts_a_mounted_tree_and_keeps_its_last_use_current(fakehub, make_engine, clock):
+    engine = make_engine(clock=clock, capacity_bytes=10 * MiB, high_percent=90, low_percent=80, removal_delay=0)
+    t = one_mib_trees(fakehub, engine, clock, ["mounted", "other"], seed=60)
+    mounted, other = t["mounted"].digest, t["other"].digest
+    engine.set_mounted([mounted])
+    engine.set_wanted([])  # both left spec.models
+    clock.advance(5)
+    assert engine.collect() == [other]  # the removal delay (0) passed: only the unmounted one goes
+    assert "collectTime" not in engine.entry(mounted).status()
+    engine.set_watermarks(5, 1)  # pressure: the mounted tree is all that is left, and it stays
+    assert engine.collect() == []
+    assert engine.path(mounted) is not None
+    engine.touch(mounted)  # mounted now
+    used = engine.entry(mounted).last_used_time
+    clock.advance(30)
+    assert engine.touch_mounted(60) == []  # used 30 s ago: not yet
+    clock.advance(31)
+    assert engine.touch_mounted(60) == [mounted]
+    assert engine.entry(mounted).last_used_time == used + 61
+    engine.close()
+
+    restarted = make_engine(clock=clock, capacity_bytes=10 * MiB, removal_delay=0)  # mounts are known again
+    restarted.set_wanted([])
+    restarted.set_mounted([mounted])
+    assert restarted.collect() == [] and restarted.path(mounted) is not None
+    restarted.set_mounted([])  # unmounted: the removal delay counts from now
+    clock.advance(1)
+    assert restarted.collect() == [mounted]

@@ -21,6 +21,8 @@ class PluginProcess:
         self.env = launcher.plugin_env(node, address, PLUGIN_PORT)
         self.env.update(GPUSTACK_WORKER_URL=worker_api.url, NO_PROXY="*", no_proxy="*", **extra_env)
         self.cache = Path(self.env["GPUSTACK_PLUGIN_CACHE_DIR"])
+        default_socket = Path(self.env["GPUSTACK_DATA_DIR"]) / "plugin" / node / "csi.sock"
+        self.csi_socket = Path(self.env.get("GPUSTACK_PLUGIN_CSI_SOCKET") or default_socket)  # its CSI driver
         self.proc = None
         self.url = f"https://{address}:{PLUGIN_PORT}"
 

@@ -17,7 +17,7 @@ MAX_FUNCTION_LINES = 40
 
 def modules(root: Path):
     for path in sorted(root.rglob("*.py")):
-        if "migrations" not in path.parts:
+        if "migrations" not in path.parts and "generated" not in path.parts:  # generated: the gRPC stubs
             yield path
 
 

@@ -6,6 +6,7 @@ from django.core.management.base import BaseCommand, CommandError
 
 from gpustack_models.kube.identity import worker_user
 from gpustack_models.plugin.agent import Plugin, PluginSettings
+from gpustack_models.plugin.csi.registration import SocketPathError, check_socket_path, registration_socket
 
 
 class Command(BaseCommand):
@@ -18,6 +19,15 @@ class Command(BaseCommand):
         logging.basicConfig(level=settings.LOGGING["root"]["level"])
         if not (settings.PLUGIN_TLS_CERT_FILE and settings.PLUGIN_TLS_KEY_FILE):
             raise CommandError("GPUSTACK_PLUGIN_TLS_CERT_FILE and GPUSTACK_PLUGIN_TLS_KEY_FILE are required")
+        csi_socket = settings.PLUGIN_CSI_SOCKET or str(settings.DATA_DIR / "plugin" / node / "csi.sock")
+        try:
+            check_socket_path(csi_socket, "GPUSTACK_PLUGIN_CSI_SOCKET")
+            if settings.PLUGIN_REGISTRATION_DIR:
+                check_socket_path(
+                    registration_socket(settings.PLUGIN_REGISTRATION_DIR), "GPUSTACK_PLUGIN_REGISTRATION_DIR"
+                )
+        except SocketPathError as exc:
+            raise CommandError(str(exc)) from None
         plugin = Plugin(
             PluginSettings(
                 node=node,
@@ -35,6 +45,9 @@ class Command(BaseCommand):
                 capacity_bytes=settings.PLUGIN_CAPACITY_BYTES or None,
                 auth_cache_ttl=settings.AUTH_CACHE_TTL,
                 retry_base=settings.PLUGIN_RETRY_BASE,
+                csi_socket=csi_socket,
+                registration_dir=settings.PLUGIN_REGISTRATION_DIR,
+                kubelet_dir=settings.PLUGIN_KUBELET_DIR,
             )
         )
         for sig in (signal.SIGTERM, signal.SIGINT):

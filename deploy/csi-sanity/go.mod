@@ -1,0 +1,34 @@
+// csi-sanity, the CSI spec's conformance tests, built from its Go module to test the node plugin's CSI
+// driver. Its own module: csi-test needs a newer CSI spec and gRPC than the Kubernetes dependency graph
+// of deploy/controlplane pins, and that pin stays the one place Kubernetes is chosen.
+module gpustack.ai/gpustack-models/deploy/csi-sanity
+
+go 1.26.0
+
+tool github.com/kubernetes-csi/csi-test/v5/cmd/csi-sanity
+
+require (
+	github.com/Masterminds/semver/v3 v3.4.0 // indirect
+	github.com/container-storage-interface/spec v1.13.0 // indirect
+	github.com/go-logr/logr v1.4.3 // indirect
+	github.com/go-task/slim-sprig/v3 v3.0.0 // indirect
+	github.com/google/go-cmp v0.7.0 // indirect
+	github.com/google/pprof v0.0.0-20260402051712-545e8a4df936 // indirect
+	github.com/google/uuid v1.6.0 // indirect
+	github.com/kubernetes-csi/csi-test/v5 v5.6.0 // indirect
+	github.com/onsi/ginkgo/v2 v2.32.1 // indirect
+	github.com/onsi/gomega v1.42.1 // indirect
+	go.uber.org/mock v0.6.0 // indirect
+	go.yaml.in/yaml/v3 v3.0.4 // indirect
+	golang.org/x/mod v0.36.0 // indirect
+	golang.org/x/net v0.56.0 // indirect
+	golang.org/x/sync v0.21.0 // indirect
+	golang.org/x/sys v0.46.0 // indirect
+	golang.org/x/text v0.38.0 // indirect
+	golang.org/x/tools v0.45.0 // indirect
+	google.golang.org/genproto/googleapis/rpc v0.0.0-20260526163538-3dc84a4a5aaa // indirect
+	google.golang.org/grpc v1.83.1 // indirect
+	google.golang.org/protobuf v1.36.12 // indirect
+	gopkg.in/yaml.v2 v2.4.0 // indirect
+	k8s.io/klog/v2 v2.140.0 // indirect
+)

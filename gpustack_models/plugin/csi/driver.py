@@ -1,0 +1,236 @@
+"""The CSI Identity and Node services of ``model.csi.gpustack.ai``.
+
+NodePublishVolume: the request is checked (``validation``), the worker authorizes the Pod's mount and
+names the digest (``worker_api``); a digest Ready in this node's cache is bind-mounted read-only on the
+target path, anything else answers UNAVAILABLE with what the node is doing (``progress_text``), and the
+kubelet tries again. Publishing the same volume on the same target again succeeds; another volume or
+another model already on the target is ALREADY_EXISTS. NodeUnpublishVolume unmounts, removes the target
+directory and tells the worker (later, in the background, when it cannot be reached). Mounted digests
+are held by the engine whatever ``spec.models`` says. Every other RPC is UNIMPLEMENTED.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import stat
+import threading
+from collections.abc import Callable
+
+import grpc
+from google.protobuf import wrappers_pb2
+
+from . import DRIVER_NAME, VENDOR_VERSION, validation
+from .generated import csi_pb2, csi_pb2_grpc
+from .mounts import Mounted, MountTable, bind_read_only, mount_points, same_file, unmount
+from .progress_text import not_ready_message
+from .validation import CsiError, PublishRequest
+from .worker_api import WorkerMounts
+
+log = logging.getLogger(__name__)
+_READY = "Ready"
+
+
+def failed_precondition(message: str) -> CsiError:
+    return CsiError(grpc.StatusCode.FAILED_PRECONDITION, message)
+
+
+class Driver:
+    """What the services do, on the node's engine. ``changed()`` is called when the mounts changed."""
+
+    def __init__(self, engine, node: str, worker: WorkerMounts, kubelet_dir: str | None, changed: Callable = None):
+        self.engine, self.node, self.worker, self.kubelet_dir = engine, node, worker, kubelet_dir or None
+        self.table = MountTable(engine.cache.root, engine.cache.tree)
+        self.changed = changed or (lambda: None)
+        self._lock = threading.Lock()
+        kept = self.table.load()
+        self.engine.set_mounted(self.table.digests())
+        if kept:
+            log.info("%d volume(s) still mounted from before the restart: %s", len(kept), sorted(self.table.digests()))
+
+    # --- target paths ---------------------------------------------------------------------------------
+    def resolve(self, target: str) -> str:
+        """The target's real path; under the kubelet's real pods directory when that is known (a symbolic
+        link must not lead a mount elsewhere). Its parent must exist (the kubelet makes it)."""
+        parent = os.path.dirname(target)
+        if not os.path.isdir(parent):
+            raise failed_precondition(f"the parent directory of target_path {target!r} does not exist")
+        real = os.path.join(os.path.realpath(parent), os.path.basename(target))
+        pods = validation.pods_dir(self.kubelet_dir)
+        if pods is not None and not real.startswith(os.path.realpath(pods) + os.sep):
+            raise validation.invalid(f"target_path {target!r} resolves outside the kubelet's pods directory")
+        return real
+
+    @staticmethod
+    def _prepare(real: str) -> bool:
+        """An empty directory to mount on (made if missing, True then); refuses anything else."""
+        try:
+            st = os.lstat(real)
+        except FileNotFoundError:
+            os.mkdir(real, 0o750)
+            return True
+        if not stat.S_ISDIR(st.st_mode) or os.listdir(real) or real in mount_points():
+            raise failed_precondition(f"target_path {real!r} is not an empty directory")
+        return False
+
+    # --- NodePublishVolume ----------------------------------------------------------------------------
+    def publish(self, request) -> None:
+        req = validation.publish_request(request, self.kubelet_dir)
+        real = self.resolve(req.target_path)
+        with self._lock:
+            if self._published_already(req, real):
+                return
+        grant = self.worker.mount(req.volume_id, req.pod, req.artifact, req.expected_digest)
+        entry = self.engine.entry(grant.digest)
+        if entry is None or entry.state != _READY or self.engine.path(grant.digest) is None:
+            raise CsiError(grpc.StatusCode.UNAVAILABLE, not_ready_message(req.artifact, entry))
+        with self._lock:
+            if self._published_already(req, real, grant.digest):
+                return
+            self._mount(req, real, grant.digest)
+        self.engine.set_mounted(self.table.digests())
+        self.engine.touch(grant.digest)
+        self.changed()
+        log.info("mounted %s (%s/%s) for Pod %s/%s on %s", grant.digest[:19], req.pod.namespace, req.artifact,
+                 req.pod.namespace, req.pod.name, req.target_path)  # fmt: skip
+
+    def _published_already(self, req: PublishRequest, real: str, digest: str | None = None) -> bool:
+        """True when this volume is already published on the target as asked; ALREADY_EXISTS when the
+        target holds another volume or another model. Caller holds the lock."""
+        existing = self.table.at_target(req.target_path)
+        if existing is None:
+            return False
+        same = (
+            existing.volume_id == req.volume_id
+            and (existing.namespace, existing.artifact) == (req.pod.namespace, req.artifact)
+            and req.expected_digest in (None, existing.digest)
+            and digest in (None, existing.digest)
+        )
+        if not same:
+            raise CsiError(
+                grpc.StatusCode.ALREADY_EXISTS,
+                f"target_path {req.target_path!r} already has volume {existing.volume_id!r} mounted"
+                f" (model {existing.artifact}, {existing.digest[:19]})",
+            )
+        if not self.table.shows_tree(real, existing.digest):
+            log.warning("the mount of %s on %s is gone; mounting it again", existing.volume_id, req.target_path)
+            self.table.forget(existing.volume_id, existing.target)
+            return False
+        self.engine.touch(existing.digest)
+        return True
+
+    def _mount(self, req: PublishRequest, real: str, digest: str) -> None:
+        """Record, then bind the tree read-only on the target. Caller holds the lock."""
+        made = self._prepare(real)
+        mounted = Mounted(req.volume_id, req.target_path, digest, req.artifact, req.pod.namespace, req.pod.name,
+                          req.pod.uid)  # fmt: skip
+        self.table.add(mounted)
+        try:
+            bind_read_only(str(self.engine.cache.tree(digest)), real)
+        except OSError as exc:
+            self.table.forget(req.volume_id, req.target_path)
+            if made:
+                os.rmdir(real)
+            raise CsiError(grpc.StatusCode.INTERNAL, f"mounting model {req.artifact} failed: {exc}") from None
+
+    # --- NodeUnpublishVolume --------------------------------------------------------------------------
+    def unpublish(self, request) -> None:
+        volume_id = validation.volume_id(request.volume_id)
+        target = validation.target_path(request.target_path, self.kubelet_dir)
+        with self._lock:
+            record = self.table.find(volume_id, target)
+            if os.path.isdir(os.path.dirname(target)):
+                self._unmount(self.resolve(target), record)
+            if record is not None:
+                self.table.forget(volume_id, target)
+            released = not self.table.volume_in_use(volume_id)
+        self.engine.set_mounted(self.table.digests())
+        self.changed()
+        if released:
+            self.release(volume_id)
+
+    def _ours(self, real: str, record: Mounted | None) -> bool:
+        if record is not None and same_file(real, self.engine.cache.tree(record.digest)):
+            return True
+        return any(same_file(real, self.engine.cache.tree(d)) for d in self.engine.cache.published_digests())
+
+    def _unmount(self, real: str, record: Mounted | None) -> None:
+        """Unmount a tree of this cache from ``real`` and remove the directory; nothing there is fine.
+        Caller holds the lock."""
+        if not os.path.lexists(real):
+            return
+        if real in mount_points():
+            if not self._ours(real, record):
+                raise failed_precondition(f"target_path {real!r} holds a mount this driver did not make; left as is")
+            unmount(real)
+            log.info("unmounted %s", real)
+        try:
+            os.rmdir(real)
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            if exc.errno in (errno.ENOTEMPTY, errno.ENOTDIR, errno.EEXIST):
+                raise failed_precondition(f"target_path {real!r} is not an empty directory; left as is") from None
+            raise
+
+    def release(self, volume_id: str) -> None:
+        """Tell the worker the volume is gone; remembered and retried (``retry_releases``) if it cannot."""
+        try:
+            self.worker.release(volume_id)
+        except CsiError as exc:
+            log.warning("the worker did not take the release of volume %s yet (%s); retrying later", volume_id,
+                        exc.message)  # fmt: skip
+            self.table.release_pending(volume_id)
+            return
+        self.table.release_done(volume_id)
+
+    def retry_releases(self) -> None:
+        for volume_id in self.table.released():
+            if self.table.volume_in_use(volume_id):
+                self.table.release_done(volume_id)  # published again since: the worker holds it rightly
+            else:
+                self.release(volume_id)
+
+
+def _call(context, action: Callable[[], object]):
+    """Run ``action``; a ``CsiError`` is the RPC's status, anything unexpected an INTERNAL one."""
+    try:
+        return action()
+    except CsiError as exc:
+        context.abort(exc.code, exc.message)
+    except grpc.RpcError:
+        raise
+    except Exception as exc:
+        log.exception("CSI call failed")
+        context.abort(grpc.StatusCode.INTERNAL, f"{type(exc).__name__}: {exc}")
+
+
+class IdentityService(csi_pb2_grpc.IdentityServicer):
+    def GetPluginInfo(self, request, context):
+        return csi_pb2.GetPluginInfoResponse(name=DRIVER_NAME, vendor_version=VENDOR_VERSION)
+
+    def GetPluginCapabilities(self, request, context):
+        return csi_pb2.GetPluginCapabilitiesResponse()  # a Node service only: no controller
+
+    def Probe(self, request, context):
+        return csi_pb2.ProbeResponse(ready=wrappers_pb2.BoolValue(value=True))
+
+
+class NodeService(csi_pb2_grpc.NodeServicer):
+    def __init__(self, driver: Driver):
+        self.driver = driver
+
+    def NodePublishVolume(self, request, context):
+        _call(context, lambda: self.driver.publish(request))
+        return csi_pb2.NodePublishVolumeResponse()
+
+    def NodeUnpublishVolume(self, request, context):
+        _call(context, lambda: self.driver.unpublish(request))
+        return csi_pb2.NodeUnpublishVolumeResponse()
+
+    def NodeGetCapabilities(self, request, context):
+        return csi_pb2.NodeGetCapabilitiesResponse()  # no staging, stats, expansion or mount group
+
+    def NodeGetInfo(self, request, context):
+        return csi_pb2.NodeGetInfoResponse(node_id=self.driver.node)
