@@ -22,8 +22,8 @@ import grpc
 from google.protobuf import wrappers_pb2
 
 from . import DRIVER_NAME, VENDOR_VERSION, validation
-from .generated import csi_pb2, csi_pb2_grpc
 from .bind_mounts import Mounted, MountTable, bind_read_only, mount_points, same_file, unmount
+from .generated import csi_pb2, csi_pb2_grpc
 from .progress_text import not_ready_message
 from .validation import CsiError, PublishRequest
 from .worker_api import WorkerMounts
