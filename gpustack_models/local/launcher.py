@@ -303,11 +303,15 @@ class Launcher:
         path.chmod(0o600)
         return path
 
-    def plugin_env(self, node: str, address: str, port: int, base_env: dict | None = None) -> dict:
-        """Register ``node`` with its plugin Pod and return the environment of its ``runplugin``."""
+    def plugin_env(
+        self, node: str, address: str, port: int, base_env: dict | None = None, register: bool = True
+    ) -> dict:
+        """Register ``node`` with its plugin Pod (unless a kubelet runs both: ``register=False``) and return
+        the environment of its ``runplugin``."""
         import os
 
-        self.register_node(node, address)
+        if register:
+            self.register_node(node, address)
         cert, key = self.plugin_pki(node, address)
         env = dict(base_env if base_env is not None else os.environ)
         env.update(

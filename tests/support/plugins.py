@@ -16,9 +16,9 @@ from .waiting import wait_for
 class PluginProcess:
     """One ``manage.py runplugin`` for one node, on its own loopback address and cache directory."""
 
-    def __init__(self, launcher, worker_api, node: str, address: str, extra_env: dict):
+    def __init__(self, launcher, worker_api, node: str, address: str, extra_env: dict, register: bool = True):
         self.node, self.address = node, address
-        self.env = launcher.plugin_env(node, address, PLUGIN_PORT)
+        self.env = launcher.plugin_env(node, address, PLUGIN_PORT, register=register)
         self.env.update(GPUSTACK_WORKER_URL=worker_api.url, NO_PROXY="*", no_proxy="*", **extra_env)
         self.cache = Path(self.env["GPUSTACK_PLUGIN_CACHE_DIR"])
         default_socket = Path(self.env["GPUSTACK_DATA_DIR"]) / "plugin" / node / "csi.sock"
