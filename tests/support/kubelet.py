@@ -51,8 +51,11 @@ from .paths import TEST_STATE
 from .waiting import wait_for
 
 NODE_NAME = "kubelet-node"
-# A label only the real node carries, so tests can tell it from the Nodes they register without a kubelet.
+# A label and a NoSchedule taint only the real node carries: tests tell it from the Nodes they register
+# without a kubelet by the label, and only Pods that tolerate the taint (``RealNode.toleration``) run
+# there, so no other test's Pod lands on a node that would really run it.
 NODE_LABEL = "gpustack.ai/test-node"
+NODE_TAINT = {"key": NODE_LABEL, "value": "kubelet", "effect": "NoSchedule"}
 HOST_DIR = Path("/var/tmp/gpustack-models-real-node")  # the host-wide lock and record of what to restore
 CGROUP_ROOT = "/gpustack-models-test"
 BRIDGE = "gpustack-test0"
@@ -119,6 +122,25 @@ class RealNode:
         """A container's output, read by ``kubectl logs`` (kube-apiserver asks the kubelet)."""
         extra = ["-c", container] if container else []
         return self.kubectl("logs", "-n", namespace, pod, *extra).stdout
+
+    toleration = {"key": NODE_TAINT["key"], "operator": "Equal", "value": NODE_TAINT["value"], "effect": "NoSchedule"}
+
+    def pod(self, name: str, command: list[str], image: str = "busybox", **spec) -> dict:
+        """A Pod manifest for this node: one container of a local image (never pulled), tolerating the
+        node's taint, no ``nodeName`` (the scheduler places it); ``spec`` adds to the Pod's spec."""
+        container = {"name": "main", "image": self.images[image], "imagePullPolicy": "Never", "command": command}
+        return {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": name},
+            "spec": {
+                "containers": [container],
+                "tolerations": [self.toleration],
+                "restartPolicy": "Never",
+                "terminationGracePeriodSeconds": 1,
+                **spec,
+            },
+        }
 
     def node(self) -> dict:
         return json.loads(self.kubectl("get", "node", self.name, "-o", "json").stdout)
@@ -233,6 +255,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
             "podLogsDir": str(self.dir / "pod-logs"),
             "volumePluginDir": str(self.dir / "volume-plugins"),
             "makeIPTablesUtilChains": False,
+            "registerWithTaints": [NODE_TAINT],
             # A shared test machine's disk is not this node's to guard: no eviction, no image GC of the
             # imported images (Pods never pull).
             "evictionHard": {"memory.available": "1Mi", "nodefs.available": "0%", "imagefs.available": "0%"},
@@ -316,7 +339,9 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
         it, since it would mark every Node the suite registers without a kubelet unreachable and evict
         its Pods. The kubelet sets the taint only when it creates its Node."""
         self.kubectl("taint", "node", self.name, "node.kubernetes.io/not-ready:NoSchedule-", check=False)
-        wait_for(lambda: not self.node()["spec"].get("taints"), timeout=10, message="the Node without taints")
+        wait_for(
+            lambda: self.node()["spec"].get("taints") == [NODE_TAINT], timeout=10, message="only the node's own taint"
+        )
 
     def start(self) -> None:
         t0 = time.monotonic()
