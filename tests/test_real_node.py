@@ -6,8 +6,11 @@ from __future__ import annotations
 
 import hashlib
 import json
+import subprocess
+import sys
 import time
 import uuid
+from pathlib import Path
 
 import pytest
 import requests
@@ -16,8 +19,8 @@ from kubernetes import client as k8s
 
 from gpustack_models.local import pki
 from gpustack_models.local.cluster import CLIENT_CERTS, WEBHOOK_CLIENT_USER, LocalCluster
-from tests.support import wait_for
-from tests.support.kubelet import NODE_LABEL
+from tests.support import hoststate, wait_for
+from tests.support.kubelet import NODE_LABEL, clean_up
 
 
 @pytest.fixture
@@ -318,3 +321,56 @@ def test_an_earlier_state_directory_is_completed_not_regenerated(cluster, tmp_pa
     new_ca = pki.KeyPair.load(tmp_path / "pki", "ca")
     pki.KeyPair.load(tmp_path / "pki", "admin").cert.verify_directly_issued_by(new_ca.cert)
     pki.KeyPair.load(tmp_path / "pki", "apiserver").cert.verify_directly_issued_by(new_ca.cert)
+
+
+# --- what a session that died leaves, cleaned up by the next -------------------------------------------
+def _leftover_process(*argv: str) -> subprocess.Popen:
+    code = "import time; time.sleep(600)"
+    return subprocess.Popen([sys.executable, "-c", code, *argv], start_new_session=True)
+
+
+def test_a_dead_sessions_node_is_stopped_and_the_host_put_back(tmp_path):
+    """``clean_up`` of a record as a killed session leaves it: its kubelet, shims and Pod processes still
+    running, mounts under the node directory (the kubelet's shared bind mount and a volume), the Pods'
+    cgroups, the CNI bridge and a KUBE-* iptables chain. Everything goes, and so does the record."""
+    tag = uuid.uuid4().hex[:8]
+    node_dir, cgroup_root, bridge, chain = (
+        tmp_path / "node",
+        f"/gpustack-models-test-{tag}",
+        f"gpt{tag}",
+        f"KUBE-T-{tag}",
+    )
+    before = hoststate.record(bridge, cgroup_root)
+    for key in ("sysctls", "paths", "mounts"):  # host-wide state other sessions may be changing right now
+        del before[key]
+    volume = node_dir / "kubelet" / "pods" / "uid" / "volumes" / "v"
+    volume.mkdir(parents=True)
+    for cmd in (
+        ["mount", "--bind", node_dir / "kubelet", node_dir / "kubelet"],
+        ["mount", "--make-rshared", node_dir / "kubelet"],
+        ["mount", "-t", "tmpfs", "tmpfs", volume],
+        ["ip", "link", "add", "name", bridge, "type", "bridge"],
+        ["iptables", "-N", chain],
+        ["iptables", "-A", "OUTPUT", "-m", "comment", "--comment", "a leftover", "-j", chain],
+    ):
+        subprocess.run([str(c) for c in cmd], check=True)
+    kubelet = _leftover_process(str(node_dir / "kubelet-config.yaml"))
+    shim = _leftover_process("-address", str(node_dir / "containerd" / "containerd.sock"))
+    in_pod = _leftover_process()
+    for hierarchy in hoststate.cgroup_hierarchies():
+        (hierarchy / cgroup_root.lstrip("/") / "kubepods" / "besteffort").mkdir(parents=True)
+    memory = Path("/sys/fs/cgroup/memory") / cgroup_root.lstrip("/") / "kubepods" / "besteffort"
+    (memory / "cgroup.procs").write_text(str(in_pod.pid))
+    record_file = tmp_path / "record.json"
+    record_file.write_text("{}")
+
+    clean_up({"dir": str(node_dir), "pids": {"kubelet": kubelet.pid}, "host": before}, record_file)
+
+    for proc in (kubelet, shim, in_pod):
+        assert proc.wait(timeout=5) is not None
+    assert hoststate.mounts_under([str(node_dir)]) == []
+    assert not any((h / cgroup_root.lstrip("/")).exists() for h in hoststate.cgroup_hierarchies())
+    assert not Path(f"/sys/class/net/{bridge}").exists()
+    assert chain not in hoststate.iptables_chains()["filter"]
+    assert chain not in subprocess.run(["iptables-save", "-t", "filter"], capture_output=True, text=True).stdout
+    assert not record_file.exists()

@@ -146,7 +146,8 @@ def remove_cgroups(cgroup_root: str, attempts: int = 50) -> None:
 
 def restore(before: dict) -> None:
     """Put the host back as ``before`` found it (processes of the node must be stopped already)."""
-    unmount_under(HOST_PATHS, keep=set(before.get("mounts", ())))
+    if "mounts" in before:
+        unmount_under(HOST_PATHS, keep=set(before["mounts"]))
     if not before.get("cgroupRootExisted", True):
         remove_cgroups(before["cgroupRoot"])
     if not before.get("bridgeExisted", True) and Path(f"/sys/class/net/{before['bridge']}").exists():

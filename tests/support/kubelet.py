@@ -28,6 +28,7 @@ Debian's containerd 1.6.20):
 
 from __future__ import annotations
 
+import ctypes
 import fcntl
 import json
 import os
@@ -67,6 +68,11 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def _die_with_parent():
+    libc = ctypes.CDLL("libc.so.6", use_errno=True)
+    libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG: stop with the test session, even one killed
 
 
 def _alive(pid: int, marker: str) -> bool:
@@ -279,7 +285,12 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
     def _spawn(self, name: str, args: list[str]) -> subprocess.Popen:
         with open(self.log_dir / f"{name}.log", "ab") as log:
             proc = subprocess.Popen(
-                args, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True
+                args,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+                preexec_fn=_die_with_parent,
             )
         self.pids[name] = proc.pid
         save_record(self.dir, pids=self.pids)
@@ -370,15 +381,15 @@ def save_record(node_dir: Path, host: dict | None = None, pids: dict | None = No
     tmp.replace(_record_file())
 
 
-def clean_up(record: dict) -> None:
+def clean_up(record: dict, record_file: Path | None = None) -> None:
     """Stop the node a record describes and put the host back: the kubelet first (it would restart what
     is stopped), then the Pods' processes and containerd's shims, containerd, then mounts, cgroups and
-    the rest of the host state."""
+    the rest of the host state. Then forget the record (``record_file``, the host-wide one by default)."""
     node_dir = record["dir"]
     pids = record.get("pids", {})
     if "kubelet" in pids:
         terminate(pids["kubelet"], node_dir)
-    for pid in hoststate.cgroup_pids(CGROUP_ROOT) if "host" in record else ():
+    for pid in hoststate.cgroup_pids(record["host"]["cgroupRoot"]) if "host" in record else ():
         try:
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
@@ -390,7 +401,7 @@ def clean_up(record: dict) -> None:
     hoststate.unmount_under([node_dir])
     if "host" in record:
         hoststate.restore(record["host"])
-    _record_file().unlink(missing_ok=True)
+    (record_file or _record_file()).unlink(missing_ok=True)
 
 
 class HostLock:
