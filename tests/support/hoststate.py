@@ -2,10 +2,10 @@
 
 A kubelet sets kernel tunables (``vm.overcommit_memory=1``, ``kernel.panic=10``, ``kernel.panic_on_oops=1``
 and a few more), creates cgroups for its Pods, bind-mounts its root directory onto itself (shared) and
-mounts volumes under it, and creates ``/var/log/containers``; containerd mounts snapshots and network
-namespaces and writes ``/run/containerd``; the bridge CNI plugin creates its bridge and sets
-``net.ipv4.ip_forward=1``. ``record`` returns what a later ``restore`` needs as plain JSON (so a crashed
-session's record can be replayed by the next one); ``restore`` is idempotent.
+mounts volumes under it, and creates ``/var/log/containers`` and ``/var/lib/kubelet/device-plugins``;
+containerd mounts snapshots and network namespaces and writes ``/run/containerd``; the bridge CNI plugin
+creates its bridge and sets ``net.ipv4.ip_forward=1``. ``record`` returns what a later ``restore`` needs
+as plain JSON (so a crashed session's record can be replayed by the next one); ``restore`` is idempotent.
 """
 
 from __future__ import annotations
@@ -29,9 +29,17 @@ SYSCTLS = (
     "net/ipv4/ip_forward",
 )
 # Host paths the runtime or the kubelet write although their own directories are elsewhere (hard-coded:
-# the kubelet's container log symlinks, containerd 1.6's shim sockets and network namespaces, libcni's
-# result cache); removed afterwards only when they did not exist before.
-HOST_PATHS = ("/var/log/containers", "/run/containerd", "/opt/containerd", "/run/netns", "/var/lib/cni")
+# the kubelet's container log symlinks and its device plugin socket, /var/lib/kubelet/device-plugins/
+# kubelet.sock, whatever its root directory; containerd 1.6's shim sockets and network namespaces;
+# libcni's result cache); removed afterwards only when they did not exist before.
+HOST_PATHS = (
+    "/var/log/containers",
+    "/var/lib/kubelet",
+    "/run/containerd",
+    "/opt/containerd",
+    "/run/netns",
+    "/var/lib/cni",
+)
 CGROUP_FS = Path("/sys/fs/cgroup")
 IPTABLES_TABLES = ("filter", "nat", "mangle")
 
