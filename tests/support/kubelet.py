@@ -439,18 +439,20 @@ def _make_cgroup_root() -> None:
                 (directory / name).write_text((hierarchy / name).read_text())
 
 
-def check_host() -> None:
+def check_host(bin_dir: Path) -> None:
     missing = [p for p in ("containerd", "runc", "ctr", "gcc") if shutil.which(p) is None]
     if missing or not Path("/usr/lib/cni/bridge").exists():
         raise RuntimeError(f"the real node needs Debian's {' '.join(PACKAGES)} (run the suite with make test)")
     if os.geteuid() != 0:
         raise RuntimeError("the real node needs root (containerd and the kubelet)")
+    if not (bin_dir / "kubelet").exists():
+        raise RuntimeError(f"no kubelet in {bin_dir}: deploy/controlplane/build.sh builds it")
 
 
 @pytest.fixture(scope="session")
 def real_node(cluster, tmp_path_factory):
     """A Ready Node run by a real kubelet and containerd, for the whole session."""
-    check_host()
+    check_host(cluster.bin_dir)
     directory = TEST_STATE / "node"
     with HostLock():
         if _record_file().exists():
