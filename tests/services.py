@@ -6,7 +6,8 @@ PostgreSQL and Redis come from Debian's packages (installed with apt-get when th
 absent), run as throw-away servers on free loopback ports for the duration of the command, and are
 stopped afterwards whatever the command's outcome. The command sees ``DATABASE_URL`` and
 ``CELERY_BROKER_URL`` pointing at them. Headless Chromium, for the console's browser tests, is
-installed the same way.
+installed the same way, and so is what the real test node runs (``tests/support/kubelet.py``):
+containerd, runc, the CNI plugins, a static busybox and a static C toolchain for its images.
 """
 
 from __future__ import annotations
@@ -24,6 +25,14 @@ import time
 from pathlib import Path
 
 DEBIAN_PACKAGES = {"postgres": "postgresql", "redis-server": "redis-server", "chromium": "chromium"}
+# The real test node: each package and a file that shows it is installed.
+NODE_PACKAGES = {
+    "containerd": "/usr/bin/containerd",
+    "runc": "/usr/sbin/runc",
+    "containernetworking-plugins": "/usr/lib/cni/bridge",
+    "gcc": "/usr/bin/gcc",
+    "libc6-dev": "/usr/include/stdio.h",
+}
 
 
 def say(message: str) -> None:
@@ -54,8 +63,21 @@ def postgres_bindir() -> Path | None:
     return Path(candidates[-1]).parent if candidates else None
 
 
+def deb_installed(package: str) -> bool:
+    status = subprocess.run(["dpkg-query", "-W", "-f=${Status}", package], capture_output=True, text=True)
+    return status.stdout.strip() == "install ok installed"
+
+
+def node_packages() -> list[str]:
+    missing = [package for package, path in NODE_PACKAGES.items() if not Path(path).exists()]
+    # busybox-static, not busybox: both provide /bin/busybox, only this one runs in an empty image.
+    if not deb_installed("busybox-static"):
+        missing.append("busybox-static")
+    return missing
+
+
 def ensure_packages() -> None:
-    missing = []
+    missing = node_packages()
     if postgres_bindir() is None:
         missing.append(DEBIAN_PACKAGES["postgres"])
     if shutil.which("redis-server") is None:

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Builds etcd, kube-apiserver, kube-controller-manager and kubectl from the Kubernetes Go modules
-# pinned in go.mod into a cache directory outside the repository, keyed by the Kubernetes version.
-# Prints that directory on its last line. Reuses a complete earlier build.
+# Builds etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kubectl and kubelet from the
+# Kubernetes Go modules pinned in go.mod into a cache directory outside the repository, keyed by the
+# Kubernetes version. Prints that directory on its last line. Reuses a complete earlier build.
 #
 #   deploy/controlplane/build.sh            # builds (or reuses) and prints the bin directory
 #   GPUSTACK_KUBE_CACHE=/path build.sh      # cache root (default: ${XDG_CACHE_HOME:-~/.cache}/gpustack-models/kube)
@@ -23,8 +23,17 @@ minor=$(echo "$version" | sed -E 's/^v[0-9]+\.([0-9]+)\..*/\1/')
 root=${GPUSTACK_KUBE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/gpustack-models/kube}
 out="$root/$version"
 stamp="$out/.complete"
-# The stamp records the module sum too, so a changed go.sum rebuilds rather than reusing stale binaries.
-want="$version $(sha256sum go.sum | cut -c1-16)"
+targets=(
+  ./cmd/etcd
+  k8s.io/kubernetes/cmd/kube-apiserver
+  k8s.io/kubernetes/cmd/kube-controller-manager
+  k8s.io/kubernetes/cmd/kube-scheduler
+  k8s.io/kubernetes/cmd/kubectl
+  k8s.io/kubernetes/cmd/kubelet
+)
+# The stamp records the module sum and the binaries built, so a changed go.sum or a cache made before a
+# binary was added rebuilds rather than reusing stale or missing binaries.
+want="$version $(sha256sum go.sum | cut -c1-16) $(for t in "${targets[@]}"; do basename "$t"; done | tr '\n' ' ' | sed 's/ $//')"
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
   echo "$out"
   exit 0
@@ -42,8 +51,8 @@ export CGO_ENABLED=0
 # Memory on small machines: one package at a time keeps the link of kube-apiserver under ~2 GiB.
 export GOFLAGS="${GOFLAGS:--p=$(nproc)}"
 start=$(date +%s)
-echo "building Kubernetes $version control plane into $out (a cold build takes 10-20 minutes)" >&2
-for target in ./cmd/etcd k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager k8s.io/kubernetes/cmd/kubectl; do
+echo "building Kubernetes $version control plane and kubelet into $out (a cold build takes 10-20 minutes)" >&2
+for target in "${targets[@]}"; do
   name=$(basename "$target")
   t0=$(date +%s)
   go build -trimpath -ldflags "$ldflags" -o "$out/$name.tmp" "$target"

@@ -1,14 +1,20 @@
-"""A local Kubernetes control plane of real components: etcd, kube-apiserver, kube-controller-manager.
+"""A local Kubernetes control plane of real components: etcd, kube-apiserver, kube-controller-manager
+and kube-scheduler.
 
 The binaries are built from the Kubernetes Go modules by ``deploy/controlplane/build.sh`` into a cache
-outside the repository. ``LocalCluster`` generates the PKI, starts the three processes, waits until they
-are healthy, can restart kube-apiserver alone, and stops everything. Its state directory holds:
+outside the repository. ``LocalCluster`` generates the PKI, starts the four processes, waits until they
+are healthy, can restart kube-apiserver alone, and stops everything. kube-apiserver is set up for real
+nodes (Node authorizer, NodeRestriction, a kubelet client certificate) although none runs by default:
+the test suite adds a real kubelet where a test asks for one. Its state directory holds:
 
-    pki/            cluster CA, serving and client certificates, front-proxy CA, service-account keys
+    pki/            cluster CA, serving and client certificates (admin, kube-scheduler, kube-apiserver's
+                    kubelet client and admission webhook client), front-proxy CA, service-account keys
     etcd/           etcd's data (kept across restarts of the same state directory)
     logs/           one log per component
     audit/audit.log kube-apiserver's audit log (Metadata level for the groups tests count)
-    kubeconfig      an admin kubeconfig
+    kubeconfig      an admin kubeconfig (scheduler-kubeconfig: kube-scheduler's own)
+    admission-config.yaml, admission-kubeconfig
+                    the client certificate kube-apiserver presents to every admission webhook
     bin/kubectl     the matching kubectl
     tokens.json     static tenant users and their bearer tokens (tokens.csv is the apiserver's file)
     cluster.json    ports and process ids, so a later command can stop what an earlier one started
@@ -51,7 +57,25 @@ CONTROLLERS = (
     "namespace-controller",
     "serviceaccount-controller",
     "root-ca-certificate-publisher-controller",
+    # Remove the kubernetes.io/pvc-protection and pv-protection finalizers once nothing uses the object
+    # (without them deleting a PersistentVolumeClaim never completes).
+    "persistentvolumeclaim-protection-controller",
+    "persistentvolume-protection-controller",
+    # Deletes Pods bound to a Node that no longer exists, and terminated Pods beyond a threshold.
+    "pod-garbage-collector-controller",
 )
+# The user kube-apiserver authenticates as when it calls an admission webhook (client certificate
+# ``pki/webhook-client.crt``, no group), so a webhook can tell kube-apiserver from anyone else.
+WEBHOOK_CLIENT_USER = "kube-apiserver-admission"
+# Client certificates signed by the cluster CA: file name -> (user, groups).
+CLIENT_CERTS = {
+    "admin": ("kubernetes-admin", ("system:masters",)),
+    # The bootstrap RBAC binds system:kube-scheduler and system:volume-scheduler to this user.
+    "kube-scheduler": ("system:kube-scheduler", ()),
+    # kube-apiserver's identity towards kubelets (logs, exec, port-forward), authorized by their webhook.
+    "kubelet-client": ("kube-apiserver-kubelet-client", ("system:masters",)),
+    "webhook-client": (WEBHOOK_CLIENT_USER, ()),
+}
 
 
 def kube_version() -> str:
@@ -103,14 +127,15 @@ class Ports:
     etcd_client: int
     etcd_peer: int
     controller_manager: int
+    scheduler: int = 10259  # a default: cluster.json written before the scheduler has no such port
 
     @classmethod
     def free(cls) -> Ports:
-        return cls(free_port(), free_port(), free_port(), free_port())
+        return cls(free_port(), free_port(), free_port(), free_port(), free_port())
 
     @classmethod
     def defaults(cls) -> Ports:
-        return cls(apiserver=6443, etcd_client=12379, etcd_peer=12380, controller_manager=10257)
+        return cls(apiserver=6443, etcd_client=12379, etcd_peer=12380, controller_manager=10257, scheduler=10259)
 
 
 class LocalCluster:
@@ -135,6 +160,7 @@ class LocalCluster:
         self.log_dir = self.state_dir / "logs"
         self.audit_log = self.state_dir / "audit" / "audit.log"
         self.kubeconfig = self.state_dir / "kubeconfig"
+        self.scheduler_kubeconfig = self.state_dir / "scheduler-kubeconfig"
         self.token_kubeconfig = self.state_dir / "token-kubeconfig"
         self.kubectl = self.state_dir / "bin" / "kubectl"
 
@@ -155,43 +181,62 @@ class LocalCluster:
 
     # --- set-up --------------------------------------------------------------------------------------
     def prepare(self) -> None:
-        """Binaries, PKI, token file, audit policy and kubeconfig. Existing PKI is kept."""
+        """Binaries, PKI, token file, audit policy, admission config and kubeconfigs. Existing PKI is kept
+        and completed: only missing files are generated (a state directory from an earlier version gains
+        the certificates it lacks; a new cluster CA reissues everything it signs)."""
         if self.bin_dir is None:
             self.bin_dir = ensure_binaries()
         for sub in (self.pki_dir, self.log_dir, self.audit_log.parent, self.kubectl.parent):
             sub.mkdir(parents=True, exist_ok=True)
-        if not (self.pki_dir / "ca.crt").exists():
-            self._generate_pki()
+        self._ensure_pki()
         if not (self.state_dir / "tokens.json").exists():
             self._write_tokens()
         self._write_audit_policy()
+        self._write_admission_config()
         self._write_kubeconfig()
+        self.write_kubeconfig(
+            self.scheduler_kubeconfig, self.pki_path("kube-scheduler.crt"), self.pki_path("kube-scheduler.key")
+        )
         if self.kubectl.is_symlink() or self.kubectl.exists():
             self.kubectl.unlink()
         self.kubectl.symlink_to(self.bin_dir / "kubectl")
 
-    def _generate_pki(self) -> None:
+    def _ensure_ca(self, name: str, common_name: str) -> tuple[pki.KeyPair, bool]:
+        """The CA ``name`` of the state directory, created when missing; and whether it is new."""
+        if (self.pki_dir / f"{name}.crt").exists() and (self.pki_dir / f"{name}.key").exists():
+            return pki.KeyPair.load(self.pki_dir, name), False
+        ca = pki.new_ca(common_name)
+        ca.write(self.pki_dir, name)
+        return ca, True
+
+    def _missing(self, name: str, reissue: bool) -> bool:
+        return reissue or not (self.pki_dir / f"{name}.crt").exists() or not (self.pki_dir / f"{name}.key").exists()
+
+    def _ensure_pki(self) -> None:
         d = self.pki_dir
-        ca = pki.new_ca("gpustack-models-local-ca")
-        ca.write(d, "ca")
-        pki.issue(
-            ca,
-            "kube-apiserver",
-            dns_names=(
-                "localhost",
-                "kubernetes",
-                "kubernetes.default",
-                "kubernetes.default.svc",
-                "kubernetes.default.svc.cluster.local",
-            ),
-            ip_addresses=("127.0.0.1", SERVICE_IP, self.advertise_address),
-            server=True,
-        ).write(d, "apiserver")
-        pki.issue(ca, "kubernetes-admin", organizations=("system:masters",), client=True).write(d, "admin")
-        front_proxy_ca = pki.new_ca("gpustack-models-front-proxy-ca")
-        front_proxy_ca.write(d, "front-proxy-ca")
-        pki.issue(front_proxy_ca, "front-proxy-client", client=True).write(d, "front-proxy-client")
-        pki.new_signing_key(d, "sa")
+        ca, new = self._ensure_ca("ca", "gpustack-models-local-ca")
+        if self._missing("apiserver", new):
+            pki.issue(
+                ca,
+                "kube-apiserver",
+                dns_names=(
+                    "localhost",
+                    "kubernetes",
+                    "kubernetes.default",
+                    "kubernetes.default.svc",
+                    "kubernetes.default.svc.cluster.local",
+                ),
+                ip_addresses=("127.0.0.1", SERVICE_IP, self.advertise_address),
+                server=True,
+            ).write(d, "apiserver")
+        for name, (user, groups) in CLIENT_CERTS.items():
+            if self._missing(name, new):
+                pki.issue(ca, user, organizations=groups, client=True).write(d, name)
+        front_proxy_ca, new = self._ensure_ca("front-proxy-ca", "gpustack-models-front-proxy-ca")
+        if self._missing("front-proxy-client", new):
+            pki.issue(front_proxy_ca, "front-proxy-client", client=True).write(d, "front-proxy-client")
+        if not (d / "sa.key").exists() or not (d / "sa.pub").exists():
+            pki.new_signing_key(d, "sa")
 
     def _write_tokens(self) -> None:
         tokens = {user: secrets.token_urlsafe(24) for user in TENANT_USERS}
@@ -218,11 +263,35 @@ class LocalCluster:
         }
         (self.state_dir / "audit-policy.yaml").write_text(yaml.safe_dump(policy))
 
-    def _write_kubeconfig(self) -> None:
+    def _write_admission_config(self) -> None:
+        """kube-apiserver presents ``pki/webhook-client.crt`` to every admission webhook ("*")."""
+        kubeconfig = self.state_dir / "admission-kubeconfig"
+        user = {"client-certificate": str(self.pki_path("webhook-client.crt"))}
+        user["client-key"] = str(self.pki_path("webhook-client.key"))
+        kubeconfig.write_text(
+            yaml.safe_dump({"apiVersion": "v1", "kind": "Config", "users": [{"name": "*", "user": user}]})
+        )
+        webhook = {
+            "apiVersion": "apiserver.config.k8s.io/v1",
+            "kind": "WebhookAdmissionConfiguration",
+            "kubeConfigFile": str(kubeconfig),
+        }
+        config = {
+            "apiVersion": "apiserver.config.k8s.io/v1",
+            "kind": "AdmissionConfiguration",
+            "plugins": [
+                {"name": name, "configuration": webhook}
+                for name in ("MutatingAdmissionWebhook", "ValidatingAdmissionWebhook")
+            ],
+        }
+        (self.state_dir / "admission-config.yaml").write_text(yaml.safe_dump(config))
+
+    def write_kubeconfig(self, path: Path, cert: Path, key: Path, user: str = "admin") -> Path:
+        """A kubeconfig for this cluster that authenticates with the client certificate ``cert``/``key``."""
         import base64
 
-        def b64(path: Path) -> str:
-            return base64.b64encode(path.read_bytes()).decode()
+        def b64(file: Path) -> str:
+            return base64.b64encode(file.read_bytes()).decode()
 
         config = {
             "apiVersion": "v1",
@@ -230,28 +299,22 @@ class LocalCluster:
             "clusters": [
                 {
                     "name": "local",
-                    "cluster": {
-                        "server": self.server,
-                        "certificate-authority-data": b64(self.pki_path("ca.crt")),
-                    },
+                    "cluster": {"server": self.server, "certificate-authority-data": b64(self.pki_path("ca.crt"))},
                 }
             ],
-            "users": [
-                {
-                    "name": "admin",
-                    "user": {
-                        "client-certificate-data": b64(self.pki_path("admin.crt")),
-                        "client-key-data": b64(self.pki_path("admin.key")),
-                    },
-                }
-            ],
-            "contexts": [{"name": "local", "context": {"cluster": "local", "user": "admin"}}],
+            "users": [{"name": user, "user": {"client-certificate-data": b64(cert), "client-key-data": b64(key)}}],
+            "contexts": [{"name": "local", "context": {"cluster": "local", "user": user}}],
             "current-context": "local",
         }
-        self.kubeconfig.write_text(yaml.safe_dump(config))
-        self.kubeconfig.chmod(0o600)
+        path.write_text(yaml.safe_dump(config))
+        path.chmod(0o600)
+        return path
+
+    def _write_kubeconfig(self) -> None:
+        self.write_kubeconfig(self.kubeconfig, self.pki_path("admin.crt"), self.pki_path("admin.key"))
         # The same cluster with no credentials, for clients that bring a bearer token (--token).
-        anonymous = dict(config, users=[{"name": "token", "user": {}}])
+        anonymous = yaml.safe_load(self.kubeconfig.read_text())
+        anonymous["users"] = [{"name": "token", "user": {}}]
         anonymous["contexts"] = [{"name": "local", "context": {"cluster": "local", "user": "token"}}]
         self.token_kubeconfig.write_text(yaml.safe_dump(anonymous))
 
@@ -286,7 +349,6 @@ class LocalCluster:
             f"--tls-cert-file={d / 'apiserver.crt'}",
             f"--tls-private-key-file={d / 'apiserver.key'}",
             f"--client-ca-file={d / 'ca.crt'}",
-            "--authorization-mode=RBAC",
             f"--token-auth-file={self.state_dir / 'tokens.csv'}",
             "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
             f"--service-account-key-file={d / 'sa.pub'}",
@@ -304,6 +366,36 @@ class LocalCluster:
             "--audit-log-format=json",
             "--audit-log-maxsize=200",
             "--audit-log-maxbackup=2",
+            "--profiling=false",
+            "--v=1",
+            *self._apiserver_node_args(),
+        ]
+
+    def _apiserver_node_args(self) -> list[str]:
+        """What a real kubelet needs: kubelets authorized the real way (a ``system:node:<name>`` certificate
+        in ``system:nodes``, limited to its own Node and Pods), a client certificate towards kubelets, their
+        InternalIP dialled rather than their (unresolvable) names, and privileged containers allowed."""
+        d = self.pki_dir
+        return [
+            "--authorization-mode=Node,RBAC",
+            "--enable-admission-plugins=NodeRestriction",
+            f"--admission-control-config-file={self.state_dir / 'admission-config.yaml'}",
+            "--allow-privileged=true",
+            "--kubelet-preferred-address-types=InternalIP,Hostname",
+            f"--kubelet-client-certificate={d / 'kubelet-client.crt'}",
+            f"--kubelet-client-key={d / 'kubelet-client.key'}",
+            # Kubelets serve with a certificate of the cluster CA (the test suite's does).
+            f"--kubelet-certificate-authority={d / 'ca.crt'}",
+        ]
+
+    def _scheduler_args(self) -> list[str]:
+        return [
+            str(self.bin_dir / "kube-scheduler"),
+            f"--kubeconfig={self.scheduler_kubeconfig}",
+            "--leader-elect=false",
+            "--bind-address=127.0.0.1",
+            f"--secure-port={self.ports.scheduler}",
+            f"--cert-dir={self.state_dir / 'scheduler-certs'}",
             "--profiling=false",
             "--v=1",
         ]
@@ -391,7 +483,9 @@ class LocalCluster:
         self._wait("etcd", f"http://127.0.0.1:{self.ports.etcd_client}/health", timeout)
         self._start_apiserver(timeout)
         self._spawn("kube-controller-manager", self._controller_manager_args())
+        self._spawn("kube-scheduler", self._scheduler_args())
         self._wait("kube-controller-manager", f"https://127.0.0.1:{self.ports.controller_manager}/healthz", timeout)
+        self._wait("kube-scheduler", f"https://127.0.0.1:{self.ports.scheduler}/healthz", timeout)
         log.info(
             "control plane %s ready in %.1fs at %s (kubeconfig %s)",
             self.version,
@@ -416,7 +510,7 @@ class LocalCluster:
         self._start_apiserver(timeout)
 
     def stop(self) -> None:
-        for name in ("kube-controller-manager", "kube-apiserver", "etcd"):
+        for name in ("kube-scheduler", "kube-controller-manager", "kube-apiserver", "etcd"):
             proc = self.procs.pop(name, None)
             if proc is not None:
                 _terminate(proc)

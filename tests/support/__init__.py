@@ -1,5 +1,5 @@
 """Test support: helpers (``waiting``, ``kubernetes``, ``paths``) and the fixtures the root conftest
-loads with ``pytest_plugins`` (``cluster``, ``worker``, ``plugins``)."""
+loads with ``pytest_plugins`` (``cluster``, ``worker``, ``plugins``, ``stores``, ``kubelet``: the real node)."""
 
 from .kubernetes import kube_update, kubectl_run, read_modify_write, status_of, token_http
 from .paths import PLUGIN_PORT, REPO, TEST_STATE

@@ -18,7 +18,8 @@ from .paths import REPO, TEST_STATE
 
 @pytest.fixture(scope="session")
 def cluster():
-    """A real etcd + kube-apiserver + kube-controller-manager for the whole session, with the CRDs."""
+    """A real etcd + kube-apiserver + kube-controller-manager + kube-scheduler for the whole session, with
+    the CRDs."""
     state = TEST_STATE / "cluster"
     if (state / "cluster.json").exists():
         LocalCluster.from_state(state).stop()
