@@ -18,7 +18,8 @@ $(VENV)/.installed: requirements.txt requirements-dev.txt
 protos: $(VENV)/.installed
 	@deploy/controlplane/protos.sh $(PY)
 
-# Builds (or reuses) etcd, kube-apiserver, kube-controller-manager and kubectl in a cache outside the repo.
+# Builds (or reuses) etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kubelet and kubectl in a
+# cache outside the repo.
 controlplane:
 	@deploy/controlplane/build.sh >/dev/null
 
