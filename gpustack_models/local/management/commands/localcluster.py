@@ -10,9 +10,9 @@ from gpustack_models.local.cluster import LocalCluster, Ports
 
 class Command(BaseCommand):
     help = (
-        "Run the local Kubernetes control plane (etcd, kube-apiserver, kube-controller-manager, kube-scheduler) built from "
-        "the pinned Kubernetes modules. Actions: run (foreground until Ctrl-C), start (detached), stop, status, "
-        "restart-apiserver."
+        "Run the local Kubernetes control plane (etcd, kube-apiserver, kube-controller-manager, kube-scheduler) "
+        "built from the pinned Kubernetes modules. Actions: run (foreground until Ctrl-C), start (detached), stop, "
+        "status, restart-apiserver."
     )
 
     def add_arguments(self, parser):
