@@ -201,6 +201,11 @@ def schedulable(launcher, name: str, address: str, labels: dict, cpu: str) -> No
     """A Ready node with a plugin, and room for Pods (``cpu`` allocatable), as its kubelet would report it."""
     launcher.register_node(name, address, labels)
     set_cpu(launcher, name, cpu)
+    # kube-apiserver taints a new Node not-ready (TaintNodesByCondition); a cluster's node lifecycle
+    # controller lifts it once the kubelet reports Ready, which is done here for a Node without one.
+    node = launcher.admin.get(f"/api/v1/nodes/{name}")
+    node["spec"]["taints"] = [t for t in node["spec"].get("taints") or [] if t["key"] != "node.kubernetes.io/not-ready"]
+    launcher.admin.json("PUT", f"/api/v1/nodes/{name}", body=node)
 
 
 def set_cpu(launcher, name: str, cpu: str) -> None:
@@ -222,9 +227,18 @@ def three_nodes(launcher, worker_stack):
         launcher.unregister_node(name)
 
 
-def scheduled_on(admin, namespace, name):
-    pod = admin.get(f"/api/v1/namespaces/{namespace}/pods/{name}")
-    return pod["spec"].get("nodeName"), pod
+def bound(admin, namespace, name) -> tuple[str, dict]:
+    """The node the scheduler bound the Pod to, and the Pod (the scheduler's last word if it does not)."""
+
+    def node():
+        pod = admin.get(f"/api/v1/namespaces/{namespace}/pods/{name}")
+        return (pod["spec"]["nodeName"], pod) if pod["spec"].get("nodeName") else None
+
+    try:
+        return wait_for(node, timeout=30, message=f"the scheduler to bind {name}")
+    except AssertionError:
+        pod = admin.get(f"/api/v1/namespaces/{namespace}/pods/{name}")
+        raise AssertionError(f"{name} not bound: {pod['status'].get('conditions')}") from None
 
 
 def test_the_scheduler_prefers_the_node_holding_the_model_but_fit_comes_first(
@@ -252,15 +266,13 @@ def test_the_scheduler_prefers_the_node_holding_the_model_but_fit_comes_first(
 
     wait_for(warm, timeout=30, message="a Pod with a placement preference")
     admin.create(f"/api/v1/namespaces/{namespace}/pods", pod("near", "100m"))
-    node, placed = wait_for(lambda: (n := scheduled_on(admin, namespace, "near"))[0] and n, timeout=30,
-                            message="the scheduler to bind the Pod")  # fmt: skip
+    node, placed = bound(admin, namespace, "near")
     assert node == holder
     assert terms_of_pod(placed) == [[holder]]
     # The holder has no room for a bigger Pod: it schedules elsewhere (a preference, never a requirement).
     set_cpu(launcher, holder, "1")
     admin.create(f"/api/v1/namespaces/{namespace}/pods", pod("big", "2"))
-    node, placed = wait_for(lambda: (n := scheduled_on(admin, namespace, "big"))[0] and n, timeout=30,
-                            message="the scheduler to bind the big Pod")  # fmt: skip
+    node, placed = bound(admin, namespace, "big")
     assert node in names[:2]
     assert terms_of_pod(placed) == [[holder]]
 
