@@ -127,9 +127,9 @@ def events_of(admin, namespace, pod):
 
 
 def mounts_of(pod_uid: str) -> list[str]:
-    """The mount points of a Pod's volumes on this host."""
+    """The mount points of a Pod's CSI volumes on this host."""
     with open("/proc/self/mountinfo") as fh:
-        return [line.split()[4] for line in fh if f"/pods/{pod_uid}/volumes/" in line.split()[4]]
+        return [line.split()[4] for line in fh if f"/pods/{pod_uid}/volumes/kubernetes.io~csi/" in line.split()[4]]
 
 
 def test_a_pod_gets_its_model_once_ready_read_only_and_lets_it_go(
@@ -142,10 +142,7 @@ def test_a_pod_gets_its_model_once_ready_read_only_and_lets_it_go(
     hub.faults.throttle(MODEL_FILE, bytes_per_second=96 * 1024)  # slow enough to see the progress
     artifact(worker_kube, tenant, "qwen", {"huggingFace": {"repository": repo}})
     digest = wait_for(lambda: resolved_digest(worker_kube, tenant, "qwen"), timeout=60, message="resolution")
-    script = (
-        f"sha256sum /models/m/{MODEL_FILE}; "
-        "if echo x > /models/m/probe 2>/dev/null; then echo WRITABLE; else echo READONLY; fi; sleep 3600"
-    )
+    script = f"sha256sum /models/m/{MODEL_FILE}; echo x > /models/m/probe && echo WRITABLE || echo READONLY; sleep 3600"
     admin.create(f"/api/v1/namespaces/{tenant}/pods", consumer(real_node, "app", "qwen", script))
 
     def progress_event():
@@ -159,11 +156,12 @@ def test_a_pod_gets_its_model_once_ready_read_only_and_lets_it_go(
 
     def output():
         lines = real_node.logs(tenant, "app").splitlines()
-        return lines if len(lines) >= 2 else None
+        return lines if len(lines) >= 3 else None
 
     lines = wait_for(output, timeout=30, message="the consumer's output")
     assert lines[0] == f"{hashlib.sha256(content).hexdigest()}  /models/m/{MODEL_FILE}"
-    assert lines[1] == "READONLY"
+    assert lines[1] == "sh: can't create /models/m/probe: Read-only file system"
+    assert lines[2] == "READONLY"
     uid = pod["metadata"]["uid"]
     assert len(mounts_of(uid)) == 1
     assert digest in digests(store(worker_kube, real_node.name))
