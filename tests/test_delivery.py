@@ -17,11 +17,11 @@ import uuid
 from pathlib import Path
 
 import pytest
-from kubernetes import client as k8s
 
 from gpustack_models import kube
 from gpustack_models.kinds import GROUP
 
+from .support.kubernetes import wait_default_service_account
 from .support.plugins import PluginProcess
 from .support.stores import STORAGE, digests, store
 from .support.waiting import wait_for
@@ -30,29 +30,20 @@ DRIVER = "model.csi.gpustack.ai"
 MODEL_FILE = "model.safetensors"
 
 
-def has_service_account(core, namespace):
-    try:
-        return core.read_namespaced_service_account("default", namespace)
-    except k8s.ApiException as exc:
-        if exc.status != 404:
-            raise
-        return None
-
-
 @pytest.fixture
-def tenant(core, namespace):
+def tenant(launcher, namespace):
     """A fresh namespace whose default ServiceAccount exists (Pods are refused until it does)."""
-    wait_for(lambda: has_service_account(core, namespace), timeout=30, message="the default ServiceAccount")
+    wait_default_service_account(launcher.admin, namespace)
     return namespace
 
 
 @pytest.fixture
-def other_tenant(core):
+def other_tenant(core, launcher):
     from .support.cluster import fresh_namespace
 
     gen = fresh_namespace(core)
     name = next(gen)
-    wait_for(lambda: has_service_account(core, name), timeout=30, message="the default ServiceAccount")
+    wait_default_service_account(launcher.admin, name)
     yield name
     next(gen, None)
 

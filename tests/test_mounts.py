@@ -17,7 +17,7 @@ import yaml
 from gpustack_models import kube
 from gpustack_models.kinds import GROUP
 from gpustack_models.models import MOUNT_PROTECTION, MountReference
-from tests.support import wait_for
+from tests.support import wait_default_service_account, wait_for
 from tests.support.cluster import fresh_namespace
 from tests.support.stores import prefetch, store
 from tests.support.worker import COLLECTION_GRACE
@@ -29,13 +29,6 @@ _addresses = iter(range(10, 250))
 def bound_token(launcher, node: str) -> str:
     """The plugin's Pod-bound token for ``node``, as the DaemonSet's projected token would be."""
     return yaml.safe_load(launcher.plugin_kubeconfig(node).read_text())["users"][0]["user"]["token"]
-
-
-def has_default_service_account(admin, namespace: str) -> bool:
-    try:
-        return bool(admin.get(f"/api/v1/namespaces/{namespace}/serviceaccounts/default"))
-    except kube.NotFound:
-        return False
 
 
 @dataclass
@@ -73,7 +66,7 @@ class Mounts:
 
     def pod(self, name: str | None = None, node: str | None = None, ns: str | None = None, **meta) -> dict:
         ns = ns or self.ns
-        wait_for(lambda: has_default_service_account(self.launcher.admin, ns), message="the default ServiceAccount")
+        wait_default_service_account(self.launcher.admin, ns)
         body = {
             "apiVersion": "v1",
             "kind": "Pod",

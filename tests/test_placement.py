@@ -12,6 +12,7 @@ import requests
 
 from gpustack_models.local import pki
 
+from .support.kubernetes import wait_default_service_account
 from .support.stores import entry, put_entries, store
 from .support.waiting import wait_for
 
@@ -244,14 +245,12 @@ def bound(admin, namespace, name) -> tuple[str, dict]:
 def test_the_scheduler_prefers_the_node_holding_the_model_but_fit_comes_first(
     launcher, worker_api, worker_kube, three_nodes, namespace, resolved, core
 ):
-    from .test_delivery import has_service_account
-
     admin = launcher.admin
     group, names = three_nodes
     name, digest = resolved
     holder = names[2]  # not the first by name: a tie would not land there by chance of order
     held(worker_kube, holder, digest)
-    wait_for(lambda: has_service_account(core, namespace), timeout=30, message="the default ServiceAccount")
+    wait_default_service_account(admin, namespace)
 
     def pod(pod_name, cpu):
         manifest = model_pod(pod_name, name, nodeSelector={"placement": group}, automountServiceAccountToken=False)
@@ -287,9 +286,7 @@ def terms_of_pod(pod: dict) -> list[list[str]] | None:
 
 @pytest.mark.disruptive
 def test_pods_are_admitted_while_the_webhook_is_down(launcher, worker_api, namespace, core):
-    from .test_delivery import has_service_account
-
-    wait_for(lambda: has_service_account(core, namespace), timeout=30, message="the default ServiceAccount")
+    wait_default_service_account(launcher.admin, namespace)
     worker_api.stop()
     try:
         created = launcher.admin.create(

@@ -19,23 +19,14 @@ from kubernetes import client as k8s
 
 from gpustack_models.local import pki
 from gpustack_models.local.cluster import CLIENT_CERTS, WEBHOOK_CLIENT_USER, LocalCluster
-from tests.support import hoststate, wait_for
+from tests.support import hoststate, wait_default_service_account, wait_for
 from tests.support.kubelet import NODE_LABEL, clean_up
 
 
 @pytest.fixture
-def node_ns(core, namespace):
+def node_ns(launcher, namespace):
     """A fresh namespace whose default ServiceAccount exists (Pods are refused until it does)."""
-
-    def has_sa():
-        try:
-            return core.read_namespaced_service_account("default", namespace)
-        except k8s.ApiException as exc:
-            if exc.status != 404:
-                raise
-            return None
-
-    wait_for(has_sa, timeout=30, message="the default ServiceAccount")
+    wait_default_service_account(launcher.admin, namespace)
     return namespace
 
 

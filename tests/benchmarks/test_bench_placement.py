@@ -6,6 +6,7 @@ import statistics
 import time
 import uuid
 
+from tests.support.kubernetes import wait_default_service_account
 from tests.support.stores import entry, put_entries, store
 from tests.support.waiting import wait_for
 from tests.test_placement import model_pod
@@ -25,15 +26,6 @@ def create_pods(admin, namespace: str, artifact: str, count: int) -> tuple[list[
     return times, preferred
 
 
-def default_service_account(admin, namespace):
-    from gpustack_models import kube
-
-    try:
-        return admin.get(f"/api/v1/namespaces/{namespace}/serviceaccounts/default")
-    except kube.NotFound:
-        return None
-
-
 def test_pod_create_with_and_without_the_placement_webhook(
     launcher, worker_api, worker_kube, nodes, namespace, resolved, bench_scale, record
 ):
@@ -43,7 +35,7 @@ def test_pod_create_with_and_without_the_placement_webhook(
     name, digest = resolved
     wait_for(lambda: store(worker_kube, nodes[0]), timeout=30, message="the store")
     put_entries(worker_kube, nodes[0], [entry(digest, "Ready", 4096, 4096)])
-    wait_for(lambda: default_service_account(admin, namespace), timeout=30, message="the default ServiceAccount")
+    wait_default_service_account(admin, namespace)
     count = 200 if bench_scale == "full" else 5
     # Warm up both paths (connections, caches), and wait until the mirror knows the holder.
     wait_for(lambda: create_pods(admin, namespace, name, 1)[1] == 1, timeout=30, message="a preferred placement")

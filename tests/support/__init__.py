@@ -1,7 +1,14 @@
 """Test support: helpers (``waiting``, ``kubernetes``, ``paths``) and the fixtures the root conftest
 loads with ``pytest_plugins`` (``cluster``, ``worker``, ``plugins``, ``stores``, ``kubelet``: the real node)."""
 
-from .kubernetes import kube_update, kubectl_run, read_modify_write, status_of, token_http
+from .kubernetes import (
+    kube_update,
+    kubectl_run,
+    read_modify_write,
+    status_of,
+    token_http,
+    wait_default_service_account,
+)
 from .paths import PLUGIN_PORT, REPO, TEST_STATE
 from .waiting import wait_for
 
@@ -14,5 +21,6 @@ __all__ = [
     "read_modify_write",
     "status_of",
     "token_http",
+    "wait_default_service_account",
     "wait_for",
 ]

@@ -8,7 +8,22 @@ import subprocess
 import requests
 from kubernetes import client as k8s
 
+from gpustack_models import kube
 from gpustack_models.local.cluster import LocalCluster
+
+from .waiting import wait_for
+
+
+def wait_default_service_account(admin: kube.Kube, namespace: str) -> None:
+    """Until ``namespace``'s default ServiceAccount exists: kube-apiserver refuses Pods before it does."""
+
+    def exists():
+        try:
+            return admin.get(f"/api/v1/namespaces/{namespace}/serviceaccounts/default")
+        except kube.NotFound:
+            return None
+
+    wait_for(exists, timeout=30, message=f"the default ServiceAccount of {namespace}")
 
 
 def kubectl_run(lc: LocalCluster, *args: str, token: str | None = None, check=True, input=None, cache_dir=None):
