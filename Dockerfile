@@ -6,7 +6,9 @@
 #   python manage.py runplugin --node $NODE  the node plugin (DaemonSet; HTTPS :9443)
 #   gunicorn config.wsgi:application         the admin console
 # Only the runtime requirements are installed; tests, linters and the local control plane stay out
-# (.dockerignore).
+# (.dockerignore). Build from a checkout where `make venv` has run: it generates the CSI gRPC stubs
+# (gpustack_models/plugin/csi/generated/, from the protos the control plane's Go module pins), which the
+# image copies with the package; the build stops if they are missing.
 ARG BASE_IMAGE=python:3.11-slim-bookworm
 
 FROM ${BASE_IMAGE} AS build
@@ -28,7 +30,8 @@ COPY manage.py ./
 COPY config ./config
 COPY gpustack_models ./gpustack_models
 COPY templates ./templates
-RUN useradd --system --uid 10001 --home-dir /var/lib/gpustack-models --create-home gpustack \
+RUN python -c "import gpustack_models.plugin.csi.generated.csi_pb2" \
+    && useradd --system --uid 10001 --home-dir /var/lib/gpustack-models --create-home gpustack \
     && SECRET_KEY=collectstatic-only python manage.py collectstatic --noinput --verbosity 0 \
     && chown -R 10001 /var/lib/gpustack-models
 USER 10001
