@@ -133,7 +133,8 @@ def test_a_pod_gets_its_model_once_ready_read_only_and_lets_it_go(
     hub.faults.throttle(MODEL_FILE, bytes_per_second=96 * 1024)  # slow enough to see the progress
     artifact(worker_kube, tenant, "qwen", {"huggingFace": {"repository": repo}})
     digest = wait_for(lambda: resolved_digest(worker_kube, tenant, "qwen"), timeout=60, message="resolution")
-    script = f"sha256sum /models/m/{MODEL_FILE}; echo x > /models/m/probe && echo WRITABLE || echo READONLY; sleep 3600"
+    write = "{ echo x > /models/m/probe; } 2>&1 && echo WRITABLE || echo READONLY"  # its error, in order
+    script = f"sha256sum /models/m/{MODEL_FILE}; {write}; sleep 3600"
     admin.create(f"/api/v1/namespaces/{tenant}/pods", consumer(real_node, "app", "qwen", script))
 
     def progress_event():

@@ -348,62 +348,6 @@ def test_namespace_limits_do_not_limit_mounts(mounts, core):
     wait_for(lambda: mounts.item(mounts.digest), timeout=5, message="the mounted digest placed despite the limit")
 
 
-def _tenants(core, count):
-    made = []
-    for _ in range(count):
-        gen = fresh_namespace(core)
-        made.append((next(gen), gen))
-    return made
-
-
-def _node_full(kube_client, namespaces) -> int:
-    found = 0
-    for ns in namespaces:
-        for item in kube_client.get(f"{STORAGE}/namespaces/{ns}/modelprefetches")["items"]:
-            conds = {c["type"]: c for c in (item.get("status") or {}).get("conditions") or []}
-            found += conds.get("Degraded", {}).get("reason") == "NodeFull"
-    return found
-
-
-def test_a_mount_keeps_its_place_under_the_cap_ahead_of_unpinned_prefetches(mounts, hub, core):
-    """26 tenants prefetch 260 distinct digests onto one node: 256 are placed, 4 NodeFull. A mount of another
-    digest then takes a place: still 256, and one more prefetch is left out."""
-    repo = f"org/cap-{uuid.uuid4().hex[:6]}"
-    hub.add_hf_repo(repo, {f"f{i:03d}.json": f"{repo} {i}".encode() for i in range(260)})
-    tenants = _tenants(core, 26)
-    namespaces = [ns for ns, _ in tenants]
-    try:
-        for t, ns in enumerate(namespaces):
-            for i in range(10):
-                n = t * 10 + i
-                mounts.kube.create(
-                    f"{STORAGE}/namespaces/{ns}/modelartifacts",
-                    {"apiVersion": f"{GROUP}/v1alpha1", "kind": "ModelArtifact", "metadata": {"name": f"a{n}"},
-                     "spec": {"source": {"huggingFace": {"repository": repo}}, "allowPatterns": [f"f{n:03d}.json"]}},
-                )  # fmt: skip
-                prefetch(mounts.kube, ns, f"p{n}", f"a{n}", [mounts.node])
-        wait_for(lambda: len(mounts.models()) == 256, timeout=240, interval=1, message="256 digests in spec.models")
-        wait_for(lambda: _node_full(mounts.kube, namespaces) == 4, timeout=120, interval=1, message="4 NodeFull")
-        assert mounts.item(mounts.digest) is None
-        assert mounts.post(mounts.body(mounts.pod())).status_code == 200
-        wait_for(lambda: mounts.item(mounts.digest), timeout=10, message="the mounted digest placed on a full node")
-        assert len(mounts.models()) == 256
-        wait_for(lambda: _node_full(mounts.kube, namespaces) == 5, timeout=60, interval=1, message="5 NodeFull")
-    finally:
-        for _, gen in tenants:
-            next(gen, None)
-        _settled(namespaces)
-
-
-def _settled(namespaces):
-    """Wait for the worker to digest the teardown (hundreds of deletions), so the next test's waits measure
-    its own work."""
-    from gpustack_models.models import Prefetch
-
-    wait_for(lambda: not Prefetch.objects.live().filter(namespace__in=namespaces).exists(), timeout=180, interval=1,
-             message="the worker to finish the teardown")  # fmt: skip
-
-
 def test_the_worker_may_get_any_pod_by_name_and_nothing_more_on_tenants_pods(cluster, kubectl, launcher):
     from django.conf import settings
 

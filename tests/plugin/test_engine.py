@@ -219,7 +219,8 @@ def test_it_reports_progress_while_downloading(fakehub, make_engine):
         seen.append(running[0]["downloadedBytes"])
         time.sleep(0.05)
     assert seen, "the download was never seen running"
-    assert seen == sorted(seen) and 0 < max(seen) < len(data)
+    # Bytes grow and are seen part-way (all of them may show while the tree is verified and published).
+    assert seen == sorted(seen) and any(0 < s < len(data) for s in seen) and max(seen) <= len(data)
     assert engine.entry(ticket.digest).state == READY
     assert events == [(ticket.digest, DOWNLOADING), (ticket.digest, READY)]
     status = engine.entry(ticket.digest).status()
