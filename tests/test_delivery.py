@@ -127,10 +127,12 @@ def test_a_pod_gets_its_model_once_ready_read_only_and_lets_it_go(
     node_plugin, real_node, launcher, worker_kube, tenant, hub
 ):
     admin = launcher.admin
-    content = os.urandom(6 * 1024 * 1024)
+    content = os.urandom(3 * 1024 * 1024)
     repo = f"org/d-{uuid.uuid4().hex[:6]}"
     hub.add_hf_repo(repo, {"config.json": b"{}", MODEL_FILE: content})
-    hub.faults.throttle(MODEL_FILE, bytes_per_second=96 * 1024)  # slow enough to see the progress
+    # About four seconds of download (one connection: the file is below the split threshold): the kubelet,
+    # retrying after 0.5, 1, 2 and 4 s, sees it in progress, and mounts it at its next try.
+    hub.faults.throttle(MODEL_FILE, bytes_per_second=768 * 1024)
     artifact(worker_kube, tenant, "qwen", {"huggingFace": {"repository": repo}})
     digest = wait_for(lambda: resolved_digest(worker_kube, tenant, "qwen"), timeout=60, message="resolution")
     write = "{ echo x > /models/m/probe; } 2>&1 && echo WRITABLE || echo READONLY"  # its error, in order

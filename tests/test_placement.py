@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import base64
 import json
+import socket
 import uuid
 
 import pytest
 import requests
 
 from gpustack_models.local import pki
+from gpustack_models.local.cluster import free_port
 
 from .support.kubernetes import wait_default_service_account
 from .support.stores import entry, put_entries, store
@@ -284,16 +286,49 @@ def terms_of_pod(pod: dict) -> list[list[str]] | None:
     return [t["preference"]["matchFields"][0]["values"] for t in terms if t["weight"] == 1] or None
 
 
-@pytest.mark.disruptive
-def test_pods_are_admitted_while_the_webhook_is_down(launcher, worker_api, namespace, core):
-    wait_default_service_account(launcher.admin, namespace)
-    worker_api.stop()
-    try:
-        created = launcher.admin.create(
-            f"/api/v1/namespaces/{namespace}/pods", model_pod("while-down", "art", automountServiceAccountToken=False)
-        )
-        assert created["metadata"]["uid"]
-        assert "affinity" not in created["spec"]
-    finally:
-        worker_api.start()
-        worker_api.launcher.wait_available()
+WEBHOOKS = "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations"
+
+
+@pytest.fixture
+def silent_port():
+    """A port that accepts connections and never answers (a webhook hung), closed afterwards."""
+    server = socket.create_server(("127.0.0.1", 0))
+    server.listen(16)
+    yield server.getsockname()[1]
+    server.close()
+
+
+def fail_open_count(admin) -> float:
+    """How often kube-apiserver failed open on the placement webhook (its own metric)."""
+    text = admin.request("GET", "/metrics").data.decode()
+    wanted = 'apiserver_admission_webhook_fail_open_count{name="placement.model.csi.gpustack.ai"'
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(wanted))
+
+
+def admitted_failing_open(admin, namespace: str, prefix: str, before: float) -> bool:
+    """Create a Pod mounting a model: it must be admitted unchanged; True once kube-apiserver counted a
+    fail-open on the placement webhook since ``before``."""
+    pod = model_pod("unused", "art", automountServiceAccountToken=False)
+    created = admin.create(f"/api/v1/namespaces/{namespace}/pods", dict(pod, metadata={"generateName": prefix}))
+    assert created["metadata"]["uid"] and "affinity" not in created["spec"]
+    return fail_open_count(admin) > before
+
+
+def test_pods_are_admitted_while_the_webhook_is_down(launcher, worker_api, namespace, silent_port):
+    """The webhook's server gone (connection refused) or hung (no answer within its 2 s): kube-apiserver
+    calls it, fails open, and admits the Pod unchanged (failurePolicy Ignore)."""
+    from gpustack_models import install
+
+    admin = launcher.admin
+    wait_default_service_account(admin, namespace)
+    path = f"{WEBHOOKS}/{install.webhooks.NAME}"
+    for port, why in ((free_port(), "refused-"), (silent_port, "hung-")):
+        before = fail_open_count(admin)
+        current = admin.get(path)
+        current["webhooks"][0]["clientConfig"]["url"] = f"https://127.0.0.1:{port}{install.webhooks.PATH}"
+        admin.json("PUT", path, body=current)
+        try:
+            wait_for(lambda w=why, b=before: admitted_failing_open(admin, namespace, w, b), timeout=30, interval=0.5,
+                     message=f"a Pod admitted past a {why} webhook")  # fmt: skip
+        finally:
+            launcher.register(worker_api.port)
