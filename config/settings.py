@@ -314,13 +314,15 @@ PLUGIN_KUBELET_DIR = env_abs_path("GPUSTACK_PLUGIN_KUBELET_DIR")
 COLLECTION_GRACE_SECONDS = env_float("GPUSTACK_COLLECTION_GRACE_SECONDS", 600.0, minimum=0.0)
 # How often Celery beat runs the collection pass (seconds).
 COLLECTION_INTERVAL_SECONDS = env_float("GPUSTACK_COLLECTION_INTERVAL_SECONDS", 60.0, minimum=0.5)
+# How often Celery beat checks that the Pods of mount references still exist (seconds).
+MOUNT_CHECK_INTERVAL_SECONDS = env_float("GPUSTACK_MOUNT_CHECK_INTERVAL_SECONDS", 60.0, minimum=0.5)
 # Bytes one namespace's prefetches may place on one node (0: no limit); a Namespace's annotation
 # worker.gpustack.ai/prefetch-bytes-per-node, set by administrators, overrides it.
 PREFETCH_BYTES_PER_NODE = env_int("GPUSTACK_PREFETCH_BYTES_PER_NODE", 0, minimum=0)
 
 CELERY_BEAT_SCHEDULE = {
     "collect-every-interval": {"task": "gpustack_models.collect", "schedule": COLLECTION_INTERVAL_SECONDS},
-    "check-mounts-every-interval": {"task": "gpustack_models.check_mounts", "schedule": COLLECTION_INTERVAL_SECONDS},
+    "check-mounts-every-interval": {"task": "gpustack_models.check_mounts", "schedule": MOUNT_CHECK_INTERVAL_SECONDS},
     "retry-failed-resolutions-every-30s": {"task": "gpustack_models.retry_failed_resolutions", "schedule": 30.0},
     "check-resolution-secrets": {
         "task": "gpustack_models.check_resolution_secrets",

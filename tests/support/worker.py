@@ -181,6 +181,7 @@ class WorkerStack:
             GPUSTACK_RESOLVE_RETRY_MAX="3",
             # The cache's lifecycle on a test's time scale: collection checked every second, an 8 s grace.
             GPUSTACK_COLLECTION_INTERVAL_SECONDS="1",
+            GPUSTACK_MOUNT_CHECK_INTERVAL_SECONDS="3",
             GPUSTACK_COLLECTION_GRACE_SECONDS=str(COLLECTION_GRACE),
             GPUSTACK_SECRET_CHECK_INTERVAL_SECONDS="5",
             NO_PROXY="127.0.0.1,127.0.0.2,localhost",
