@@ -222,6 +222,8 @@ def test_it_reports_progress_while_downloading(fakehub, make_engine):
     # Bytes grow and are seen part-way (all of them may show while the tree is verified and published).
     assert seen == sorted(seen) and any(0 < s < len(data) for s in seen) and max(seen) <= len(data)
     assert engine.entry(ticket.digest).state == READY
+    # The download leaves ``running()`` as it publishes; its READY change is told right after.
+    wait_for(lambda: len(events) >= 2, timeout=10)
     assert events == [(ticket.digest, DOWNLOADING), (ticket.digest, READY)]
     status = engine.entry(ticket.digest).status()
     assert set(status) == {"digest", "state", "sizeBytes", "downloadedBytes", "lastUsedTime", "source"}
