@@ -78,8 +78,11 @@ def _write(artifact: Artifact, counts: dict, degraded: tuple[str, str, str]) -> 
     metadata = {"name": artifact.name, "namespace": artifact.namespace, "uid": artifact.uid}
     if not apply_status(artifact_path(artifact.namespace, artifact.name), "ModelArtifact", metadata, status, ROLLUP):
         return False
-    # Remember what was written so a burst of entry changes writes once per step.
-    body = dict(artifact.body, status=dict(artifact.body.get("status") or {}, **status))
+    # Remember what was written so a burst of entry changes writes once per step. The apply merged the
+    # conditions by type: so does the mirror's copy (Resolved stays).
+    old = artifact.body.get("status") or {}
+    kept = [c for c in old.get("conditions") or [] if isinstance(c, dict) and c.get("type") != "Degraded"]
+    body = dict(artifact.body, status=dict(old, nodes=counts, conditions=kept + status["conditions"]))
     Artifact.objects.filter(pk=artifact.pk).update(nodes=counts, body=body)
     was = previous.get("status") == ConditionStatus.TRUE
     if degraded[0] == ConditionStatus.TRUE and (not was or previous.get("reason") != degraded[1]):
