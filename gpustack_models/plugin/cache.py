@@ -5,6 +5,7 @@ Layout under the cache root (``<hex>`` is the 64 hex characters of a manifest di
     models/<hex>/<repository paths>      published trees: complete and verified, never modified
     partial/<hex>/tree/<repository paths> a download in progress: the files being written
     partial/<hex>/checkpoint.json        per-file progress of that download (written ranges, hash state)
+    manifests/<hex>                      the verified manifest of each published tree (its text)
     state/<hex>.json                     per-digest record: failures, retry time, last use, absence
     trash/                               trees being deleted (a rename first, so a crash never
                                          leaves a half-deleted tree under models/)
@@ -14,7 +15,9 @@ fsynced, renamed over the old one, and the directory fsynced; so after ``kill -9
 loss) a reader finds either the old or the new document, never a torn one.
 
 A tree is published by one ``rename(partial/<hex>/tree, models/<hex>)``: a digest's directory under
-``models/`` exists only once all of its files were verified.
+``models/`` exists only once all of its files were verified. Its manifest is written just before, so
+its files can be linked into later downloads (``sharing``); trees may share inodes, and the bytes
+the cache holds count each inode once.
 """
 
 from __future__ import annotations
@@ -29,9 +32,13 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from gpustack_models.sources.manifest import ManifestFile
+
+from .sharing import SharedFiles, manifest_bytes, parse_manifest
 from .ticket import DIGEST_PATTERN, digest_hex
 
 MODELS = "models"
+MANIFESTS = "manifests"
 PARTIAL = "partial"
 STATE = "state"
 TRASH = "trash"
@@ -48,8 +55,12 @@ def fsync_dir(path: str | os.PathLike) -> None:
 
 def atomic_write_json(path: str | os.PathLike, document: Any) -> None:
     """Replace ``path`` with ``document`` as JSON: temp file, fsync, rename, fsync of the directory."""
+    atomic_write_bytes(path, json.dumps(document, separators=(",", ":"), sort_keys=True).encode("utf-8"))
+
+
+def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
+    """Replace ``path`` with ``data``: temp file, fsync, rename, fsync of the directory."""
     path = Path(path)
-    data = json.dumps(document, separators=(",", ":"), sort_keys=True).encode("utf-8")
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as f:
@@ -104,9 +115,21 @@ class Cache:
         self.root = Path(root)
         self.capacity_bytes = capacity_bytes
         self._lock = threading.Lock()
-        for name in (MODELS, PARTIAL, STATE, TRASH):
+        for name in (MODELS, MANIFESTS, PARTIAL, STATE, TRASH):
             (self.root / name).mkdir(parents=True, exist_ok=True)
         self.purge_trash()
+        self.shared = SharedFiles()
+        self._index_published()
+
+    def _index_published(self) -> None:
+        """Count the published trees' files and offer those with a manifest for linking; drop the
+        manifests of trees that are not there (a crash between the manifest and the rename)."""
+        published = set(self.published_digests())
+        for digest in sorted(published):
+            self.shared.add(digest, self.tree(digest), self.load_manifest(digest))
+        for digest in self._digests(self.root / MANIFESTS):
+            if digest not in published:
+                self._delete_manifest(digest)
 
     # ---------------------------------------------------------------- paths
 
@@ -125,6 +148,9 @@ class Cache:
 
     def record_path(self, digest: str) -> Path:
         return self.root / STATE / f"{digest_hex(digest)}.json"
+
+    def manifest_path(self, digest: str) -> Path:
+        return self.root / MANIFESTS / digest_hex(digest)
 
     # ---------------------------------------------------------------- what is there
 
@@ -152,7 +178,8 @@ class Cache:
         return tree_bytes(self.tree(digest))
 
     def partial_bytes(self, digest: str) -> int:
-        """Bytes of partial work on disk (allocated blocks, so sparse files count what they hold)."""
+        """Bytes of partial work on disk (allocated blocks, so sparse files count what they hold),
+        without the files linked from published trees (counted with those)."""
         total = 0
         stack = [os.fspath(self.partial_tree(digest))]
         while stack:
@@ -164,14 +191,15 @@ class Cache:
                             stack.append(entry.path)
                         elif entry.is_file(follow_symlinks=False):
                             st = entry.stat(follow_symlinks=False)
-                            total += min(st.st_size, st.st_blocks * 512)
+                            if st.st_nlink == 1 or not self.shared.holds((st.st_dev, st.st_ino)):
+                                total += min(st.st_size, st.st_blocks * 512)
             except OSError:
                 continue
         return total
 
     def stored_bytes(self) -> int:
-        """Bytes the cache holds: published trees plus partial work (walks the disk)."""
-        total = sum(self.tree_size(d) for d in self.published_digests())
+        """Bytes the cache holds: published trees (each inode once) plus partial work (walks the disk)."""
+        total = self.shared.stored_bytes()
         return total + sum(self.partial_bytes(d) for d in self.partial_digests())
 
     # ---------------------------------------------------------------- records
@@ -187,6 +215,23 @@ class Cache:
         try:
             os.unlink(self.record_path(digest))
             fsync_dir(self.root / STATE)
+        except FileNotFoundError:
+            pass
+
+    # ---------------------------------------------------------------- manifests of published trees
+
+    def load_manifest(self, digest: str) -> list[ManifestFile] | None:
+        """The verified manifest of the published tree of ``digest``; ``None`` if there is none or it
+        is not the one ``digest`` names."""
+        try:
+            data = self.manifest_path(digest).read_bytes()
+        except OSError:
+            return None
+        return parse_manifest(data, digest)
+
+    def _delete_manifest(self, digest: str) -> None:
+        try:
+            os.unlink(self.manifest_path(digest))
         except FileNotFoundError:
             pass
 
@@ -208,27 +253,33 @@ class Cache:
 
     # ---------------------------------------------------------------- changes
 
-    def publish(self, digest: str) -> Path:
+    def publish(self, digest: str, manifest: list[ManifestFile] | None = None) -> Path:
         """Move the finished partial tree to ``models/<hex>`` in one rename; drop the rest of the
-        partial work. Raises ``FileExistsError`` if the digest is already published."""
+        partial work. ``manifest``: its verified files, kept so later downloads can link them.
+        Raises ``FileExistsError`` if the digest is already published."""
         target = self.tree(digest)
         source = self.partial_tree(digest)
         with self._lock:
             if target.exists():
                 raise FileExistsError(f"{digest} is already published")
+            if manifest is not None:
+                atomic_write_bytes(self.manifest_path(digest), manifest_bytes(manifest))
             os.rename(source, target)
             fsync_dir(target.parent)
+        self.shared.add(digest, target, manifest)
         self._discard(self.partial(digest))
         return target
 
     def remove(self, digest: str) -> bool:
         """Delete the published tree and the partial work of ``digest`` (not its record); True if
-        anything was there."""
+        anything was there. Files other trees linked stay theirs."""
+        self.shared.remove(digest)  # offered for linking no more, before it goes
         found = False
         for path in (self.tree(digest), self.partial(digest)):
             if path.exists():
                 found = True
                 self._discard(path)
+        self._delete_manifest(digest)
         return found
 
     def remove_partial(self, digest: str) -> None:
@@ -251,12 +302,13 @@ class Cache:
     def purge_trash(self) -> None:
         for name in _listdir(self.root / TRASH):
             shutil.rmtree(self.root / TRASH / name, ignore_errors=True)
-        for name in _listdir(self.root / STATE):
-            if name.startswith("."):  # a temporary document of an interrupted write
-                try:
-                    os.unlink(self.root / STATE / name)
-                except OSError:
-                    pass
+        for directory in (STATE, MANIFESTS):
+            for name in _listdir(self.root / directory):
+                if name.startswith("."):  # a temporary document of an interrupted write
+                    try:
+                        os.unlink(self.root / directory / name)
+                    except OSError:
+                        pass
 
 
 def _listdir(path: Path) -> list[str]:

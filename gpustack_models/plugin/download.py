@@ -3,9 +3,10 @@
 How a digest is fetched (``Download`` runs the steps; each has its module):
 
 1. ``prepare()`` reads the checkpoint of earlier attempts (``checkpoint``) and works out what is
-   missing: files already verified are not touched again; for the others, the byte ranges already
-   written and the hash state of their contiguous hashed prefix are restored (``ranges`` keeps a
-   file's written ranges, hash frontier and hash).
+   missing: files already verified are not touched again; a file whose checksum a Ready tree of the
+   node holds is hard-linked from it (``sharing``) and counts as verified; for the others, the byte
+   ranges already written and the hash state of their contiguous hashed prefix are restored
+   (``ranges`` keeps a file's written ranges, hash frontier and hash).
 2. The missing bytes become *parts*: a small file is one part (one request); a file of at least
    ``split_threshold`` bytes is cut into ``part_size`` pieces fetched in parallel. Parts are handed
    out in file order, so the bytes of a file arrive roughly in order.
@@ -59,6 +60,7 @@ from .frontier import HashFrontier
 from .limits import Limits
 from .publish import verify_and_publish
 from .ranges import FileProgress
+from .sharing import link_existing
 from .ticket import FetchTicket, ticket_files
 
 __all__ = ["CHECKPOINT_VERSION", "Download", "DownloadSettings", "Limits"]
@@ -73,6 +75,7 @@ def _new_stats() -> dict[str, int]:
         "resumed_bytes": 0,  # bytes found on disk from an earlier attempt
         "resumed_hash_bytes": 0,  # of which hashed already: their hash state was restored
         "reread_bytes": 0,  # bytes read back from disk to hash them
+        "linked_bytes": 0,  # bytes hard-linked from the node's Ready trees instead of fetched
         "retries": 0,
     }
 
@@ -148,6 +151,11 @@ class Download:
         return self._downloaded
 
     @property
+    def linked_bytes(self) -> int:
+        """Bytes hard-linked from the node's Ready trees (held by those trees too)."""
+        return self.stats["linked_bytes"]
+
+    @property
     def remaining_bytes(self) -> int:
         """Bytes not yet on disk (what a capacity reservation must still hold)."""
         if not self._prepared:
@@ -202,9 +210,14 @@ class Download:
         self._prepared = True
 
     def _prepare_file(self, mf: ManifestFile, tree: Path, saved) -> FileProgress:
-        """``mf``'s progress, resumed from its ``saved`` checkpoint entry; an empty file is created."""
+        """``mf``'s progress, resumed from its ``saved`` checkpoint entry or linked from a Ready tree of
+        the node; an empty file is created."""
         f = FileProgress(mf, tree / mf.path)
         checkpoints.restore(f, saved)
+        linked = link_existing(f, self.cache.shared)
+        if linked:
+            self.stats["linked_bytes"] += linked
+            return f
         if not f.verified and mf.size == 0:
             f.open()
             f.mark_dirty()

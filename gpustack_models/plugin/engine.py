@@ -67,7 +67,8 @@ _TOUCH_PERSIST_SECONDS = 60.0
 
 def _log_finished(digest: str, failure: DownloadFailed | None, stats: dict, seconds: float) -> None:
     log.info(
-        "download %s %s: %d bytes fetched in %.1f s (%.1f MB/s), %d requests, %d retries, %d bytes resumed",
+        "download %s %s: %d bytes fetched in %.1f s (%.1f MB/s), %d requests, %d retries, %d bytes resumed,"
+        " %d bytes linked",
         digest[:19],
         "ready" if failure is None else f"failed ({failure})",
         stats["network_bytes"],
@@ -76,6 +77,7 @@ def _log_finished(digest: str, failure: DownloadFailed | None, stats: dict, seco
         stats["requests"],
         stats["retries"],
         stats["resumed_bytes"],
+        stats["linked_bytes"],
     )
 
 
@@ -374,11 +376,11 @@ class Engine:
         return tree if tree.is_dir() else None
 
     def _stored_bytes(self) -> int:
-        stored = sum(
-            item.size for item in self._items.values() if item.state == READY and item.digest not in self._jobs
-        )
+        """The published trees (an inode several trees share counted once), partial work, and what the
+        running downloads wrote (not what they linked from the trees). Caller holds the lock."""
+        stored = self.cache.shared.stored_bytes()
         stored += sum(self._idle_partial.values())
-        stored += sum(job.download.size - job.download.remaining_bytes for job in self._jobs.values())
+        stored += sum(d.size - d.remaining_bytes - d.linked_bytes for d in (j.download for j in self._jobs.values()))
         return stored
 
     def capacity(self) -> dict:
@@ -539,6 +541,8 @@ class Engine:
         seconds = time.monotonic() - started
         stats = dict(job.download.stats, seconds=round(seconds, 3))
         _log_finished(digest, failure, stats, seconds)
+        if self._metrics is not None and stats["linked_bytes"]:
+            self._metrics.bytes_linked(stats["linked_bytes"])
         with self._lock:
             self._last_stats[digest] = stats
             item = self._items.get(digest)
@@ -733,8 +737,18 @@ class Engine:
         return removed
 
     def _held_bytes(self, item: _Item) -> int:
-        """Bytes ``item`` holds on disk when nothing runs for it. Caller holds the lock."""
-        return item.size if item.state == READY else self._idle_partial.get(item.digest, 0)
+        """Bytes removing ``item`` gives back when nothing runs for it (of a tree: the files no other
+        tree shares). Caller holds the lock."""
+        if item.state == READY:
+            return self.cache.shared.exclusive_bytes(item.digest)
+        return self._idle_partial.get(item.digest, 0)
+
+    def _freeable(self, items: list[_Item]) -> int:
+        """Bytes removing all of ``items`` gives back (files they alone share counted once). Caller holds the lock."""
+        trees = [item.digest for item in items if item.state == READY]
+        return self.cache.shared.freed_bytes(trees) + sum(
+            self._idle_partial.get(item.digest, 0) for item in items if item.state != READY
+        )
 
     def _remove_logged(self, item: _Item, why: str) -> None:
         """Caller holds the lock."""
@@ -785,7 +799,7 @@ class Engine:
         if excess <= 0:
             return []
         candidates = self._evictable()
-        if sum(self._held_bytes(item) for item in candidates) < excess:
+        if self._freeable(candidates) < excess:
             return []
         evicted = []
         for item in candidates:

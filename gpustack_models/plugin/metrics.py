@@ -4,6 +4,8 @@ Labels never name a tenant or content: no namespace, artifact, repository or dig
 and ``reason`` (bounded sets). The node is identified by the scrape target, not by a label.
 
 - ``gpustack_models_plugin_downloaded_bytes_total``: bytes received from hubs (counter);
+- ``gpustack_models_plugin_linked_bytes_total``: bytes hard-linked from the node's Ready trees instead
+  of downloaded (counter);
 - ``gpustack_models_plugin_downloads_finished_total{state}``: downloads ended ``Ready`` or ``Failed``;
 - ``gpustack_models_plugin_download_failures_total{reason}``: failures by reason;
 - ``gpustack_models_plugin_models{state}``: digests on the node by state, read at scrape time;
@@ -68,6 +70,11 @@ class Metrics:
     def __init__(self, registry: CollectorRegistry | None = None):
         self.registry = registry if registry is not None else CollectorRegistry()
         self._bytes = Counter(f"{PREFIX}_downloaded_bytes", "Bytes received from hubs.", registry=self.registry)
+        self._linked = Counter(
+            f"{PREFIX}_linked_bytes",
+            "Bytes hard-linked from files already on the node instead of downloaded.",
+            registry=self.registry,
+        )
         self._finished = Counter(
             f"{PREFIX}_downloads_finished", "Downloads that ended, by final state.", ["state"], registry=self.registry
         )
@@ -87,6 +94,9 @@ class Metrics:
 
     def bytes_downloaded(self, n: int) -> None:
         self._bytes.inc(n)
+
+    def bytes_linked(self, n: int) -> None:
+        self._linked.inc(n)
 
     def download_finished(self, state: str, reason: str | None) -> None:
         self._finished.labels(state).inc()

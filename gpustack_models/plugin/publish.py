@@ -1,9 +1,10 @@
 """The last step of a download: verify the whole tree once more, then publish it with one rename.
 
 Every file must have been verified while it was written (its hash matched the manifest's) and be
-of the manifest's size on disk; the manifest digest recomputed from the verified files must be the
-ticket's. Only then are the tree's directories made durable and the tree renamed into ``models/``:
-an unverified tree is never published.
+of the manifest's size on disk (a file linked from another tree: still that tree's inode); the
+manifest digest recomputed from the verified files must be the ticket's. Only then are the tree's
+directories made durable, its manifest kept, and the tree renamed into ``models/``: an unverified
+tree is never published.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from . import disk
 from .cache import Cache, fsync_dir
 from .failures import INTEGRITY_MISMATCH, DownloadFailed
 from .ranges import FileProgress
+from .sharing import still_linked
 
 
 def verified_manifest(files: Iterable[FileProgress]) -> list[ManifestFile]:
@@ -30,6 +32,9 @@ def verified_manifest(files: Iterable[FileProgress]) -> list[ManifestFile]:
         if size != f.size:
             f.bad = True
             raise DownloadFailed(INTEGRITY_MISMATCH, f"{f.file.path}: {size} bytes on disk, the manifest says {f.size}")
+        if not still_linked(f):
+            f.bad = True
+            raise DownloadFailed(INTEGRITY_MISMATCH, f"{f.file.path}: not the file it was linked to any more")
         mf = f.file
         verified.append(ManifestFile(mf.path, size, mf.algorithm, f.hexdigest or "", mf.lfs))
     return verified
@@ -38,12 +43,13 @@ def verified_manifest(files: Iterable[FileProgress]) -> list[ManifestFile]:
 def verify_and_publish(cache: Cache, digest: str, files: list[FileProgress], *, durable: bool) -> Path:
     """Publish the partial tree of ``digest`` if its files are exactly what ``digest`` names;
     the published tree's path."""
-    actual = manifest_digest(verified_manifest(files))
+    manifest = verified_manifest(files)
+    actual = manifest_digest(manifest)
     if actual != digest:
         raise DownloadFailed(INTEGRITY_MISMATCH, f"the verified files hash to {actual}, not {digest}")
     if durable:
         sync_tree(cache.partial_tree(digest), files)
-    return cache.publish(digest)
+    return cache.publish(digest, manifest)
 
 
 def sync_tree(tree: Path, files: Iterable[FileProgress]) -> None:

@@ -42,6 +42,7 @@ class FileProgress:
         self.dirty = False
         self.bad = False  # failed verification: its data is discarded
         self.closing = False  # complete, being synced and closed
+        self.linked: tuple[int, int] | None = None  # (st_dev, st_ino) of a Ready tree's file linked here
 
     # ---------------------------------------------------------------- written ranges
 
