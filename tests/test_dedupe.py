@@ -60,7 +60,7 @@ def served(hub, since, files: dict[str, bytes]) -> dict[str, int]:
     by_sha = {hashlib.sha256(data).hexdigest(): path for path, data in files.items()}
     out: dict[str, int] = {}
     for r in hub.requests[since:]:
-        if r.method != "GET" or not r.bytes_sent:
+        if r.method != "GET" or r.status not in (200, 206) or not r.bytes_sent:
             continue
         if r.listener == "cdn":
             path = by_sha.get(r.path.rsplit("/", 1)[-1], r.path)
