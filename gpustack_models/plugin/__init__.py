@@ -13,6 +13,7 @@ status, fetching tickets from the worker, serving live progress) drives an ``Eng
   - ``fetch``: HTTP range requests, retried from the last written byte, from the next source when one fails;
   - ``frontier``: hashing each file while it is written, checked against the manifest at its end;
   - ``publish``: the final verification of the tree and its publishing rename;
+  - ``sharing``: files a Ready tree of the node holds, hard-linked instead of fetched, counted once;
   - ``disk``: the partial files' disk operations, whose failures (``DiskError``) are never retried;
 - ``hashing``: sha256 / git blob sha1 whose running state can be checkpointed;
 - ``limits``: node-wide connection slots and rate limiter;
