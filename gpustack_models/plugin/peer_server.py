@@ -18,6 +18,7 @@ import os
 import re
 import ssl
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import unquote
@@ -38,6 +39,7 @@ READY, DOWNLOADING = "Ready", "Downloading"
 _HEX = re.compile(r"[0-9a-f]{64}")
 _RANGE = re.compile(r"bytes=(\d*)-(\d*)")
 _CHUNK = 1024 * 1024
+REREAD_SECONDS = 1.0  # a digest not in a node's cached spec.models: its store is read again after this long
 REASONS = {400: "BadRequest", 401: "Unauthorized", 403: "Forbidden", 404: "NotFound", 405: "MethodNotAllowed"}
 REASONS |= {416: "RequestedRangeNotSatisfiable", 503: "ServiceUnavailable"}
 
@@ -81,12 +83,16 @@ class PeerAdmission:
         return nodes[0]
 
     def authorize(self, node: str, digest: str) -> None:
-        if digest not in self.wanted(node):
-            raise Refused(403, f"node {node} does not want {digest}")
+        wanted, read_at = self.wanted(node)
+        if digest not in wanted and time.monotonic() - read_at >= REREAD_SECONDS:
+            wanted, read_at = self.wanted(node, fresh=True)  # it may have just joined the spec
+        if digest not in wanted:
+            raise Refused(403, f"node {node} does not want this digest")
 
-    def wanted(self, node: str) -> frozenset[str]:
-        """The digests of ``node``'s ``spec.models`` (read from its NodeModelStore, reused for the ttl)."""
-        hit = self._stores.get(node)
+    def wanted(self, node: str, fresh: bool = False) -> tuple[frozenset[str], float]:
+        """The digests of ``node``'s ``spec.models`` (read from its NodeModelStore, reused for the ttl)
+        and when they were read."""
+        hit = None if fresh else self._stores.get(node)
         if hit is not None:
             return hit
         try:
@@ -98,8 +104,9 @@ class PeerAdmission:
         except Exception as exc:
             log.warning("peer request: cannot read the NodeModelStore of %s: %s", node, exc)
             raise Refused(503, "the caller's node cannot be checked now", {"Retry-After": "5"}) from None
-        self._stores.set(node, wanted, self._ttl)
-        return wanted
+        answer = (wanted, time.monotonic())
+        self._stores.set(node, answer, self._ttl)
+        return answer
 
 
 # ------------------------------------------------------------------------------------------ how much
