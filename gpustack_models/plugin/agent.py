@@ -62,6 +62,7 @@ class PluginSettings:
     peer_audience: str = "gpustack-models-peer"  # the audience of the tokens plugins show each other
     plugin_username: str = ""  # the plugins' ServiceAccount user: who may read peers
     peer_token_file: str = ""  # this plugin's own token for its peers ("": none)
+    peer_ca_file: str = ""  # the CA its peers' certificates are checked against
     peer_max_connections: int = 8  # peer transfers in flight on the node
     peer_max_bytes_per_second: int = 0  # their upload rate (0: no limit)
 

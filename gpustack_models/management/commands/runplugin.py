@@ -59,6 +59,7 @@ def plugin_settings(node: str, csi_socket: str) -> PluginSettings:
         peer_audience=settings.PLUGIN_PEER_AUDIENCE,
         plugin_username=plugin_user(),
         peer_token_file=settings.PLUGIN_PEER_TOKEN_FILE or str(settings.DATA_DIR / "plugin" / node / "peer-token"),
+        peer_ca_file=settings.PLUGIN_PEER_CA_FILE,
         peer_max_connections=settings.PLUGIN_PEER_MAX_CONNECTIONS,
         peer_max_bytes_per_second=settings.PLUGIN_PEER_MAX_BYTES_PER_SECOND,
     )
