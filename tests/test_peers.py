@@ -136,13 +136,25 @@ def test_it_serves_a_ready_tree_byte_exact_to_a_node_that_wants_it_and_lists_it_
         len(v) for v in files.values()
     )
     check_upload_limits(peer, token, weights)
-    # The worker's ticket for b lists a, where its peer endpoints are, and never b itself.
-    s = worker_api.session(token=launcher_token(b))
-    ticket = s.post(f"{worker_api.url}/internal/v1/tickets", json={"node": b.node, "digest": scenario.digest})
+    # The worker's ticket for b lists a, where its peer endpoints are, and never b itself; nor a while its
+    # plugin Pod is not Ready.
+    listed = {"node": a.node, "url": f"https://{a.address}:{PEER_PORT}", "state": "Ready"}
+    assert listed in ticket_peers(worker_api, launcher, b, scenario.digest)
+    assert b.node not in [p["node"] for p in ticket_peers(worker_api, launcher, b, scenario.digest)]
+    launcher.set_plugin_ready(a.node, a.address, False)
+    wait_for(lambda: listed not in ticket_peers(worker_api, launcher, b, scenario.digest), timeout=30,
+             message="a's unready plugin to leave the ticket")  # fmt: skip
+    launcher.set_plugin_ready(a.node, a.address, True)
+    wait_for(lambda: listed in ticket_peers(worker_api, launcher, b, scenario.digest), timeout=30,
+             message="a's plugin back in the ticket")  # fmt: skip
+
+
+def ticket_peers(worker_api, launcher, plugin, digest) -> list[dict]:
+    """The ``peers`` of the worker's fetch ticket for ``plugin``'s node."""
+    s = worker_api.session(token=launcher_token(plugin))
+    ticket = s.post(f"{worker_api.url}/internal/v1/tickets", json={"node": plugin.node, "digest": digest})
     assert ticket.status_code == 200, ticket.text
-    peers = ticket.json()["peers"]
-    assert {"node": a.node, "url": f"https://{a.address}:{PEER_PORT}", "state": "Ready"} in peers
-    assert b.node not in [p["node"] for p in peers]
+    return ticket.json()["peers"]
 
 
 def check_upload_limits(peer, token, weights):
@@ -219,7 +231,7 @@ def test_it_refuses_everyone_but_the_plugins_of_nodes_that_want_the_digest(scena
     assert (scenario.tree(a) / "config.json").read_bytes() == scenario.files["config.json"]
 
 
-def test_it_tells_and_serves_the_ranges_of_a_download_in_progress(scenario, hub, launcher):
+def test_it_tells_and_serves_the_ranges_of_a_download_in_progress(scenario, hub, launcher, worker_api):
     scenario.artifact(files=big_files(scenario.repo, mb=6))
     a, b = scenario.plugins(2)
     hub.faults.throttle(scenario.weights, 700_000)  # ~9 s
@@ -236,6 +248,9 @@ def test_it_tells_and_serves_the_ranges_of_a_download_in_progress(scenario, hub,
         return ranges if ranges and 2_000_000 <= ranges[0][1] < len(weights) else None
 
     have = wait_for(partway, timeout=60, interval=0.3, message="a's download part-way")
+    downloading = {"node": a.node, "url": f"https://{a.address}:{PEER_PORT}", "state": "Downloading"}
+    wait_for(lambda: downloading in ticket_peers(worker_api, launcher, b, scenario.digest), timeout=30,
+             message="b's ticket to list a, downloading")  # fmt: skip
     assert have[0][0] == 0  # one connection, from the first byte
     end = have[0][1]
     got = peer.file(WEIGHTS, token, f"bytes={end - 1_000_000}-{end - 1}")

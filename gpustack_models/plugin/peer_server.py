@@ -317,6 +317,13 @@ class PeerRequestHandler(GuardedRequestHandler):
             self._status(400, "the file path is not UTF-8")
 
     def _refuse_method(self):
+        self.close_connection = True  # a body it may have sent is not read
+        if self.command == "HEAD":  # an answer to HEAD has no body
+            self.send_response(405)
+            self.send_header("Allow", "GET")
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return self.service.answered(405)
         self._status(405, "peer endpoints answer GET only", {"Allow": "GET"})
 
     do_POST = do_PUT = do_PATCH = do_DELETE = do_HEAD = do_OPTIONS = _refuse_method
