@@ -16,13 +16,16 @@ Who
     ``gpustack-models-peer``), never its kube-apiserver token or the worker's audience (a compromised peer
     must not be able to replay it anywhere else). ``FileToken(path)()`` reads it from the file
     ``GPUSTACK_PLUGIN_PEER_TOKEN_FILE`` (a projected token the kubelet rotates; re-read when it changes);
-    the agent passes it on as ``Plugin.peer_token``. The serving plugin admits the request when a
-    TokenReview for that audience names the plugin's ServiceAccount with a node (the
-    ``authentication.kubernetes.io/node-name`` extra) whose NodeModelStore lists the digest in
-    ``spec.models``; the decision is reused for ``GPUSTACK_AUTH_CACHE_TTL`` seconds (10). Refusals are
-    Kubernetes ``Status`` bodies: 401 without a token or with one kube-apiserver does not accept for the
-    peer audience, 403 for anyone else's token (a tenant's) and for a plugin whose node does not want the
-    digest. Authorization comes before everything else: a refused caller learns nothing of what the node holds.
+    the agent holds it as ``Plugin.peer_token`` (and the CA file as ``PluginSettings.peer_ca_file``).
+    The serving plugin admits the request when a TokenReview for that audience names the plugin's
+    ServiceAccount with a node (the ``authentication.kubernetes.io/node-name`` extra) whose NodeModelStore
+    lists the digest in ``spec.models``; the TokenReview and the store are reused for
+    ``GPUSTACK_AUTH_CACHE_TTL`` seconds (10), except that a digest missing from a cached ``spec.models``
+    has the store read again after a second (it may have just joined). Refusals are Kubernetes ``Status``
+    bodies: 401 without a token or with one kube-apiserver does not accept for the peer audience, 403 for
+    anyone else's token (a tenant's) and for a plugin whose node does not want the digest (503 with
+    ``Retry-After`` while kube-apiserver cannot be asked). Authorization comes before everything else: a
+    refused caller learns nothing of what the node holds.
 
 What (``GET`` only; ``<hex>`` is the 64 lowercase hex characters of ``sha256:<hex>``)
     ``/peer/v1/trees/<hex>`` -> 200 ``{"digest": "sha256:<hex>", "state": "Ready"|"Downloading",
