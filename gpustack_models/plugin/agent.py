@@ -6,7 +6,8 @@ left ``spec.models`` is removed after a short delay, disk pressure evicts what n
 asks the worker for a fetch ticket per referenced digest with its Pod-bound token, writes the store's
 status from what is on disk (``store_status``), and serves ``GET /model/downloads`` (live bytes, for
 the worker only), ``/readyz``, ``/livez`` and ``/metrics`` over HTTPS (``endpoints``). It serves the
-CSI driver ``model.csi.gpustack.ai`` on a unix socket and registers it with the kubelet (``csi``).
+CSI driver ``model.csi.gpustack.ai`` on a unix socket and registers it with the kubelet (``csi``), and
+what its node holds to other nodes' plugins on its peer port (``peer_server``; the contract is ``peers``).
 """
 
 from __future__ import annotations
@@ -30,6 +31,8 @@ from .csi.worker_api import WorkerMounts
 from .endpoints import serve
 from .failures import DownloadFailed
 from .metrics import Metrics
+from .peer_server import PeerAdmission, PeerService, UploadLimits, serve_peers
+from .peers import FileToken
 from .store_status import StatusWriter
 
 log = logging.getLogger(__name__)
@@ -55,6 +58,13 @@ class PluginSettings:
     csi_socket: str = ""  # the CSI driver's unix socket ("": no CSI driver)
     registration_dir: str = ""  # the kubelet's plugins_registry directory ("": do not register)
     kubelet_dir: str = ""  # the kubelet's root: target paths must be under its pods/ ("": not checked)
+    peer_port: int = 0  # the peer endpoints' port on the address's host (0: no peer server)
+    peer_audience: str = "gpustack-models-peer"  # the audience of the tokens plugins show each other
+    plugin_username: str = ""  # the plugins' ServiceAccount user: who may read peers
+    peer_token_file: str = ""  # this plugin's own token for its peers ("": none)
+    peer_ca_file: str = ""  # the CA its peers' certificates are checked against
+    peer_max_connections: int = 8  # peer transfers in flight on the node
+    peer_max_bytes_per_second: int = 0  # their upload rate (0: no limit)
 
 
 MOUNT_TOUCH_SECONDS = 60.0  # a mounted tree's lastUsedTime is moved this often
@@ -104,6 +114,10 @@ class Plugin:
         )
         self._fetching: set[str] = set()
         self._lock = threading.Lock()
+        self.uploads = UploadLimits(settings.peer_max_connections, settings.peer_max_bytes_per_second)
+        self.metrics.attach_uploads(self.uploads)
+        # peer_token() -> str: this plugin's Pod-bound token for the peer audience (peers.FileToken).
+        self.peer_token = FileToken(settings.peer_token_file) if settings.peer_token_file else None
         self.csi: Driver | None = None
         if settings.csi_socket:
             worker = WorkerMounts(settings.worker_url, settings.worker_ca_file, settings.node, self.kube.auth_headers)
@@ -228,13 +242,24 @@ class Plugin:
         settings = self.settings
         return CsiServers(settings.csi_socket, settings.registration_dir, IdentityService(), NodeService(self.csi))
 
+    def peer_server(self):
+        """The peer endpoints' server (not started), or ``None`` without a peer port."""
+        settings = self.settings
+        if not settings.peer_port:
+            return None
+        admission = PeerAdmission(
+            lambda: self.kube, settings.peer_audience, settings.plugin_username, settings.auth_cache_ttl
+        )
+        return serve_peers(self, PeerService(self.engine, admission, self.uploads, self.metrics), settings.peer_port)
+
     def run(self) -> None:
-        server = serve(self)
+        server, peers = serve(self), self.peer_server()
         csi = self.csi_servers()
         if csi is not None:
             csi.start()
         threads = [
             threading.Thread(target=server.serve_forever, name="https", daemon=True),
+            *([threading.Thread(target=peers.serve_forever, name="peers", daemon=True)] if peers else []),
             threading.Thread(target=self.watch_store, name="store-watch", daemon=True),
             threading.Thread(target=self.writer.run, name="status-writer", daemon=True),
             threading.Thread(target=self.reconcile_forever, name="reconcile", daemon=True),
@@ -249,6 +274,8 @@ class Plugin:
         )
         self.stopping.wait()
         server.shutdown()
+        if peers is not None:
+            peers.shutdown()
         if csi is not None:
             csi.stop()  # the mounts stay: Pods keep their models while the plugin restarts
         self.engine.close(timeout=10)

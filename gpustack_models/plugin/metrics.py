@@ -10,7 +10,15 @@ and ``reason`` (bounded sets). The node is identified by the scrape target, not 
 - ``gpustack_models_plugin_download_failures_total{reason}``: failures by reason;
 - ``gpustack_models_plugin_models{state}``: digests on the node by state, read at scrape time;
 - ``gpustack_models_plugin_download_connections`` / ``..._limit``: range requests in flight, the limit;
-- ``gpustack_models_plugin_capacity_bytes``, ``..._stored_bytes``, ``..._used_percent``: the volume.
+- ``gpustack_models_plugin_capacity_bytes``, ``..._stored_bytes``, ``..._used_percent``: the volume;
+- ``gpustack_models_plugin_received_bytes_total{source, peer}``: bytes received for downloads by source,
+  ``source="hub"`` (``peer=""``) or ``source="peer"`` with the serving node's name;
+- ``gpustack_models_plugin_peer_served_bytes_total{peer}``: bytes this node's peer endpoints served, by
+  the requesting node; ``..._peer_requests_total{code}``: their answers by status code;
+- ``gpustack_models_plugin_peer_uploads`` / ``..._limit``, ``..._peer_upload_rate_limit_bytes_per_second``:
+  peer transfers in flight, their limit, the upload rate limit.
+
+Node names (``peer``) are the only names in labels: bounded by the cluster's size, never a tenant's.
 
 ``Metrics(registry)`` registers on ``registry`` (a fresh ``CollectorRegistry`` by default, so
 several engines in one process, as in tests, do not collide); pass ``prometheus_client.REGISTRY``
@@ -32,8 +40,10 @@ STATES = ("Downloading", "Ready", "Failed")
 class _EngineCollector(Collector):
     def __init__(self):
         self.engine = None
+        self.uploads = None  # the peer server's upload limits, when it runs
 
     def collect(self):
+        yield from self._uploads()
         engine = self.engine
         if engine is None:
             return
@@ -65,6 +75,20 @@ class _EngineCollector(Collector):
             f"{PREFIX}_used_percent", "Used percent of the cache volume.", value=capacity["usedPercent"]
         )
 
+    def _uploads(self):
+        uploads = self.uploads
+        if uploads is None:
+            return
+        yield GaugeMetricFamily(f"{PREFIX}_peer_uploads", "Peer transfers in flight.", value=uploads.in_use)
+        yield GaugeMetricFamily(
+            f"{PREFIX}_peer_uploads_limit", "Node-wide limit of peer transfers in flight.", value=uploads.limit
+        )
+        yield GaugeMetricFamily(
+            f"{PREFIX}_peer_upload_rate_limit_bytes_per_second",
+            "Node-wide peer upload rate limit (0: none).",
+            value=uploads.rate.bytes_per_second,
+        )
+
 
 class Metrics:
     def __init__(self, registry: CollectorRegistry | None = None):
@@ -85,6 +109,22 @@ class Metrics:
             self._finished.labels(state)
         for reason in REASONS:
             self._failures.labels(reason)
+        self._received = Counter(
+            f"{PREFIX}_received_bytes",
+            "Bytes received for downloads, by source (hub, or peer with the serving node).",
+            ["source", "peer"],
+            registry=self.registry,
+        )
+        self._received.labels("hub", "")
+        self._served = Counter(
+            f"{PREFIX}_peer_served_bytes",
+            "Bytes served to peers, by requesting node.",
+            ["peer"],
+            registry=self.registry,
+        )
+        self._peer_requests = Counter(
+            f"{PREFIX}_peer_requests", "Peer endpoint answers by status code.", ["code"], registry=self.registry
+        )
         self._collector = _EngineCollector()
         self.registry.register(self._collector)
 
@@ -92,8 +132,25 @@ class Metrics:
         """Read the engine's models and capacity at scrape time."""
         self._collector.engine = engine
 
+    def attach_uploads(self, uploads) -> None:
+        """Read the peer server's upload limits (``peer_server.UploadLimits``) at scrape time."""
+        self._collector.uploads = uploads
+
     def bytes_downloaded(self, n: int) -> None:
+        """``n`` bytes received from a hub."""
         self._bytes.inc(n)
+        self._received.labels("hub", "").inc(n)
+
+    def bytes_from_peer(self, node: str, n: int) -> None:
+        """``n`` bytes received for a download from the peer endpoints of ``node``."""
+        self._received.labels("peer", node).inc(n)
+
+    def bytes_served(self, node: str, n: int) -> None:
+        """``n`` bytes of this node's cache served to the plugin of ``node``."""
+        self._served.labels(node).inc(n)
+
+    def peer_answer(self, code: int) -> None:
+        self._peer_requests.labels(str(code)).inc()
 
     def bytes_linked(self, n: int) -> None:
         self._linked.inc(n)
