@@ -309,6 +309,15 @@ PLUGIN_REGISTRATION_DIR = env_abs_path("GPUSTACK_PLUGIN_REGISTRATION_DIR")
 # The kubelet's root directory: CSI target paths must then be under its pods/ directory.
 PLUGIN_KUBELET_DIR = env_abs_path("GPUSTACK_PLUGIN_KUBELET_DIR")
 
+# --- The informers --------------------------------------------------------------------------------------
+# Watch events are coalesced per object (the latest state wins) and sent as one Celery task per resource
+# when the oldest is this many seconds old or this many objects are buffered; a size of 1: one task per event.
+INFORMER_BATCH_SECONDS = env_float("GPUSTACK_INFORMER_BATCH_SECONDS", 0.05, minimum=0.0)
+INFORMER_BATCH_SIZE = env_int("GPUSTACK_INFORMER_BATCH_SIZE", 500, minimum=1, maximum=10000)
+# (Celery worker) a file to append one JSON line per mirrored event to: when it reached the informer, when
+# its row committed (empty: none is written).
+MIRROR_LAG_FILE = env_str("GPUSTACK_MIRROR_LAG_FILE", "")
+
 # --- The cache's lifecycle --------------------------------------------------------------------------------
 # A digest nothing references on a node leaves that node's spec.models after this many seconds.
 COLLECTION_GRACE_SECONDS = env_float("GPUSTACK_COLLECTION_GRACE_SECONDS", 600.0, minimum=0.0)
