@@ -181,15 +181,17 @@ def test_reactions_are_enqueued_once_per_key_per_batch():
     changed = [["MODIFIED", store(n, 20, digest, "Ready"), now, 1] for n in names[:4]]
     changed += [["DELETED", store(names[4], 21, digest, "Ready"), now, 1],
                 ["ADDED", store(names[4], 22, digest, "Downloading", uid="s2"), now, 1]]  # fmt: skip
-    for batch in (created, changed):
+    # The first batch creates five stores, the second changes their entries and deletes and creates one
+    # again (two changes of that node, whose spec the recreation changes).
+    for batch, reconciled in ((created, names), (changed, names[4:])):
         result = mirror_events.run("nodemodelstores", batch)
         assert result["applied"] == len(batch)
         by_task = {}
         for name, args, _ in result["enqueued"]:
             by_task.setdefault(name, []).append(args)
-        # Five stores changed one digest's entries: one roll-up; each store's node reconciled once.
+        # Five stores changed one digest's entries: one roll-up; each node reconciled once.
         assert by_task["gpustack_models.rollup_digest"] == [[digest]]
-        assert sorted(by_task["gpustack_models.reconcile_node_store"]) == [[n] for n in names]
+        assert sorted(by_task["gpustack_models.reconcile_node_store"]) == [[n] for n in reconciled]
     assert NodeStore.objects.live().filter(name__startswith=prefix).count() == 5
     assert NodeStore.objects.get(name=names[4]).uid == "s2"
 
@@ -242,7 +244,7 @@ def test_a_clean_stop_sends_what_the_informers_buffer(worker_stack, core, namesp
         name = f"held-{uuid.uuid4().hex[:6]}"
         created = core.patch_namespace(namespace, {"metadata": {"labels": {"held": name}}})
         rv = int(created.metadata.resource_version)
-        time.sleep(2)
+        time.sleep(1)
         assert Namespace.objects.get(name=namespace).resource_version < rv  # held in the buffer
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(20) == 0
@@ -253,4 +255,12 @@ def test_a_clean_stop_sends_what_the_informers_buffer(worker_stack, core, namesp
         if proc.poll() is None:
             proc.kill()
             proc.wait(5)
-        worker_stack.start("informers")
+        restart_informers(worker_stack)
+
+
+def restart_informers(worker_stack):
+    """Start the suite's informers again and wait for their lists, so the next test finds them watching."""
+    relists = dict(InformerState.objects.values_list("resource", "relists"))
+    worker_stack.start("informers")
+    wait_for(lambda: all(InformerState.objects.get(resource=r).relists > n for r, n in relists.items()),
+             timeout=60, message="the informers to list again")  # fmt: skip
