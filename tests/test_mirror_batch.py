@@ -159,6 +159,25 @@ def test_a_batch_keeps_the_resource_version_guards_and_the_tombstones():
     assert mirror_events.run("modelartifacts", again)["applied"] == 0
 
 
+@pytest.mark.django_db(transaction=False)
+def test_the_per_event_task_records_its_lag_too(settings, tmp_path):
+    from gpustack_models.tasks import mirror_event
+
+    ns, arrived = f"lag-{uuid.uuid4().hex[:6]}", time.time()
+    settings.MIRROR_LAG_FILE = str(tmp_path / "lag.jsonl")
+    assert mirror_event.run("modelartifacts", "ADDED", art(ns, "p", 5), arrived=arrived) is True
+    # A stale event changes nothing and is still accounted for (its row already holds something newer).
+    assert mirror_event.run("modelartifacts", "MODIFIED", art(ns, "p", 4), arrived=arrived) is False
+    lines = [json.loads(line) for line in (tmp_path / "lag.jsonl").read_text().splitlines()]
+    assert [(x["r"], x["k"], x["rv"], x["n"]) for x in lines] == [("modelartifacts", f"{ns}/p", "5", 1),
+                                                                  ("modelartifacts", f"{ns}/p", "4", 1)]  # fmt: skip
+    assert all(x["a"] == arrived and x["c"] >= arrived for x in lines)
+    # A lag file that cannot be written never fails the mirror.
+    settings.MIRROR_LAG_FILE = str(tmp_path / "missing" / "lag.jsonl")
+    assert mirror_event.run("modelartifacts", "MODIFIED", art(ns, "p", 6), arrived=arrived) is True
+    assert Artifact.objects.get(namespace=ns, name="p").resource_version == 6
+
+
 def store(name, rv, digest, state, uid="s1"):
     return {
         "apiVersion": "worker.gpustack.ai/v1alpha1",
