@@ -121,6 +121,37 @@ def test_the_sink_sends_by_count_by_time_before_a_relist_and_on_close():
     assert not sink.timer.is_alive()
 
 
+def test_events_the_broker_refused_are_kept_and_sent_again():
+    class Refusing(Sent):
+        refusals = 1
+
+        def events(self, resource, entries):
+            if self.refusals:
+                self.refusals -= 1
+                raise ConnectionError("broker away")
+            super().events(resource, entries)
+
+    sent = Refusing()
+    sink = BatchingSink(sent, seconds=0.05, size=100)
+    try:
+        sink.event("modelartifacts", "ADDED", art("ns", "a", 1))
+        time.sleep(0.3)  # the timed flush was refused; what arrives meanwhile joins the kept entries
+        sink.event("modelartifacts", "MODIFIED", art("ns", "a", 2))
+        sink.event("modelartifacts", "ADDED", art("ns", "b", 3))
+        wait_for(lambda: sent.calls, timeout=5, interval=0.05, message="the second try")
+        assert sent.calls[0][2] == [("MODIFIED", "a", 2, 2), ("ADDED", "b", 3, 1)]
+        # A flush the watch thread makes (a prune here) raises, so its watch reconnects; nothing is lost.
+        sent.refusals = 1
+        sink.event("modelartifacts", "MODIFIED", art("ns", "a", 4))
+        with pytest.raises(ConnectionError):
+            sink.prune("modelartifacts", [], 4)
+        sink.prune("modelartifacts", [], 4)
+        assert [c[:3] for c in sent.calls[1:]] == [("events", "modelartifacts", [("MODIFIED", "a", 4, 1)]),
+                                                   ("prune", "modelartifacts", 4)]  # fmt: skip
+    finally:
+        sink.close()
+
+
 # --- The task ----------------------------------------------------------------------------------------------
 
 

@@ -9,14 +9,19 @@ stands for, so the mirror's lag is measured from the first of them.
 ``BatchingSink`` holds one ``Coalescer`` per resource and sends it as one ``mirror_events`` task when
 the first event in it is ``seconds`` old or when it holds ``size`` entries. A relist page, a prune or
 a record sends what is buffered first, so neither overtakes the other. ``close()`` sends what is left;
-an event after it is sent at once on its own.
+an event after it is sent at once on its own. What cannot be sent (the broker away) goes back into the
+buffer, ahead of what came since, and is tried again a second later; a send the watch thread made
+raises as before, so its watch reconnects.
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from dataclasses import dataclass
+
+log = logging.getLogger(__name__)
 
 
 def object_key(obj: dict) -> tuple[str, str]:
@@ -44,17 +49,17 @@ class Coalescer:
         self.objects: dict[tuple[str, str], list[Entry]] = {}
         self.size = 0  # entries held
 
-    def add(self, type_: str, obj: dict, arrived: float) -> None:
+    def add(self, type_: str, obj: dict, arrived: float, events: int = 1) -> None:
         key = object_key(obj)
         held = self.objects.setdefault(key, [])
         self.size -= len(held)
         if type_ == "DELETED" and held:
-            held[:] = [Entry(type_, obj, held[0].arrived, sum(e.events for e in held) + 1)]
+            held[:] = [Entry(type_, obj, held[0].arrived, sum(e.events for e in held) + events)]
         elif held and held[-1].type != "DELETED":
             last = held[-1]
-            held[-1] = Entry(type_, obj, last.arrived, last.events + 1)
+            held[-1] = Entry(type_, obj, last.arrived, last.events + events)
         else:
-            held.append(Entry(type_, obj, arrived))
+            held.append(Entry(type_, obj, arrived, events))
         self.size += len(held)
 
     def take(self) -> list[list]:
@@ -103,8 +108,23 @@ class BatchingSink:
         with self.lock:
             taken = [(resource, buffer.take()) for resource, buffer in self.buffers.items() if buffer.size]
             self.deadline = None
-        for resource, entries in taken:
-            self.inner.events(resource, entries)
+        for i, (resource, entries) in enumerate(taken):
+            try:
+                self.inner.events(resource, entries)
+            except Exception:
+                self._put_back(taken[i:])
+                raise
+
+    def _put_back(self, taken: list) -> None:
+        """Entries that could not be sent go back ahead of what came since; tried again in a second."""
+        with self.lock:
+            for resource, entries in taken:
+                buffer, since = Coalescer(), self.buffers.get(resource)
+                for entry in entries + (since.take() if since else []):
+                    buffer.add(*entry)
+                self.buffers[resource] = buffer
+            self.deadline = time.monotonic() + 1.0
+            self.lock.notify_all()
 
     def batch(self, resource: str, objects: list[dict]) -> None:
         with self.sending:
@@ -140,4 +160,7 @@ class BatchingSink:
                 if delay > 0:
                     self.lock.wait(delay)
                     continue
-            self.flush()
+            try:
+                self.flush()
+            except Exception as exc:  # the broker is away: kept, and tried again
+                log.warning("informer events kept for a second try: %s", exc)

@@ -134,8 +134,8 @@ def informers(namespace: str, plugin_selector: str) -> list[Informer]:
 
 def run_all(items: list[Informer], join_seconds: float = 2.0) -> None:
     """Run the informers until every one is told to stop (or none runs); then, once their watches
-    stopped (or after ``join_seconds``: a watch may be waiting on a quiet connection, and never hands
-    over an event after its stop), send what their sinks still buffer."""
+    stopped (or after ``join_seconds``: a watch may be waiting on a quiet connection; an event it hands
+    over later is sent on its own), send what their sinks still buffer."""
     threads = [threading.Thread(target=i.run_forever, name=f"informer-{i.resource}", daemon=True) for i in items]
     for thread in threads:
         thread.start()
@@ -149,4 +149,7 @@ def run_all(items: list[Informer], join_seconds: float = 2.0) -> None:
         for thread in threads:
             thread.join(max(0.0, deadline - time.monotonic()))
         for i in items:
-            i.close()
+            try:
+                i.close()
+            except Exception:
+                log.exception("%s: could not send the events still buffered", i.resource)
