@@ -321,6 +321,15 @@ PLUGIN_PEER_TOKEN_FILE = env_abs_path("GPUSTACK_PLUGIN_PEER_TOKEN_FILE")  # defa
 PLUGIN_PEER_MAX_CONNECTIONS = env_int("GPUSTACK_PLUGIN_PEER_MAX_CONNECTIONS", 8, minimum=1)
 PLUGIN_PEER_MAX_BYTES_PER_SECOND = env_int("GPUSTACK_PLUGIN_PEER_MAX_BYTES_PER_SECOND", 0, minimum=0)
 
+# --- The informers --------------------------------------------------------------------------------------
+# Watch events are coalesced per object (the latest state wins) and sent as one Celery task per resource
+# when the oldest is this many seconds old or this many objects are buffered; a size of 1: one task per event.
+INFORMER_BATCH_SECONDS = env_float("GPUSTACK_INFORMER_BATCH_SECONDS", 0.05, minimum=0.0)
+INFORMER_BATCH_SIZE = env_int("GPUSTACK_INFORMER_BATCH_SIZE", 500, minimum=1, maximum=10000)
+# (Celery worker) a file to append one JSON line per mirrored event to: when it reached the informer, when
+# its row committed (empty: none is written).
+MIRROR_LAG_FILE = env_str("GPUSTACK_MIRROR_LAG_FILE", "")
+
 # --- The cache's lifecycle --------------------------------------------------------------------------------
 # A digest nothing references on a node leaves that node's spec.models after this many seconds.
 COLLECTION_GRACE_SECONDS = env_float("GPUSTACK_COLLECTION_GRACE_SECONDS", 600.0, minimum=0.0)

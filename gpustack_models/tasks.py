@@ -1,14 +1,16 @@
 """Celery tasks: thin entry points into ``gpustack_models.worker``. Each takes ids or small payloads and
 is safe to run twice, in any order.
 
-Mirror tasks apply one informer event (or a relist batch) and then enqueue the reconcilers the change
-concerns (``worker.reactions``); the reconcilers read the mirror and write to Kubernetes as the worker.
+Mirror tasks apply informer events (one, or a batch the informer coalesced, or a relist page) and then
+enqueue the reconcilers the changes concern (``worker.reactions``, once per batch and key); the
+reconcilers read the mirror and write to Kubernetes as the worker.
 """
 
 from __future__ import annotations
 
 import logging
 import socket
+import time
 
 from celery import shared_task
 from django.conf import settings
@@ -19,6 +21,7 @@ from .worker import (
     collection,
     events,
     mirror,
+    mirror_lag,
     mount_checks,
     node_stores,
     prefetches,
@@ -27,7 +30,7 @@ from .worker import (
     rollup,
     selection,
 )
-from .worker.reactions import react
+from .worker.reactions import once_per_key, react
 
 log = logging.getLogger(__name__)
 
@@ -42,13 +45,32 @@ def ping(payload: str) -> dict:
 
 
 @shared_task(name="gpustack_models.mirror_event", acks_late=True)
-def mirror_event(resource: str, event_type: str, obj: dict) -> bool:
-    """Apply one watch event (ADDED, MODIFIED, DELETED) to the mirror."""
+def mirror_event(resource: str, event_type: str, obj: dict, arrived: float | None = None) -> bool:
+    """Apply one watch event (ADDED, MODIFIED, DELETED) to the mirror (``arrived``: when the informer
+    got it, for the lag)."""
     kind = mirror.KINDS[resource]
-    change = mirror.delete_object(kind, obj) if event_type == "DELETED" else mirror.apply_object(kind, obj)
+    change = mirror.apply_event(kind, event_type, obj)
+    if arrived is not None:
+        mirror_lag.record([mirror_lag.line(resource, obj, 1, arrived, time.time())])
     if change.applied:
         react(kind, change)
     return change.applied
+
+
+@shared_task(name="gpustack_models.mirror_events", acks_late=True)
+def mirror_events(resource: str, entries: list[list]) -> dict:
+    """Apply a batch of watch events the informer coalesced (``[type, object, arrived, events]`` each,
+    an object's in order) in one transaction; then enqueue what the changes concern, once per task and
+    arguments."""
+    kind = mirror.KINDS[resource]
+    changes = mirror.apply_events(kind, [(entry[0], entry[1]) for entry in entries])
+    committed = time.time()
+    mirror_lag.record([mirror_lag.line(resource, e[1], e[3], e[2], committed) for e in entries])
+    with once_per_key() as enqueued:
+        for change in changes:
+            if change.applied:
+                react(kind, change)
+    return {"applied": sum(c.applied for c in changes), "enqueued": enqueued}
 
 
 @shared_task(name="gpustack_models.mirror_batch", acks_late=True)
@@ -56,11 +78,12 @@ def mirror_batch(resource: str, objects: list[dict]) -> int:
     """Apply the objects of a (re)list."""
     kind = mirror.KINDS[resource]
     applied = 0
-    for obj in objects:
-        change = mirror.apply_object(kind, obj)
-        if change.applied:
-            applied += 1
-            react(kind, change)
+    with once_per_key():
+        for obj in objects:
+            change = mirror.apply_object(kind, obj)
+            if change.applied:
+                applied += 1
+                react(kind, change)
     return applied
 
 
@@ -69,8 +92,9 @@ def mirror_prune(resource: str, keys: list[dict], list_rv: int) -> int:
     """Remove what a relist at ``list_rv`` no longer returned."""
     kind = mirror.KINDS[resource]
     removed = mirror.prune(kind, keys, list_rv)
-    for body in removed:
-        react(kind, mirror.Change(True, body, None))
+    with once_per_key():
+        for body in removed:
+            react(kind, mirror.Change(True, body, None))
     return len(removed)
 
 

@@ -2,8 +2,10 @@
 
 Each informer runs ``kube.watch.watch_forever`` (the one watch loop) with a handler that turns what it
 sees into Celery tasks: the pages of a (re)list in batches, then the prune of what the list no longer
-returned, then one task per watch event. No Secret informer: the worker reads a Secret by name when it
-needs one.
+returned, then the watch events, coalesced per object and sent in batches (``coalescing.BatchingSink``:
+``GPUSTACK_INFORMER_BATCH_SECONDS`` and ``GPUSTACK_INFORMER_BATCH_SIZE``; a size of 1 sends one task per
+event). Every event carries its arrival time, so the mirror's lag is measured from it. No Secret
+informer: the worker reads a Secret by name when it needs one.
 """
 
 from __future__ import annotations
@@ -13,10 +15,13 @@ import threading
 import time
 from dataclasses import dataclass, field
 
+from django.conf import settings
+
 from gpustack_models import kube
 from gpustack_models.kinds import GROUP, STORAGE_VERSION
 from gpustack_models.kube.watch import Collection, WatchHandler, watch_forever
 
+from .coalescing import BatchingSink
 from .mirror import trimmed
 
 log = logging.getLogger(__name__)
@@ -30,7 +35,12 @@ class CelerySink:
     def event(self, resource: str, kind: str, obj: dict) -> None:
         from gpustack_models.tasks import mirror_event
 
-        mirror_event.delay(resource, kind, obj)
+        mirror_event.delay(resource, kind, obj, arrived=time.time())
+
+    def events(self, resource: str, entries: list[list]) -> None:
+        from gpustack_models.tasks import mirror_events
+
+        mirror_events.delay(resource, entries)
 
     def batch(self, resource: str, objects: list[dict]) -> None:
         from gpustack_models.tasks import mirror_batch
@@ -61,7 +71,7 @@ class Informer(WatchHandler):
 
     def __post_init__(self):
         if self.sink is None:
-            self.sink = CelerySink()
+            self.sink = default_sink()
 
     @property
     def kube(self) -> kube.Kube:
@@ -88,6 +98,19 @@ class Informer(WatchHandler):
     def run_forever(self) -> None:
         watch_forever(self.kube, self.collection, self, self.stop, name=self.resource)
 
+    def close(self) -> None:
+        """Send what the sink still buffers (after the watch stopped)."""
+        close = getattr(self.sink, "close", None)
+        if close is not None:
+            close()
+
+
+def default_sink():
+    """Batches of events (``GPUSTACK_INFORMER_BATCH_*``), or one task per event with a batch size of 1."""
+    if settings.INFORMER_BATCH_SIZE <= 1:
+        return CelerySink()
+    return BatchingSink(CelerySink(), settings.INFORMER_BATCH_SECONDS, settings.INFORMER_BATCH_SIZE)
+
 
 def key_of(obj: dict) -> dict:
     meta = obj.get("metadata") or {}
@@ -109,13 +132,24 @@ def informers(namespace: str, plugin_selector: str) -> list[Informer]:
     ]
 
 
-def run_all(items: list[Informer]) -> None:
+def run_all(items: list[Informer], join_seconds: float = 2.0) -> None:
+    """Run the informers until every one is told to stop (or none runs); then, once their watches
+    stopped (or after ``join_seconds``: a watch may be waiting on a quiet connection; an event it hands
+    over later is sent on its own), send what their sinks still buffer."""
     threads = [threading.Thread(target=i.run_forever, name=f"informer-{i.resource}", daemon=True) for i in items]
     for thread in threads:
         thread.start()
     try:
-        while any(t.is_alive() for t in threads):
-            time.sleep(1)
+        while any(t.is_alive() for t in threads) and not all(i.stop.is_set() for i in items):
+            time.sleep(0.2)
     finally:
         for i in items:
             i.stop.set()
+        deadline = time.monotonic() + join_seconds
+        for thread in threads:
+            thread.join(max(0.0, deadline - time.monotonic()))
+        for i in items:
+            try:
+                i.close()
+            except Exception:
+                log.exception("%s: could not send the events still buffered", i.resource)

@@ -214,6 +214,29 @@ def delete_object(kind: Kind, obj: dict) -> Change:
         return Change(True, before, None)
 
 
+def apply_event(kind: Kind, event_type: str, obj: dict) -> Change:
+    """One watch event: DELETED tombstones, anything else upserts."""
+    return delete_object(kind, obj) if event_type == "DELETED" else apply_object(kind, obj)
+
+
+def apply_events(kind: Kind, events: list[tuple[str, dict]]) -> list[Change]:
+    """Apply a batch of events in one transaction, with each row's guards as one by one (the changes in
+    the events' order).
+
+    The rows are locked in the order of their keys (an object's events in their own order), so two
+    batches running at once never wait on each other in a cycle."""
+
+    def lock_order(i: int):
+        key = kind.key(events[i][1])
+        return key.get("namespace", ""), key["name"], i
+
+    changes: list[Change | None] = [None] * len(events)
+    with transaction.atomic():
+        for i in sorted(range(len(events)), key=lock_order):
+            changes[i] = apply_event(kind, *events[i])
+    return changes
+
+
 def prune(kind: Kind, keys: list[dict], list_rv: int) -> list[dict]:
     """Tombstone live rows a relist at ``list_rv`` did not return (rows written after it stay).
 

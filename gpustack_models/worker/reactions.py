@@ -1,10 +1,15 @@
 """What a change of the mirror concerns: the reconcilers a mirrored change enqueues, per kind.
 
 Each takes the row's body before and after the change (``None``: no live object) and enqueues
-idempotent tasks by name and key; running one twice, or after a later change, is harmless.
+idempotent tasks by name and key; running one twice, or after a later change, is harmless. Within
+``once_per_key()`` (a batch of mirrored changes) each task is enqueued once per arguments, when the
+block ends: one roll-up per digest and one reconcile per node for a whole batch.
 """
 
 from __future__ import annotations
+
+import contextlib
+import contextvars
 
 from gpustack_models.models import Prefetch, PrefetchTarget
 
@@ -18,6 +23,33 @@ def _tasks():
     return tasks
 
 
+_pending: contextvars.ContextVar[dict | None] = contextvars.ContextVar("pending_reactions", default=None)
+
+
+def _enqueue(task, *args, **kwargs) -> None:
+    pending = _pending.get()
+    if pending is None:
+        task.delay(*args, **kwargs)
+    else:
+        pending.setdefault((task.name, args, tuple(sorted(kwargs.items()))), (task, args, kwargs))
+
+
+@contextlib.contextmanager
+def once_per_key():
+    """Collect the reactions enqueued inside the block and enqueue each distinct one once at its end;
+    yields the list that then holds ``[task name, args, kwargs]`` of each."""
+    sent: list[list] = []
+    token = _pending.set({})
+    try:
+        yield sent
+    finally:
+        pending = _pending.get()
+        _pending.reset(token)
+        for task, args, kwargs in pending.values():
+            task.delay(*args, **kwargs)
+            sent.append([task.name, list(args), kwargs])
+
+
 def _resolved_digest(body: dict | None) -> str:
     return ((body or {}).get("status") or {}).get("resolved", {}).get("manifestDigest", "")
 
@@ -25,20 +57,20 @@ def _resolved_digest(body: dict | None) -> str:
 def artifact_changed(before: dict | None, after: dict | None, namespace: str, name: str) -> None:
     tasks = _tasks()
     if after is not None and retries.take_request(after):  # worker.gpustack.ai/requested-at took a new value
-        tasks.resolve_artifact.delay(namespace, name, force=True)
+        _enqueue(tasks.resolve_artifact, namespace, name, force=True)
     elif after is not None and needs_resolution(after):
-        tasks.resolve_artifact.delay(namespace, name)
+        _enqueue(tasks.resolve_artifact, namespace, name)
     old_digest, new_digest = _resolved_digest(before), _resolved_digest(after)
     if old_digest == new_digest and after is not None:
         return
     for prefetch in Prefetch.objects.live().filter(namespace=namespace, artifact_name=name):
-        tasks.reconcile_prefetch.delay(namespace, prefetch.name)
+        _enqueue(tasks.reconcile_prefetch, namespace, prefetch.name)
     # The digest its prefetches place changed (resolved, or gone): their nodes' spec.models with it.
     targets = PrefetchTarget.objects.filter(prefetch__namespace=namespace, prefetch__artifact_name=name)
     for node in sorted(set(targets.values_list("node", flat=True))):
-        tasks.reconcile_node_store.delay(node)
+        _enqueue(tasks.reconcile_node_store, node)
     if new_digest:
-        tasks.rollup_digest.delay(new_digest)
+        _enqueue(tasks.rollup_digest, new_digest)
 
 
 def prefetch_changed(before: dict | None, after: dict | None, namespace: str, name: str) -> None:
@@ -46,16 +78,16 @@ def prefetch_changed(before: dict | None, after: dict | None, namespace: str, na
     written by the worker itself concerns nobody."""
     if before is not None and after is not None and before.get("spec") == after.get("spec"):
         return
-    _tasks().retarget_prefetch.delay(namespace, name)
+    _enqueue(_tasks().retarget_prefetch, namespace, name)
 
 
 def store_changed(before: dict | None, after: dict | None, namespace: str, name: str) -> None:
     tasks = _tasks()
     if after is None or (before or {}).get("spec") != after.get("spec"):
-        tasks.reconcile_node_store.delay(name)
+        _enqueue(tasks.reconcile_node_store, name)
     old, new = mirror.entries_of(before), mirror.entries_of(after)
     for digest in sorted(d for d in set(old) | set(new) if old.get(d) != new.get(d)):
-        tasks.rollup_digest.delay(digest)
+        _enqueue(tasks.rollup_digest, digest)
     store_events.store_changed(before, after)
 
 
@@ -66,16 +98,16 @@ def _labels(body: dict | None) -> dict | None:
 def node_changed(before: dict | None, after: dict | None, namespace: str, name: str) -> None:
     """A node that appears, goes or changes labels is re-evaluated against every label selector."""
     if _labels(before) != _labels(after):
-        _tasks().retarget_node.delay(name)
+        _enqueue(_tasks().retarget_node, name)
     else:
-        _tasks().reconcile_node_store.delay(name)
+        _enqueue(_tasks().reconcile_node_store, name)
 
 
 def plugin_pod_changed(before: dict | None, after: dict | None, namespace: str, name: str) -> None:
     """A plugin that starts or stops on a node makes the node selectable, or not."""
     nodes = {(body or {}).get("spec", {}).get("nodeName") for body in (before, after)}
     for node in sorted(n for n in nodes if n):
-        _tasks().retarget_node.delay(node)
+        _enqueue(_tasks().retarget_node, node)
 
 
 def namespace_changed(before: dict | None, after: dict | None, namespace: str, name: str) -> None:
@@ -86,7 +118,7 @@ def namespace_changed(before: dict | None, after: dict | None, namespace: str, n
         return
     nodes = PrefetchTarget.objects.filter(prefetch__namespace=name).values_list("node", flat=True)
     for node in sorted(set(nodes)):
-        _tasks().reconcile_node_store.delay(node)
+        _enqueue(_tasks().reconcile_node_store, node)
 
 
 REACTIONS = {

@@ -158,6 +158,7 @@ def database_url() -> str:
     return f"postgres://{s['USER']}:{s.get('PASSWORD') or ''}@{s['HOST']}:{s['PORT']}/{s['NAME']}"
 
 
+MIRROR_LAG_FILE = TEST_STATE / "mirror-lag.jsonl"
 COLLECTION_GRACE = 8  # seconds: GPUSTACK_COLLECTION_GRACE_SECONDS of the suite's worker
 
 
@@ -185,6 +186,8 @@ class WorkerStack:
             GPUSTACK_MOUNT_CHECK_INTERVAL_SECONDS="3",
             GPUSTACK_COLLECTION_GRACE_SECONDS=str(COLLECTION_GRACE),
             GPUSTACK_SECRET_CHECK_INTERVAL_SECONDS="5",
+            # Every mirrored event's arrival and commit, for the lag tests and the mirror benchmark.
+            GPUSTACK_MIRROR_LAG_FILE=str(MIRROR_LAG_FILE),
             NO_PROXY="127.0.0.1,127.0.0.2,localhost",
             no_proxy="127.0.0.1,127.0.0.2,localhost",
             HF_HOME=str(TEST_STATE / "hf-home"),
