@@ -18,6 +18,7 @@ from django.db import close_old_connections
 
 from .models import InformerState, NodeStore, PluginPod, Prefetch
 from .worker import (
+    batches,
     collection,
     events,
     mirror,
@@ -63,7 +64,7 @@ def mirror_events(resource: str, entries: list[list]) -> dict:
     an object's in order) in one transaction; then enqueue what the changes concern, once per task and
     arguments."""
     kind = mirror.KINDS[resource]
-    changes = mirror.apply_events(kind, [(entry[0], entry[1]) for entry in entries])
+    changes = batches.apply_events(kind, [(entry[0], entry[1]) for entry in entries])
     committed = time.time()
     mirror_lag.record([mirror_lag.line(resource, e[1], e[3], e[2], committed) for e in entries])
     with once_per_key() as enqueued:
@@ -77,14 +78,12 @@ def mirror_events(resource: str, entries: list[list]) -> dict:
 def mirror_batch(resource: str, objects: list[dict]) -> int:
     """Apply the objects of a (re)list."""
     kind = mirror.KINDS[resource]
-    applied = 0
+    changes = batches.apply_events(kind, [("ADDED", obj) for obj in objects])
     with once_per_key():
-        for obj in objects:
-            change = mirror.apply_object(kind, obj)
+        for change in changes:
             if change.applied:
-                applied += 1
                 react(kind, change)
-    return applied
+    return sum(c.applied for c in changes)
 
 
 @shared_task(name="gpustack_models.mirror_prune", acks_late=True)
