@@ -43,10 +43,8 @@ BIG = {
         models.Prefetch,
         models.PrefetchTarget,
         models.MountReference,
-        models.EventSeries,
-        models.EventBudget,
     )
-}
+}  # Event series and budgets are bounded by time (each leaves when its window ends): not counted big
 ARTIFACT, ENTRY, STORE, NODE, POD = (
     m._meta.db_table for m in (models.Artifact, models.StoreEntry, models.NodeStore, models.Node, models.PluginPod)
 )
@@ -77,6 +75,21 @@ TENANTS = [
     WholeCluster(STORE, r"COUNT\(DISTINCT e\.node\)", "(joined with the entries above)"),
 ]
 PAGINATOR = r"^SELECT COUNT\(\*\)"
+LISTS = [
+    *(WholeCluster(table, PAGINATOR, "the paginator counts the list") for table in (ARTIFACT, STORE, NODE)),
+    WholeCluster(ARTIFACT, r"^SELECT DISTINCT .*namespace", "the artifacts' filter lists every namespace"),
+]
+# The collection pass (once a minute) looks for retentions run out over every held target and Ready entry.
+RETENTION = [
+    WholeCluster(table, pattern, "the collection pass: every retention that can run out")
+    for table, pattern in (
+        (models.PrefetchTarget._meta.db_table, r"MIN\("),
+        (models.Prefetch._meta.db_table, r"MIN\(|prefetch_ttl|ttl_seconds"),
+        (ENTRY, r"last_used_time\" <"),
+        (ARTIFACT, r"digest\" IN \("),
+        (models.PrefetchTarget._meta.db_table, r"ttl_seconds"),
+    )
+]
 
 
 def scans(plan: dict):
@@ -185,14 +198,16 @@ def test_node_reconcile(plans):
     plans(run)
 
 
-def test_collection_and_retargeting(plans):
-    from gpustack_models.worker import collection, selection
+def test_collection_pass(plans):
+    from gpustack_models.worker import collection
 
-    def run():
-        collection.collection_pass(timezone.now() + timedelta(hours=1))
-        selection.retarget_node(node_name(4242))
+    plans(lambda: collection.collection_pass(timezone.now()), RETENTION)
 
-    plans(run)
+
+def test_retargeting(plans):
+    from gpustack_models.worker import selection
+
+    plans(lambda: selection.retarget_node(node_name(4242)))
 
 
 def test_mirror_writes(plans):
@@ -282,16 +297,15 @@ def test_console_object_pages(plans, console):
 
 def test_console_lists(plans, console):
     """The lists read one page each; only their row count (for the paginator) reads a table whole."""
-    counts = [WholeCluster(table, PAGINATOR, "the paginator counts the list") for table in (ARTIFACT, STORE, NODE)]
     plans(
         lambda: [
             _get(console, reverse(f"admin:gpustack_models_{name}_changelist"))
             for name in ("artifact", "nodestore", "node")
         ],
-        counts,
+        LISTS,
     )
-    plans(lambda: _get(console, reverse("admin:gpustack_models_artifact_changelist") + "?failed=SourceUnavailable"),
-          counts)  # fmt: skip
+    failed = "?failed=SourceUnavailable"
+    plans(lambda: _get(console, reverse("admin:gpustack_models_artifact_changelist") + failed), LISTS)
 
 
 def test_console_dashboard_and_tenants(plans, console):

@@ -114,7 +114,7 @@ class Tally:
 
 def tally(digest: str, default_size: int) -> Tally:
     out = Tally()
-    rows = StoreEntry.objects.filter(digest=digest, store__deleted=False).values_list(
+    rows = StoreEntry.objects.filter(digest=digest).values_list(
         "node", "state", "size_bytes", "downloaded_bytes", "reason"
     )
     for node, state, size, done, reason in rows:
