@@ -216,6 +216,8 @@ ETCD_COMPACTION_INTERVAL = env_str("GPUSTACK_ETCD_COMPACTION_INTERVAL", "5m")
 # --- The aggregated API server ---------------------------------------------------------------------
 # Seconds a TokenReview or SubjectAccessReview answer is reused.
 AUTH_CACHE_TTL = env_float("GPUSTACK_AUTH_CACHE_TTL", 10.0, minimum=0.0)
+# At most this many answers kept per cache (TokenReviews; SubjectAccessReviews): the oldest go first.
+AUTH_CACHE_SIZE = env_int("GPUSTACK_AUTH_CACHE_SIZE", 16384, minimum=1)
 # Where the worker's objects live and who it is; the admission policies name these accounts.
 NAMESPACE = env_str("GPUSTACK_NAMESPACE", "gpustack-system")
 WORKER_SERVICE_ACCOUNT = env_str("GPUSTACK_WORKER_SERVICE_ACCOUNT", "gpustack-models-worker")

@@ -5,7 +5,8 @@ artifact pages take their numbers from ``console/pages.py``."""
 
 from django.contrib import admin
 from django.contrib.auth.models import Group, User
-from django.db.models import Count, Exists, OuterRef, Q, Subquery
+from django.db.models import Count, Exists, OuterRef, Subquery
+from django.db.models.functions import Coalesce
 from django.utils.html import format_html
 
 from .console import pages
@@ -42,7 +43,7 @@ class FailureReasonFilter(admin.SimpleListFilter):
     def queryset(self, request, queryset):
         if not self.value():
             return queryset
-        failed = StoreEntry.objects.filter(state=EntryState.FAILED, reason=self.value(), store__deleted=False)
+        failed = StoreEntry.objects.filter(state=EntryState.FAILED, reason=self.value())
         if queryset.model is NodeStore:
             return queryset.filter(Exists(failed.filter(store=OuterRef("pk"))))
         return queryset.filter(Exists(failed.filter(digest=OuterRef("digest"))))
@@ -119,8 +120,14 @@ class NodeStoreAdmin(ReadOnlyAdmin):
         return super().render_change_form(request, context, *args, obj=obj, **kwargs)
 
     def get_queryset(self, request):
-        """Entry counts computed by the database in the list's one query, not a query per row."""
-        entries = lambda state=None: Count("entries", filter=Q(entries__state=state) if state else None)  # noqa: E731
+        """Entry counts in the list's one query, each a subquery by the store's key: the database counts the
+        entries of the rows shown only, not of every store (unless the list is sorted by a count)."""
+
+        def entries(state=None):
+            rows = StoreEntry.objects.filter(store=OuterRef("pk"), **({"state": state} if state else {}))
+            counted = rows.order_by().values("store").annotate(n=Count("pk")).values("n")
+            return Coalesce(Subquery(counted), 0)
+
         return (
             super()
             .get_queryset(request)
@@ -189,20 +196,18 @@ class NodeAdmin(ReadOnlyAdmin):
     exclude = ("body", "uid", "deleted")
 
     def get_queryset(self, request):
-        pods = PluginPod.objects.live().filter(node=OuterRef("name"))
+        """The node's plugin Pod (a ready one first), by scalar subqueries on the Pods' node index: run for
+        the rows shown only (an ``EXISTS`` may be planned as a hash of every Pod)."""
+        pods = PluginPod.objects.live().filter(node=OuterRef("name")).order_by("-ready")
         return (
             super()
             .get_queryset(request)
-            .annotate(
-                plugin_ip=Subquery(pods.values("pod_ip")[:1]),
-                plugin_ready=Exists(pods.filter(ready=True)),
-                has_plugin=Exists(pods),
-            )
+            .annotate(plugin_ip=Subquery(pods.values("pod_ip")[:1]), plugin_ready=Subquery(pods.values("ready")[:1]))
         )
 
     @admin.display(description="plugin endpoint")
     def plugin_endpoint(self, obj):
-        if not obj.has_plugin:
+        if obj.plugin_ready is None:
             return "no plugin"
         return f"{obj.plugin_ip} ({'ready' if obj.plugin_ready else 'not ready'})"
 

@@ -9,6 +9,7 @@ resourceVersion, so an older event arriving late cannot bring it back; tombstone
 from __future__ import annotations
 
 from django.db import models
+from django.db.models import Q
 
 from .kinds import nodemodelstore
 
@@ -47,6 +48,11 @@ class MirroredQuerySet(models.QuerySet):
         return self.filter(deleted=False)
 
 
+def tombstones(prefix: str) -> models.Index:
+    """The index the tombstone purge reads (deleted rows by age), holding the tombstones only."""
+    return models.Index(fields=["updated_at"], condition=Q(deleted=True), name=f"{prefix}_tombstones")
+
+
 class Mirrored(models.Model):
     resource_version = models.BigIntegerField()
     uid = models.CharField(max_length=64, blank=True)
@@ -79,7 +85,16 @@ class Artifact(Mirrored):
 
     class Meta:
         constraints = [models.UniqueConstraint(fields=["namespace", "name"], name="artifact_namespace_name")]
-        indexes = [models.Index(fields=["namespace", "resolved_status"])]
+        indexes = [
+            models.Index(fields=["namespace", "resolved_status"]),
+            tombstones("artifact"),
+            # The mount check's artifacts still carrying a finalizer: few, found without reading the rest.
+            models.Index(
+                fields=["namespace", "name"],
+                condition=Q(body__metadata__has_key="finalizers"),
+                name="artifact_finalizers",
+            ),
+        ]
 
     def __str__(self):
         return f"{self.namespace}/{self.name}"
@@ -125,12 +140,18 @@ class NodeStore(Mirrored):
     stored_bytes = models.BigIntegerField(default=0)
     used_percent = models.IntegerField(default=0)
 
+    class Meta:
+        indexes = [tombstones("nodestore")]
+
     def __str__(self):
         return self.name
 
 
 class StoreEntry(models.Model):
-    """One digest on one node, from that node's NodeModelStore status."""
+    """One digest on one node, from that node's NodeModelStore status.
+
+    Only live stores have entries: the write that tombstones a store (a deletion, or a relist's prune)
+    removes its entries in the same transaction, so reads of entries need no join to their store."""
 
     store = models.ForeignKey(NodeStore, on_delete=models.CASCADE, related_name="entries")
     node = models.CharField(max_length=253)
@@ -150,7 +171,13 @@ class StoreEntry(models.Model):
 
     class Meta:
         constraints = [models.UniqueConstraint(fields=["store", "digest"], name="entry_store_digest")]
-        indexes = [models.Index(fields=["digest", "state"], name="entry_digest_state")]
+        indexes = [
+            models.Index(fields=["digest", "state"], name="entry_digest_state"),
+            models.Index(fields=["node", "state"], name="entry_node_state"),
+            # The dashboard's downloads in flight and failures by reason: the few entries in those states.
+            models.Index(fields=["node"], condition=Q(state="Downloading"), name="entry_downloading"),
+            models.Index(fields=["reason"], condition=Q(state="Failed"), name="entry_failed"),
+        ]
         verbose_name_plural = "store entries"
 
     def __str__(self):
@@ -171,7 +198,7 @@ class Prefetch(Mirrored):
 
     class Meta:
         constraints = [models.UniqueConstraint(fields=["namespace", "name"], name="prefetch_namespace_name")]
-        indexes = [models.Index(fields=["namespace", "artifact_name"])]
+        indexes = [models.Index(fields=["namespace", "artifact_name"]), tombstones("prefetch")]
         verbose_name_plural = "prefetches"
 
     def __str__(self):
@@ -231,6 +258,9 @@ class Namespace(Mirrored):
     name = models.CharField(max_length=253, unique=True)
     prefetch_bytes_per_node = models.BigIntegerField(null=True, blank=True)
 
+    class Meta:
+        indexes = [tombstones("namespace")]
+
     def __str__(self):
         return self.name
 
@@ -238,6 +268,9 @@ class Namespace(Mirrored):
 class Node(Mirrored):
     name = models.CharField(max_length=253, unique=True)
     labels = models.JSONField(default=dict, blank=True)
+
+    class Meta:
+        indexes = [tombstones("node")]
 
     def __str__(self):
         return self.name
@@ -254,6 +287,7 @@ class PluginPod(Mirrored):
 
     class Meta:
         constraints = [models.UniqueConstraint(fields=["namespace", "name"], name="pluginpod_namespace_name")]
+        indexes = [tombstones("pluginpod")]
 
     def __str__(self):
         return f"{self.namespace}/{self.name}"

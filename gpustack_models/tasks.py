@@ -249,9 +249,6 @@ def purge_tombstones(older_than_seconds: int = 600) -> int:
     from django.utils import timezone
 
     cutoff = timezone.now() - timedelta(seconds=older_than_seconds)
-    total = 0
-    for kind in mirror.KINDS.values():
-        total += kind.model.objects.filter(deleted=True, updated_at__lt=cutoff).delete()[0]
-    total += events.purge()
+    total = mirror.purge_tombstones(cutoff) + events.purge()
     close_old_connections()
     return total

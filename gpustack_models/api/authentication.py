@@ -9,8 +9,8 @@ Two ways in, as for any aggregated API server:
   contain a comma and Django's META joins repeated headers with commas.
 * A bearer token, checked with a TokenReview.
 
-Both answers are cached for ``AUTH_CACHE_TTL`` seconds. Every authenticated user also gets
-``system:authenticated``, as kube-apiserver adds it.
+Both answers are cached for ``AUTH_CACHE_TTL`` seconds, at most ``AUTH_CACHE_SIZE`` of each. Every
+authenticated user also gets ``system:authenticated``, as kube-apiserver adds it.
 """
 
 from __future__ import annotations
@@ -313,7 +313,7 @@ class ClientCertificateAuthentication(BaseAuthentication):
         return (user, "x509") if user is not None else None
 
 
-_tokens = TokenReviewer(kube.worker, lambda: settings.AUTH_CACHE_TTL)
+_tokens = TokenReviewer(kube.worker, lambda: settings.AUTH_CACHE_TTL, maxsize=settings.AUTH_CACHE_SIZE)
 
 
 def review_token(token: str) -> KubeUser | None:

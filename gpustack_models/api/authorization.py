@@ -68,7 +68,7 @@ class NonResourceAttributes:
         return Forbidden(message)
 
 
-_cache = TTLCache(maxsize=16384)
+_cache = TTLCache(maxsize=settings.AUTH_CACHE_SIZE)
 
 
 def review(user: KubeUser, attributes: ResourceAttributes | NonResourceAttributes) -> tuple[bool, str]:

@@ -24,6 +24,7 @@ from rest_framework.response import Response
 
 from gpustack_models import kube
 from gpustack_models.kinds import GROUP, MODEL_ARTIFACT, PUBLIC_VERSION
+from gpustack_models.kube.client import forget_closed_loops
 from gpustack_models.kube.errors import MethodNotAllowed
 from gpustack_models.kube.tokens import plugin_token
 from gpustack_models.models import EntryState, PluginPod, StoreEntry
@@ -66,6 +67,7 @@ def _plugin_session():
         session = aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(ssl=context, limit=0, keepalive_timeout=60), trust_env=False
         )
+        forget_closed_loops(_sessions)
         _sessions[loop] = session
     return session
 
@@ -114,7 +116,7 @@ class Tally:
 
 def tally(digest: str, default_size: int) -> Tally:
     out = Tally()
-    rows = StoreEntry.objects.filter(digest=digest, store__deleted=False).values_list(
+    rows = StoreEntry.objects.filter(digest=digest).values_list(
         "node", "state", "size_bytes", "downloaded_bytes", "reason"
     )
     for node, state, size, done, reason in rows:

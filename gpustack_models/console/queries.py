@@ -33,7 +33,8 @@ DOWNLOADING, READY, FAILED = EntryState.DOWNLOADING, EntryState.READY, EntryStat
 
 
 def live_entries():
-    return StoreEntry.objects.filter(store__deleted=False)
+    """The entries of live stores: every entry (a store's tombstone takes its entries with it)."""
+    return StoreEntry.objects.all()
 
 
 def percent_expression():
@@ -105,7 +106,6 @@ def entry_failures():
 _NODES_BY_NAMESPACE = """
     SELECT a.namespace, e.state, COUNT(DISTINCT e.node)
     FROM {entry} e
-    JOIN {store} s ON s.id = e.store_id AND NOT s.deleted
     JOIN {artifact} a ON a.digest = e.digest AND NOT a.deleted
     WHERE LOWER(a.namespace) LIKE %s ESCAPE '!'
     GROUP BY a.namespace, e.state
@@ -116,9 +116,7 @@ _NODE_KEYS = {READY: "ready_nodes", DOWNLOADING: "downloading_nodes", FAILED: "f
 def nodes_by_namespace(search: str = "") -> list[tuple[str, str, int]]:
     """(namespace, state, distinct nodes) over every namespace matching ``search``: one pass over the entries
     joined to the artifacts by digest (a join on a column that is not a foreign key, hence written out)."""
-    sql = _NODES_BY_NAMESPACE.format(
-        entry=StoreEntry._meta.db_table, store=NodeStore._meta.db_table, artifact=Artifact._meta.db_table
-    )
+    sql = _NODES_BY_NAMESPACE.format(entry=StoreEntry._meta.db_table, artifact=Artifact._meta.db_table)
     escaped = search.lower().replace("!", "!!").replace("%", "!%").replace("_", "!_")
     pattern = f"%{escaped}%"
     with connection.cursor() as cursor:

@@ -154,8 +154,15 @@ class Kube:
         if session is None or session.closed:
             connector = aiohttp.TCPConnector(ssl=self._ssl_context(), limit=0)
             session = aiohttp.ClientSession(connector=connector, trust_env=False)
+            forget_closed_loops(self._async_sessions)
             self._async_sessions[loop] = session
         return session
+
+
+def forget_closed_loops(sessions: dict) -> None:
+    """Drop the sessions of event loops that are closed (a loop per call must not leave one each behind)."""
+    for loop in [loop for loop in sessions if loop.is_closed()]:
+        del sessions[loop]
 
 
 _lock = threading.Lock()

@@ -1,7 +1,8 @@
 """Asking kube-apiserver who a bearer token belongs to (TokenReview), with a small cache of answers.
 
 Both the aggregated API and the node plugin authenticate callers this way; answers are reused for a
-few seconds (``ttl``), keyed by the token's sha256 so no token is kept in memory longer than a request.
+few seconds (``ttl``), keyed by the token's sha256 so no token is kept in memory longer than a request, and
+at most ``maxsize`` of them are kept (the oldest go first).
 """
 
 from __future__ import annotations
@@ -9,36 +10,52 @@ from __future__ import annotations
 import hashlib
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 
 
 class TTLCache:
+    """Answers kept for ``ttl`` seconds each and at most ``maxsize`` of them: when full, the expired ones
+    go, else the oldest, so no number of distinct callers or requests makes it grow. Thread-safe."""
+
     def __init__(self, maxsize: int = 4096):
+        if maxsize < 1:
+            raise ValueError("maxsize must be at least 1")
         self.maxsize = maxsize
-        self._data: dict = {}
+        self._data: OrderedDict = OrderedDict()  # key -> (value, expires), oldest first
         self._lock = threading.Lock()
 
+    def __len__(self) -> int:
+        return len(self._data)
+
     def get(self, key):
-        entry = self._data.get(key)
-        if entry is None:
-            return None
-        value, expires = entry
-        if expires < time.monotonic():
-            with self._lock:
-                self._data.pop(key, None)
-            return None
-        return value
+        with self._lock:
+            entry = self._data.get(key)
+            if entry is None:
+                return None
+            if entry[1] < time.monotonic():
+                del self._data[key]
+                return None
+            return entry[0]
 
     def set(self, key, value, ttl: float) -> None:
         if ttl <= 0:
             return
+        now = time.monotonic()
         with self._lock:
+            self._data.pop(key, None)
             if len(self._data) >= self.maxsize:
-                now = time.monotonic()
-                self._data = {k: v for k, v in self._data.items() if v[1] >= now}
-                if len(self._data) >= self.maxsize:
-                    self._data.clear()
-            self._data[key] = (value, time.monotonic() + ttl)
+                self._make_room(now)
+            self._data[key] = (value, now + ttl)
+
+    def _make_room(self, now: float) -> None:
+        """Drop every expired answer; when none had expired, the oldest tenth (so a flood of new keys
+        sweeps once per tenth of ``maxsize``, not on every answer)."""
+        for key in [k for k, (_, expires) in self._data.items() if expires < now]:
+            del self._data[key]
+        if len(self._data) >= self.maxsize:
+            for _ in range(max(1, self.maxsize // 10)):
+                self._data.popitem(last=False)
 
     def clear(self) -> None:
         with self._lock:

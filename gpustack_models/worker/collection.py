@@ -45,7 +45,7 @@ def retention_ended(now: datetime) -> set[str]:
     stale = {
         (node, digest): used
         for node, digest, used in StoreEntry.objects.filter(
-            state=EntryState.READY, store__deleted=False, last_used_time__lt=now - timedelta(seconds=shortest)
+            state=EntryState.READY, last_used_time__lt=now - timedelta(seconds=shortest)
         ).values_list("node", "digest", "last_used_time")
     }
     if not stale:

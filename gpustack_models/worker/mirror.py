@@ -240,25 +240,29 @@ def apply_events(kind: Kind, events: list[tuple[str, dict]]) -> list[Change]:
 def prune(kind: Kind, keys: list[dict], list_rv: int) -> list[dict]:
     """Tombstone live rows a relist at ``list_rv`` did not return (rows written after it stay).
 
-    Returns the bodies of the rows removed."""
+    Returns the bodies of the rows removed. Every live row is compared (a pass over the table by design),
+    reading its key only: a body is read for the rows removed."""
     seen = {tuple(sorted(k.items())) for k in keys}
+    columns = ("pk", "name", "namespace") if kind.namespaced else ("pk", "name")
+    candidates = kind.model.objects.live().filter(resource_version__lte=list_rv).values_list(*columns)
+    gone = [pk for pk, *key in candidates.iterator() if tuple(sorted(zip(columns[1:], key))) not in seen]
     removed = []
-    candidates = kind.model.objects.live().filter(resource_version__lte=list_rv)
-    for row in candidates.iterator():
-        key = {"name": row.name}
-        if kind.namespaced:
-            key["namespace"] = row.namespace
-        if tuple(sorted(key.items())) in seen:
-            continue
+    for pk in gone:
         with transaction.atomic():
-            updated = kind.model.objects.filter(pk=row.pk, resource_version__lte=list_rv, deleted=False).update(
-                deleted=True, resource_version=list_rv
-            )
-            if updated and kind is STORES:
-                StoreEntry.objects.filter(store_id=row.pk).delete()
-        if updated:
-            removed.append(row.body)
+            row = kind.model.objects.select_for_update().filter(pk=pk, resource_version__lte=list_rv, deleted=False)
+            body = row.values_list("body", flat=True).first()
+            if body is None:
+                continue  # written or removed meanwhile
+            row.update(deleted=True, resource_version=list_rv)
+            if kind is STORES:
+                StoreEntry.objects.filter(store_id=pk).delete()
+        removed.append(body)
     return removed
+
+
+def purge_tombstones(cutoff: datetime) -> int:
+    """Remove the tombstones written before ``cutoff`` (of every kind); how many rows went."""
+    return sum(kind.model.objects.filter(deleted=True, updated_at__lt=cutoff).delete()[0] for kind in KINDS.values())
 
 
 def _entry_values(entry: dict) -> dict:

@@ -21,7 +21,7 @@ _COUNTED_AS = {EntryState.READY: "ready", EntryState.DOWNLOADING: "downloading",
 
 def digest_counts(digest: str, nodes: list[str] | None = None) -> dict:
     """Counts over the entries of ``digest`` (optionally on some nodes only)."""
-    entries = StoreEntry.objects.filter(digest=digest, store__deleted=False)
+    entries = StoreEntry.objects.filter(digest=digest)
     if nodes is not None:
         entries = entries.filter(node__in=nodes)
     out = {"ready": 0, "downloading": 0, "failed": 0}
@@ -38,7 +38,7 @@ def digest_counts(digest: str, nodes: list[str] | None = None) -> dict:
 
 
 def failure_reasons(digest: str) -> Counter:
-    failed = StoreEntry.objects.filter(digest=digest, store__deleted=False, state=EntryState.FAILED)
+    failed = StoreEntry.objects.filter(digest=digest, state=EntryState.FAILED)
     return Counter(failed.values_list("reason", flat=True))
 
 
