@@ -1,9 +1,12 @@
 """Prometheus metrics of a node's download engine.
 
-Labels never name a tenant or content: no namespace, artifact, repository or digest, only ``state``
-and ``reason`` (bounded sets). The node is identified by the scrape target, not by a label.
+Labels never name a tenant or content: no namespace, artifact, repository or digest, only ``state``,
+``reason``, ``source`` (bounded sets) and ``peer`` (another node of the cluster). The node itself is
+identified by the scrape target, not by a label.
 
 - ``gpustack_models_plugin_downloaded_bytes_total``: bytes received from hubs (counter);
+- ``gpustack_models_plugin_source_bytes_total{source,peer}``: bytes received by source: ``source="hub"``
+  (``peer=""``) and ``source="peer"`` with the sending ``peer``'s node name (counter);
 - ``gpustack_models_plugin_downloads_finished_total{state}``: downloads ended ``Ready`` or ``Failed``;
 - ``gpustack_models_plugin_download_failures_total{reason}``: failures by reason;
 - ``gpustack_models_plugin_models{state}``: digests on the node by state, read at scrape time;
@@ -74,6 +77,13 @@ class Metrics:
         self._failures = Counter(
             f"{PREFIX}_download_failures", "Failed downloads by reason.", ["reason"], registry=self.registry
         )
+        self._sources = Counter(
+            f"{PREFIX}_source_bytes",
+            "Bytes received by source (hub, or a peer node).",
+            ["source", "peer"],
+            registry=self.registry,
+        )
+        self._sources.labels("hub", "")
         for state in ("Ready", "Failed"):
             self._finished.labels(state)
         for reason in REASONS:
@@ -87,6 +97,10 @@ class Metrics:
 
     def bytes_downloaded(self, n: int) -> None:
         self._bytes.inc(n)
+        self._sources.labels("hub", "").inc(n)
+
+    def peer_bytes(self, node: str, n: int) -> None:
+        self._sources.labels("peer", node).inc(n)
 
     def download_finished(self, state: str, reason: str | None) -> None:
         self._finished.labels(state).inc()

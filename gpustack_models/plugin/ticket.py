@@ -175,6 +175,37 @@ class HubSource:
         )
 
 
+PEER_STATES = ("Ready", "Downloading")
+_NODE = re.compile(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?")
+
+
+@dataclass(frozen=True)
+class PeerSource:
+    """Another node's plugin that holds the digest (``Ready``) or part of it (``Downloading``), served
+    at ``url`` (``https://<ip>:<port>``) to plugins presenting the peer token."""
+
+    node: str
+    url: str
+    state: str
+
+    def __post_init__(self):
+        if isinstance(self.url, str):
+            object.__setattr__(self, "url", self.url.rstrip("/"))
+
+    def check(self) -> None:
+        if not isinstance(self.node, str) or not _NODE.fullmatch(self.node):
+            raise _invalid("a peer's node is not a node name")
+        url = urlsplit(self.url) if isinstance(self.url, str) else None
+        if url is None or url.scheme != "https" or not url.hostname or url.path or url.query or url.username:
+            raise _invalid("a peer's url must be https://host:port")
+        if self.state not in PEER_STATES:
+            raise _invalid(f"a peer's state must be one of {', '.join(PEER_STATES)}")
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> PeerSource:
+        return cls(node=data["node"], url=data["url"], state=data["state"])
+
+
 @dataclass(frozen=True, repr=False)
 class FetchTicket:
     """One digest to download: ``files`` must be exactly the manifest that ``digest`` names.
@@ -197,10 +228,12 @@ class FetchTicket:
     proxy: str | None = None
     ca_bundle: str | None = None
     fallbacks: tuple[HubSource, ...] = ()
+    peers: tuple[PeerSource, ...] = ()
 
     def __post_init__(self):
         object.__setattr__(self, "files", tuple(self.files))
         object.__setattr__(self, "fallbacks", tuple(self.fallbacks))
+        object.__setattr__(self, "peers", tuple(self.peers))
         if isinstance(self.endpoint, str):
             object.__setattr__(self, "endpoint", self.endpoint.rstrip("/"))
 
@@ -341,6 +374,7 @@ class FetchTicket:
                 proxy=data.get("proxy") or None,
                 ca_bundle=data.get("caBundle") or data.get("ca_bundle") or None,
                 fallbacks=listed[1:],
+                peers=usable_peers(data.get("peers")),
             )
         except (KeyError, TypeError, ValueError, InvalidPath, AttributeError) as exc:
             raise DownloadFailed(INVALID_REQUEST, f"invalid fetch ticket: {type(exc).__name__}: {exc}") from None
@@ -355,6 +389,20 @@ def _file_from_dict(item: Mapping[str, Any]) -> ManifestFile:
     if algorithm is None and "checksum" in item:
         algorithm, _, hexdigest = str(item["checksum"]).partition(":")
     return ManifestFile(item["path"], item["size"], algorithm, hexdigest, bool(item.get("lfs", False)))
+
+
+def usable_peers(items) -> tuple[PeerSource, ...]:
+    """The well-formed peers of a ticket's ``peers`` list (or of ``PeerSource`` items), each node once;
+    the others are left out (a peer is an optional source: the hub remains)."""
+    out: dict[str, PeerSource] = {}
+    for item in items if isinstance(items, (list, tuple)) else ():
+        try:
+            peer = item if isinstance(item, PeerSource) else PeerSource.from_dict(item)
+            peer.check()
+        except (DownloadFailed, KeyError, TypeError, AttributeError):
+            continue
+        out.setdefault(peer.node, peer)
+    return tuple(out.values())
 
 
 def ticket_files(files: Iterable[ManifestFile]) -> list[ManifestFile]:
