@@ -43,7 +43,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from gpustack_models.sources.manifest import ManifestFile
@@ -61,6 +61,7 @@ from .limits import Limits
 from .peer_client import PeerAccess
 from .publish import verify_and_publish
 from .ranges import FileProgress
+from .swarm import SwarmSettings
 from .ticket import FetchTicket, ticket_files
 
 __all__ = ["CHECKPOINT_VERSION", "Download", "DownloadSettings", "Limits"]
@@ -95,6 +96,7 @@ class DownloadSettings:
     checkpoint_interval: float = 5.0  # seconds between checkpoints of a running download
     durable: bool = True  # fdatasync data before a checkpoint claims it and before publishing
     max_workers: int = 32  # threads per download (the node-wide slots bound real parallelism)
+    swarm: SwarmSettings = field(default_factory=SwarmSettings)  # fetching from peers too (``swarm``)
 
     def __post_init__(self):
         if self.part_size < 64 * 1024 or self.buffer_size < 4096 or self.split_threshold < 1:
@@ -150,7 +152,7 @@ class Download:
         self._fetcher = RangeFetcher(
             ticket, self.settings, self.limits.rate, self._frontier, self._stop, self._stat, on_bytes, penalties
         )
-        self.fanout = FanOut(ticket, node, peers, self, on_peer_bytes=on_peer_bytes) if node and peers else None
+        self.fanout = FanOut(ticket, node, peers, self, self.settings.swarm, on_peer_bytes) if node and peers else None
 
     # ---------------------------------------------------------------- progress (any thread)
 

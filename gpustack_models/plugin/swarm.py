@@ -24,7 +24,7 @@ what:
   again every ``peer_refresh`` seconds, so nodes that started with no peer soon know each other
   (their first hub segments are picked in an order of their own, so they rarely pick the same).
 - **Stragglers.** When nothing else can be started and a peer's segment in flight has taken four
-  times what that peer's rate promises (and at least ``straggle_seconds``), the segment's tail is
+  times what the fastest peer's rate promises (and at least ``straggle_seconds``), the segment's tail is
   cut off (at the middle of what remains, never below the bytes being written) and handed to
   another source holding it; the slow request stops at the cut, so no byte is written twice.
 - **Bans.** A peer that sends bad bytes is found when a file it wrote to fails its hash: every peer
@@ -383,9 +383,8 @@ class Board:
         elapsed = now - seg.started
         if elapsed < self.settings.straggle_seconds or seg.remaining < 2 * MIN_PIECE:
             return False
-        rates = [r for p in self.peers.values() if (r := p.rate())]
-        rate = peer.rate() or (max(rates) if rates else None)
-        return rate is not None and elapsed > 4 * (seg.end - seg.start) / rate
+        rates = [r for p in self.peers.values() if not (p.dead or p.banned) and (r := p.rate())]
+        return bool(rates) and elapsed > 4 * (seg.end - seg.start) / max(rates)
 
     # ---------------------------------------------------------------- reports
 
