@@ -43,7 +43,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from gpustack_models.sources.manifest import ManifestFile
@@ -96,7 +96,6 @@ class DownloadSettings:
     checkpoint_interval: float = 5.0  # seconds between checkpoints of a running download
     durable: bool = True  # fdatasync data before a checkpoint claims it and before publishing
     max_workers: int = 32  # threads per download (the node-wide slots bound real parallelism)
-    swarm: SwarmSettings = field(default_factory=SwarmSettings)  # fetching from peers too (``swarm``)
 
     def __post_init__(self):
         if self.part_size < 64 * 1024 or self.buffer_size < 4096 or self.split_threshold < 1:
@@ -112,7 +111,7 @@ class Download:
     that failed lately on the node, shared by its downloads (the download's own when not given).
     ``node`` and ``peers`` (``PeerAccess``): this node's name and how it reaches other nodes' plugins;
     with both, the ticket's peers are asked too (``fanout``), ``on_peer_bytes(node, n)`` hearing of
-    the bytes each sends.
+    the bytes each sends; ``swarm`` tunes the fan-out.
     """
 
     def __init__(
@@ -127,6 +126,7 @@ class Download:
         node: str = "",
         peers: PeerAccess | None = None,
         on_peer_bytes: Callable[[str, int], None] | None = None,
+        swarm: SwarmSettings | None = None,
     ):
         self.ticket = ticket
         self.digest = ticket.digest
@@ -152,7 +152,7 @@ class Download:
         self._fetcher = RangeFetcher(
             ticket, self.settings, self.limits.rate, self._frontier, self._stop, self._stat, on_bytes, penalties
         )
-        self.fanout = FanOut(ticket, node, peers, self, self.settings.swarm, on_peer_bytes) if node and peers else None
+        self.fanout = FanOut(ticket, node, peers, self, swarm, on_peer_bytes) if node and peers else None
 
     # ---------------------------------------------------------------- progress (any thread)
 

@@ -56,6 +56,7 @@ from .failures import (
 )
 from .lifecycle import Wanted
 from .peer_client import PeerAccess
+from .swarm import SwarmSettings
 from .ticket import FetchTicket, digest_hex
 
 log = logging.getLogger(__name__)
@@ -216,7 +217,9 @@ class Engine:
     current state. ``clock``: epoch seconds, for tests. ``penalties``: the sources that failed lately,
     tried after the others by every download (``SourcePenalties()`` when not given).
     ``removal_delay`` / ``partial_retention``: seconds a published tree / partial work of a digest out
-    of ``spec.models`` stays on disk (see the module's docstring).
+    of ``spec.models`` stays on disk (see the module's docstring). ``node`` and ``peers``: this node's
+    name and how it reaches other nodes' plugins, so downloads take what the tickets' peers hold
+    (``fanout``; ``swarm`` its tuning).
     """
 
     def __init__(
@@ -238,6 +241,7 @@ class Engine:
         partial_retention: float = 86400.0,
         node: str = "",
         peers: PeerAccess | None = None,
+        swarm: SwarmSettings | None = None,
     ):
         self.cache = Cache(root, capacity_bytes=capacity_bytes)
         self.settings = settings or DownloadSettings()
@@ -261,7 +265,7 @@ class Engine:
         self._mounted: frozenset[str] = frozenset()  # digests a Pod has mounted: never removed nor evicted
         self._removal_delay = float(removal_delay)
         self._partial_retention = float(partial_retention)
-        self._node, self._peers = node, peers
+        self._node, self._peers, self._swarm = node, peers, swarm
         self._load()
         if metrics is not None:
             metrics.attach(self)
@@ -524,6 +528,7 @@ class Engine:
             node=self._node,
             peers=self._peers,
             on_peer_bytes=self._count_peer_bytes,
+            swarm=self._swarm,
         )
         job = _Job(download)
         self._jobs[item.digest] = job

@@ -122,6 +122,7 @@ class PeerState:
         self.progress_at = now  # when its ranges last grew (or it appeared)
         self.failures = 0
         self.dead = self.banned = False
+        self.demoted = False  # answered 416 for what it listed: owns no share of the hub's bytes
         self.busy_until = 0.0
         self.active = 0
         self.bytes = 0
@@ -132,7 +133,9 @@ class PeerState:
 
     def owns(self, now: float, stall: float) -> bool:
         """May own segments: alive, not banned, Ready or making progress."""
-        return not (self.dead or self.banned) and (self.ready or now - self.progress_at < stall)
+        if self.dead or self.banned or self.demoted:
+            return False
+        return self.ready or now - self.progress_at < stall
 
     def holds(self, path: str, start: int, end: int) -> bool:
         if self.ready:
@@ -240,7 +243,7 @@ class Board:
             peer = self.peers.get(node)
             if peer is not None:
                 peer.have.pop(path, None)
-                peer.ready = False
+                peer.ready, peer.demoted = False, True
 
     def ban(self, nodes: Iterable[str]) -> list[str]:
         with self.cond:
