@@ -308,6 +308,8 @@ PLUGIN_CSI_SOCKET = env_abs_path("GPUSTACK_PLUGIN_CSI_SOCKET")
 PLUGIN_REGISTRATION_DIR = env_abs_path("GPUSTACK_PLUGIN_REGISTRATION_DIR")
 # The kubelet's root directory: CSI target paths must then be under its pods/ directory.
 PLUGIN_KUBELET_DIR = env_abs_path("GPUSTACK_PLUGIN_KUBELET_DIR")
+# Downloads take what the tickets' peers hold (fan-out); false: every byte from the hubs.
+PLUGIN_FANOUT = env_bool("GPUSTACK_PLUGIN_FANOUT", True)
 
 # --- The cache's lifecycle --------------------------------------------------------------------------------
 # A digest nothing references on a node leaves that node's spec.models after this many seconds.

@@ -55,6 +55,7 @@ class PluginSettings:
     csi_socket: str = ""  # the CSI driver's unix socket ("": no CSI driver)
     registration_dir: str = ""  # the kubelet's plugins_registry directory ("": do not register)
     kubelet_dir: str = ""  # the kubelet's root: target paths must be under its pods/ ("": not checked)
+    fanout: bool = True  # downloads take what the tickets' peers hold
 
 
 MOUNT_TOUCH_SECONDS = 60.0  # a mounted tree's lastUsedTime is moved this often

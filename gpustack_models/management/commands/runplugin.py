@@ -48,6 +48,7 @@ class Command(BaseCommand):
                 csi_socket=csi_socket,
                 registration_dir=settings.PLUGIN_REGISTRATION_DIR,
                 kubelet_dir=settings.PLUGIN_KUBELET_DIR,
+                fanout=settings.PLUGIN_FANOUT,
             )
         )
         for sig in (signal.SIGTERM, signal.SIGINT):
