@@ -14,6 +14,8 @@ status, fetching tickets from the worker, serving live progress) drives an ``Eng
   - ``frontier``: hashing each file while it is written, checked against the manifest at its end;
   - ``publish``: the final verification of the tree and its publishing rename;
   - ``disk``: the partial files' disk operations, whose failures (``DiskError``) are never retried;
+  - ``swarm``, ``fanout``, ``peer_client``: fetching from the ticket's peers and the hub at once (which
+    segment from which source), carrying it out, and the peers' endpoints as a client;
 - ``hashing``: sha256 / git blob sha1 whose running state can be checkpointed;
 - ``limits``: node-wide connection slots and rate limiter;
 - ``transport``: keep-alive HTTP with the ticket's proxy and CA bundle, redirects followed;
