@@ -51,8 +51,18 @@ class FanOut:
     def open(self, files: list[FileProgress]) -> int:
         """Plan the segments of ``files``; the number of segments."""
         d = self.download
-        self.board = Board(self.node, self.ticket.digest, files, self.settings, d.settings.part_size)
-        self.board.set_peers(usable_peers(self.ticket.peers))
+        peers = usable_peers(self.ticket.peers)
+        self.board = Board(
+            self.node,
+            self.ticket.digest,
+            files,
+            self.settings,
+            d.settings.part_size,
+            total=self.ticket.size,
+            split_threshold=d.settings.split_threshold,
+            fine=bool(peers),
+        )
+        self.board.set_peers(peers)
         self.client = PeerClient(self.ticket.hex, self.access, d.settings.stall_timeout, d.limits.rate, d._frontier)
         self._poller = threading.Thread(target=self._poll, name=f"peers-{self.ticket.hex[:8]}", daemon=True)
         self._poller.start()
@@ -145,7 +155,7 @@ class FanOut:
                 raise
 
     def _from_hub(self, seg: Segment, view: memoryview, started: float) -> None:
-        self.download._fetcher.fetch(seg.f, seg.pos, seg.end, view)  # fails the download when every hub failed
+        self.download._fetcher.fetch(seg.f, seg.pos, seg.end, view, seg)  # fails the download when every hub failed
         moved, seg.pos = seg.end - seg.pos, seg.end
         self.board.done(seg, moved, time.monotonic() - started)
 

@@ -95,6 +95,7 @@ class Segment:
     epoch: int
     waiting_since: float
     pos: int = -1
+    claim: int = -1  # how far the read under way reaches (a cut never goes below it)
     source: str | None = None  # while in flight: HUB or a peer's node
     started: float = 0.0
     splittable: bool = False
@@ -103,7 +104,7 @@ class Segment:
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def __post_init__(self):
-        self.pos = self.start
+        self.pos = self.claim = self.start
 
     @property
     def remaining(self) -> int:
@@ -170,7 +171,18 @@ class Board:
     raises ``Finished``; the worker reports back with ``done``, ``put_back`` or ``failed``.
     Thread-safe: one condition guards everything; ``wait()`` sleeps until something changes."""
 
-    def __init__(self, node: str, digest: str, files: Iterable[FileProgress], settings: SwarmSettings, part_size: int):
+    def __init__(
+        self,
+        node: str,
+        digest: str,
+        files: Iterable[FileProgress],
+        settings: SwarmSettings,
+        part_size: int,
+        *,
+        total: int | None = None,
+        split_threshold: int | None = None,
+        fine: bool = True,
+    ):
         self.node, self.digest, self.settings = node, digest, settings
         self.cond = threading.Condition()
         self.peers: dict[str, PeerState] = {}
@@ -180,14 +192,21 @@ class Board:
         self.hub_allowed = True
         self.version = 0  # of the set of nodes that may own segments
         self._owning: frozenset[str] = frozenset()
-        files = [f for f in files if not (f.verified or f.complete)]
-        self.size = segment_size(sum(f.size for f in files), part_size, settings.max_segments)
+        files = list(files)
+        total = total if total is not None else sum(f.size for f in files)
+        self.size = segment_size(total, part_size, settings.max_segments)
+        self._part_size, self._split = part_size, split_threshold or part_size
+        self.fine = fine  # False: the hub's parts, in file order, until a peer shows up
         now = time.monotonic()
         for f in files:
-            for start, end in f.missing():
-                self.pending.extend(self._cut(f, start, end, now))
+            if not (f.verified or f.complete):
+                for start, end in f.missing():
+                    self.pending.extend(self._cut(f, start, end, now))
 
     def _cut(self, f: FileProgress, start: int, end: int, now: float) -> list[Segment]:
+        if not self.fine:  # as a download from the hub alone cuts its parts
+            step = self._part_size if f.size >= self._split else max(end - start, 1)
+            return [Segment(f, s // self.size, s, min(end, s + step), f.epoch, now) for s in range(start, end, step)]
         size = self.size
         first = start // size
         out = []
@@ -213,7 +232,24 @@ class Board:
             for node, state in self.peers.items():
                 if node not in listed and not state.dead:
                     state.dead = True
+            if listed and not self.fine:
+                self._refine(now)
             self._changed()
+
+    def _refine(self, now: float) -> None:
+        """Peers showed up: cut what is left into segments, the parts in flight at what they read now
+        (caller holds ``cond``)."""
+        self.fine = True
+        rest = [(s.f, s.pos, s.end) for s in self.pending]
+        for seg in self.inflight:
+            with seg.lock:
+                cut = -(-max(seg.claim, seg.pos) // MIN_PIECE) * MIN_PIECE
+                if cut < seg.end:
+                    rest.append((seg.f, cut, seg.end))
+                    seg.end = cut
+        self.pending = []
+        for f, start, end in sorted(rest, key=lambda r: (r[0].file.path, r[1])):
+            self.pending.extend(self._cut(f, start, end, now))
 
     def polled(self, node: str, state: str, files: dict[str, list[tuple[int, int]]]) -> None:
         with self.cond:
@@ -330,7 +366,7 @@ class Board:
         for seg in self.pending:
             if any(p.holds(seg.f.file.path, seg.pos, seg.end) for p in peers) or not self._hub_ok(seg, now):
                 continue
-            rank = _rank(self.node, seg.f.file.path, seg.index)
+            rank = _rank(self.node, seg.f.file.path, seg.index) if self.fine else (seg.f.file.path, seg.start)
             if best is None or rank < best:
                 pick, best = seg, rank
         return pick
@@ -353,7 +389,7 @@ class Board:
             self.pending.remove(seg)
         self.inflight.add(seg)
         seg.source, seg.started = source, now
-        seg.splittable = source != HUB
+        seg.splittable = True
         if source == HUB:
             self.hub_active += 1
         else:
@@ -362,18 +398,19 @@ class Board:
     def _straggler(self, now: float) -> tuple[Segment, str] | None:
         """Cut the tail off the slowest peer segment in flight for another source (caller holds ``cond``)."""
         for seg in sorted(self.inflight, key=lambda s: s.started):
-            peer = self.peers.get(seg.source) if seg.splittable else None
-            if peer is None or not self._lagging(seg, peer, now):
+            if not seg.splittable or not self._lagging(seg, now):
                 continue
             with seg.lock:
-                cut = seg.pos + max(MIN_PIECE, (seg.remaining // 2) // MIN_PIECE * MIN_PIECE)
+                reach = max(seg.pos, seg.claim)
+                cut = reach + max(MIN_PIECE, ((seg.end - reach) // 2) // MIN_PIECE * MIN_PIECE)
                 if seg.end - cut < MIN_PIECE:
                     continue
                 tail = Segment(seg.f, seg.index, cut, seg.end, seg.epoch, seg.waiting_since)
                 others = [p for n, p in self.peers.items() if n != seg.source and not (p.dead or p.banned)]
                 holders = [p for p in others if p.holds(seg.f.file.path, cut, tail.end)]
                 best = self._best(holders, now)
-                source = best.node if best is not None else (HUB if not holders and self._hub_ok(tail, now) else None)
+                hub = seg.source != HUB and not holders and self._hub_ok(tail, now)
+                source = best.node if best is not None else (HUB if hub else None)
                 if source is None:
                     continue
                 seg.end = cut
@@ -382,7 +419,7 @@ class Board:
             return tail, source
         return None
 
-    def _lagging(self, seg: Segment, peer: PeerState, now: float) -> bool:
+    def _lagging(self, seg: Segment, now: float) -> bool:
         elapsed = now - seg.started
         if elapsed < self.settings.straggle_seconds or seg.remaining < 2 * MIN_PIECE:
             return False

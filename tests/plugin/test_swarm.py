@@ -277,3 +277,26 @@ def test_a_tickets_peers_are_checked_and_malformed_ones_dropped():
         ]
     )
     assert peers == (PeerSource("n1", "https://10.0.0.1:9443", "Ready"),)
+
+
+def test_a_lone_download_takes_the_hubs_parts_until_a_peer_shows_up_then_the_rest_from_it(
+    fakehub, origin, peers, pki_files, make_engine
+):
+    (late,) = peers(1)
+    late.serve_peer(origin.hex, FILES, token=TOKEN)
+    fakehub.total_rate = 1 * MiB  # about five seconds for the model from the hub alone
+    listed: list[PeerSource] = []
+    access = PeerAccess(token=lambda: TOKEN, ca_file=pki_files[0], refresh=lambda digest: tuple(listed))
+    swarm = SwarmSettings(peer_refresh=0.2, peer_poll=0.1)
+    engine = make_engine(settings=DownloadSettings(**FAST), node="me", peers=access, swarm=swarm)
+
+    engine.ensure(origin)  # no peer in the ticket
+    time.sleep(1.0)
+    assert 0 < served(fakehub) < sum(len(b) for b in FILES.values()) / 3  # the hub's parts, under way
+    listed.append(PeerSource("late", late.url, "Ready"))
+    entry = engine.wait(origin.digest, timeout=60)
+
+    assert entry.state == READY and entry.source == "Peer", entry
+    assert tree_files(engine.path(origin.digest)) == FILES
+    size = sum(len(b) for b in FILES.values())
+    assert served(fakehub) < size / 2 and late.body_bytes > size / 2
