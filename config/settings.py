@@ -277,6 +277,12 @@ if SERVER_ROLE == "api" and not PLUGIN_CA_FILE:
 # anywhere else, so a node that reads one gains nothing. Both sides must agree on it.
 PLUGIN_TOKEN_AUDIENCE = env_str("GPUSTACK_PLUGIN_TOKEN_AUDIENCE", "gpustack-models-plugin")
 PLUGIN_TOKEN_SECONDS = env_int("GPUSTACK_PLUGIN_TOKEN_SECONDS", 600, minimum=600)
+# Peer fan-out: the plugins' peer port (worker and plugin; 0: no peer server, no peers in tickets), the
+# audience of the tokens plugins show each other, and whether tickets list nodes still downloading a digest.
+PLUGIN_PEER_PORT = env_int("GPUSTACK_PLUGIN_PEER_PORT", 8444, minimum=0, maximum=65535)
+PLUGIN_PEER_AUDIENCE = env_str("GPUSTACK_PLUGIN_PEER_AUDIENCE", "gpustack-models-peer")
+PEER_DOWNLOADING_ALLOWED = env_bool("GPUSTACK_PEER_DOWNLOADING_ALLOWED", True)
+TICKET_PEERS_MAX = env_int("GPUSTACK_TICKET_PEERS_MAX", 16, minimum=0)
 # progress: live reads of at most this many downloading nodes, each within the timeout, the whole
 # answer within the deadline (seconds).
 PROGRESS_LIVE_MAX = env_int("GPUSTACK_PROGRESS_LIVE_MAX", 64, minimum=0)
@@ -308,6 +314,12 @@ PLUGIN_CSI_SOCKET = env_abs_path("GPUSTACK_PLUGIN_CSI_SOCKET")
 PLUGIN_REGISTRATION_DIR = env_abs_path("GPUSTACK_PLUGIN_REGISTRATION_DIR")
 # The kubelet's root directory: CSI target paths must then be under its pods/ directory.
 PLUGIN_KUBELET_DIR = env_abs_path("GPUSTACK_PLUGIN_KUBELET_DIR")
+# Peers: the CA other plugins' certificates are checked against, the file holding this plugin's Pod-bound token
+# for the peer audience (a projected token; re-read when it changes), and the node-wide upload limits.
+PLUGIN_PEER_CA_FILE = env_str("GPUSTACK_PLUGIN_PEER_CA_FILE", "") or PLUGIN_CA_FILE
+PLUGIN_PEER_TOKEN_FILE = env_abs_path("GPUSTACK_PLUGIN_PEER_TOKEN_FILE")  # default: $DATA_DIR/plugin/<node>/peer-token
+PLUGIN_PEER_MAX_CONNECTIONS = env_int("GPUSTACK_PLUGIN_PEER_MAX_CONNECTIONS", 8, minimum=1)
+PLUGIN_PEER_MAX_BYTES_PER_SECOND = env_int("GPUSTACK_PLUGIN_PEER_MAX_BYTES_PER_SECOND", 0, minimum=0)
 # Downloads take what the tickets' peers hold (fan-out); false: every byte from the hubs.
 PLUGIN_FANOUT = env_bool("GPUSTACK_PLUGIN_FANOUT", True)
 

@@ -59,12 +59,12 @@ def log_of(plugin) -> str:
 
 
 def source_bytes(plugin) -> dict[tuple[str, str], float]:
-    """The plugin's ``source_bytes_total`` counters by ``(source, peer)``."""
+    """The plugin's ``received_bytes_total`` counters by ``(source, peer)``."""
     s = requests.Session()
     s.trust_env = False
     text = s.get(f"{plugin.url}/metrics", verify=False, timeout=5).text
     out = {}
-    pattern = r'gpustack_models_plugin_source_bytes_total\{peer="([^"]*)",source="([^"]*)"\} (\S+)'
+    pattern = r'gpustack_models_plugin_received_bytes_total\{peer="([^"]*)",source="([^"]*)"\} (\S+)'
     for peer, source, value in re.findall(pattern, text):
         out[(source, peer)] = float(value)
     return out

@@ -17,16 +17,26 @@ on a refusal or an unavailable hub: one tenant's source refused or gone fails no
 
 Within each group, token-less sources first, then the most recently resolved. A source is offered once
 (same source, endpoint, repository, commit and token). A Secret that is gone or holds no usable token
-leaves its source token-less. The answer::
+leaves its source token-less.
+
+It also lists the other nodes' plugins that hold the digest (``peers``, whose endpoints are described in
+``gpustack_models.plugin.peers``): from the mirror, the nodes whose store entry of the digest is Ready,
+then, when ``GPUSTACK_PEER_DOWNLOADING_ALLOWED``, those Downloading it; never the asking node; only nodes
+with a Ready plugin Pod (reached at its Pod IP and ``GPUSTACK_PLUGIN_PEER_PORT``); shuffled within each
+state so that the load spreads; at most ``GPUSTACK_TICKET_PEERS_MAX``. No peer port (0): no peers. The
+answer::
 
     {"digest", "files": [...], "proxy",
      "source", "endpoint", "repository", "commit", "token",   # the first source, as single-source readers expect
-     "sources": [{"source", "endpoint", "repository", "commit", "token"}, ...]}   # all of them, in order
+     "sources": [{"source", "endpoint", "repository", "commit", "token"}, ...],   # all of them, in order
+     "peers": [{"node", "url": "https://<Pod IP>:<peer port>", "state": "Ready"|"Downloading"}, ...]}
 """
 
 from __future__ import annotations
 
 import base64
+import ipaddress
+import random
 import re
 from collections.abc import Iterable
 
@@ -39,7 +49,7 @@ from gpustack_models import kube
 from gpustack_models.kinds import GROUP, STORAGE_VERSION
 from gpustack_models.kube.errors import BadRequest, Conflict, Forbidden, NotFound, Unauthorized
 from gpustack_models.kube.identity import NODE_NAME_EXTRA, plugin_user
-from gpustack_models.models import Manifest, Prefetch, Resolution
+from gpustack_models.models import EntryState, Manifest, PluginPod, Prefetch, Resolution, StoreEntry
 
 from .authentication import TokenReviewAuthentication
 from .views import KubeAPIView
@@ -82,8 +92,42 @@ class TicketView(KubeAPIView):
             "files": manifest.files,
             "proxy": settings.HUB_PROXY or None,
             "sources": sources,
+            "peers": peer_sources(node, digest),
         }
         return Response(ticket)
+
+
+def peer_sources(node: str, digest: str) -> list[dict]:
+    """The ticket's ``peers`` (see the module's docstring)."""
+    port, cap = settings.PLUGIN_PEER_PORT, settings.TICKET_PEERS_MAX
+    if not port or cap <= 0:
+        return []
+    states = [EntryState.READY] + ([EntryState.DOWNLOADING] if settings.PEER_DOWNLOADING_ALLOWED else [])
+    rows = StoreEntry.objects.filter(digest=digest, state__in=states, store__deleted=False).exclude(node=node)
+    by_state: dict[str, list[str]] = {state: [] for state in states}
+    for other, state in rows.values_list("node", "state"):
+        by_state[state].append(other)
+    nodes = {n for group in by_state.values() for n in group}
+    pods = PluginPod.objects.live().filter(node__in=nodes, ready=True).exclude(pod_ip="")
+    addresses = {pod_node: ip for pod_node, ip in pods.values_list("node", "pod_ip") if _is_ip(ip)}
+    out = []
+    for state in states:
+        group = [n for n in by_state[state] if n in addresses]
+        random.shuffle(group)
+        out += [{"node": n, "url": _peer_url(addresses[n], port), "state": str(state)} for n in group]
+    return out[:cap]
+
+
+def _is_ip(value: str) -> bool:
+    try:
+        ipaddress.ip_address(value)
+    except ValueError:
+        return False
+    return True
+
+
+def _peer_url(ip: str, port: int) -> str:
+    return f"https://[{ip}]:{port}" if ":" in ip else f"https://{ip}:{port}"
 
 
 def check_wanted(node: str, digest: str) -> None:

@@ -280,20 +280,27 @@ class Launcher:
             directory, node
         )
 
-    def plugin_kubeconfig(self, node: str) -> Path:
-        """A kubeconfig with a token of the plugin's ServiceAccount bound to its Pod (so kube-apiserver
-        names the node in the token's user info, as for a DaemonSet Pod's projected token)."""
+    def plugin_token(self, node: str, audiences=()) -> str:
+        """A token of the plugin's ServiceAccount bound to ``node``'s plugin Pod (so kube-apiserver names
+        the node in the token's user info, as for a DaemonSet Pod's projected token), for ``audiences``
+        (none: kube-apiserver's)."""
         pod = self.admin.get(f"/api/v1/namespaces/{settings.NAMESPACE}/pods/{self.plugin_pod_name(node)}")
-        token = self.service_account_token(
-            settings.PLUGIN_SERVICE_ACCOUNT,
-            seconds=24 * 3600,
-            bound_object={
-                "apiVersion": "v1",
-                "kind": "Pod",
-                "name": pod["metadata"]["name"],
-                "uid": pod["metadata"]["uid"],
-            },
+        bound = {"apiVersion": "v1", "kind": "Pod", "name": pod["metadata"]["name"], "uid": pod["metadata"]["uid"]}
+        return self.service_account_token(
+            settings.PLUGIN_SERVICE_ACCOUNT, seconds=24 * 3600, bound_object=bound, audiences=audiences
         )
+
+    def plugin_peer_token(self, node: str) -> Path:
+        """The file of ``node``'s plugin token for its peers (the peer audience), as a projected volume has it."""
+        path = self.data_dir / "plugin" / node / "peer-token"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(self.plugin_token(node, audiences=[settings.PLUGIN_PEER_AUDIENCE]))
+        path.chmod(0o600)
+        return path
+
+    def plugin_kubeconfig(self, node: str) -> Path:
+        """A kubeconfig with a token of the plugin's ServiceAccount bound to its Pod."""
+        token = self.plugin_token(node)
         config = yaml.safe_load(self.cluster.token_kubeconfig.read_text())
         config["users"] = [{"name": "plugin", "user": {"token": token}}]
         config["contexts"] = [{"name": "local", "context": {"cluster": "local", "user": "plugin"}}]
@@ -304,10 +311,16 @@ class Launcher:
         return path
 
     def plugin_env(
-        self, node: str, address: str, port: int, base_env: dict | None = None, register: bool = True
+        self,
+        node: str,
+        address: str,
+        port: int,
+        base_env: dict | None = None,
+        register: bool = True,
+        peer_port: int | None = None,
     ) -> dict:
         """Register ``node`` with its plugin Pod (unless a kubelet runs both: ``register=False``) and return
-        the environment of its ``runplugin``."""
+        the environment of its ``runplugin`` (its peer endpoints on ``peer_port``, by default the setting's)."""
         import os
 
         if register:
@@ -322,5 +335,7 @@ class Launcher:
             GPUSTACK_PLUGIN_TLS_KEY_FILE=str(key),
             GPUSTACK_PLUGIN_CACHE_DIR=str(self.data_dir / "plugin" / node / "cache"),
             GPUSTACK_WORKER_CA_FILE=str(self.pki_dir / "ca.crt"),
+            GPUSTACK_PLUGIN_PEER_PORT=str(settings.PLUGIN_PEER_PORT if peer_port is None else peer_port),
+            GPUSTACK_PLUGIN_PEER_TOKEN_FILE=str(self.plugin_peer_token(node)),
         )
         return env

@@ -6,7 +6,8 @@ left ``spec.models`` is removed after a short delay, disk pressure evicts what n
 asks the worker for a fetch ticket per referenced digest with its Pod-bound token, writes the store's
 status from what is on disk (``store_status``), and serves ``GET /model/downloads`` (live bytes, for
 the worker only), ``/readyz``, ``/livez`` and ``/metrics`` over HTTPS (``endpoints``). It serves the
-CSI driver ``model.csi.gpustack.ai`` on a unix socket and registers it with the kubelet (``csi``).
+CSI driver ``model.csi.gpustack.ai`` on a unix socket and registers it with the kubelet (``csi``), and
+what its node holds to other nodes' plugins on its peer port (``peer_server``; the contract is ``peers``).
 """
 
 from __future__ import annotations
@@ -30,6 +31,9 @@ from .csi.worker_api import WorkerMounts
 from .endpoints import serve
 from .failures import DownloadFailed
 from .metrics import Metrics
+from .peer_client import PeerAccess
+from .peer_server import PeerAdmission, PeerService, UploadLimits, serve_peers
+from .peers import FileToken
 from .store_status import StatusWriter
 
 log = logging.getLogger(__name__)
@@ -55,6 +59,13 @@ class PluginSettings:
     csi_socket: str = ""  # the CSI driver's unix socket ("": no CSI driver)
     registration_dir: str = ""  # the kubelet's plugins_registry directory ("": do not register)
     kubelet_dir: str = ""  # the kubelet's root: target paths must be under its pods/ ("": not checked)
+    peer_port: int = 0  # the peer endpoints' port on the address's host (0: no peer server)
+    peer_audience: str = "gpustack-models-peer"  # the audience of the tokens plugins show each other
+    plugin_username: str = ""  # the plugins' ServiceAccount user: who may read peers
+    peer_token_file: str = ""  # this plugin's own token for its peers ("": none)
+    peer_ca_file: str = ""  # the CA its peers' certificates are checked against
+    peer_max_connections: int = 8  # peer transfers in flight on the node
+    peer_max_bytes_per_second: int = 0  # their upload rate (0: no limit)
     fanout: bool = True  # downloads take what the tickets' peers hold
 
 
@@ -85,6 +96,8 @@ class Plugin:
         self.kube = client or kube.worker()
         self.stopping = threading.Event()
         self.metrics = Metrics()
+        # peer_token() -> str: this plugin's Pod-bound token for the peer audience (peers.FileToken).
+        self.peer_token = FileToken(settings.peer_token_file) if settings.peer_token_file else None
         self.engine = Engine(
             settings.cache_dir,
             capacity_bytes=settings.capacity_bytes,
@@ -94,6 +107,8 @@ class Plugin:
             retry_base=settings.retry_base,
             removal_delay=settings.removal_delay_seconds,
             partial_retention=settings.partial_retention_seconds,
+            node=settings.node,
+            peers=self._peer_access(),
         )
         self.writer = StatusWriter(self)
         self.generation = 0
@@ -105,10 +120,24 @@ class Plugin:
         )
         self._fetching: set[str] = set()
         self._lock = threading.Lock()
+        self.uploads = UploadLimits(settings.peer_max_connections, settings.peer_max_bytes_per_second)
+        self.metrics.attach_uploads(self.uploads)
         self.csi: Driver | None = None
         if settings.csi_socket:
             worker = WorkerMounts(settings.worker_url, settings.worker_ca_file, settings.node, self.kube.auth_headers)
             self.csi = Driver(self.engine, settings.node, worker, settings.kubelet_dir, self.writer.kick.set)
+
+    def _peer_access(self) -> PeerAccess | None:
+        """How downloads reach the tickets' peers (``fanout``): our peer token, the peers' CA, and the
+        ticket asked for again to learn of new peers; ``None`` when fan-out is off or we have no token."""
+        if not self.settings.fanout or self.peer_token is None:
+            return None
+        return PeerAccess(token=self.peer_token, ca_file=self.settings.peer_ca_file or None, refresh=self.ticket_peers)
+
+    def ticket_peers(self, digest: str):
+        """The peers the worker lists for ``digest`` now (``None`` without a ticket)."""
+        ticket = self.fetch_ticket(digest)
+        return ticket.peers if ticket is not None else None
 
     # --- events ----------------------------------------------------------------------------------------
     def _changed(self, digest, entry) -> None:
@@ -229,13 +258,24 @@ class Plugin:
         settings = self.settings
         return CsiServers(settings.csi_socket, settings.registration_dir, IdentityService(), NodeService(self.csi))
 
+    def peer_server(self):
+        """The peer endpoints' server (not started), or ``None`` without a peer port."""
+        settings = self.settings
+        if not settings.peer_port:
+            return None
+        admission = PeerAdmission(
+            lambda: self.kube, settings.peer_audience, settings.plugin_username, settings.auth_cache_ttl
+        )
+        return serve_peers(self, PeerService(self.engine, admission, self.uploads, self.metrics), settings.peer_port)
+
     def run(self) -> None:
-        server = serve(self)
+        server, peers = serve(self), self.peer_server()
         csi = self.csi_servers()
         if csi is not None:
             csi.start()
         threads = [
             threading.Thread(target=server.serve_forever, name="https", daemon=True),
+            *([threading.Thread(target=peers.serve_forever, name="peers", daemon=True)] if peers else []),
             threading.Thread(target=self.watch_store, name="store-watch", daemon=True),
             threading.Thread(target=self.writer.run, name="status-writer", daemon=True),
             threading.Thread(target=self.reconcile_forever, name="reconcile", daemon=True),
@@ -250,6 +290,8 @@ class Plugin:
         )
         self.stopping.wait()
         server.shutdown()
+        if peers is not None:
+            peers.shutdown()
         if csi is not None:
             csi.stop()  # the mounts stay: Pods keep their models while the plugin restarts
         self.engine.close(timeout=10)

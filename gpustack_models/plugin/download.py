@@ -167,6 +167,22 @@ class Download:
             return self.size
         return max(0, self.size - sum(f.size if f.verified else f.written_bytes() for f in self._files))
 
+    def written(self) -> list[tuple[str, int, list[list[int]]]]:
+        """Read-only, from any thread (what peers are told this node has): per manifest file, in manifest
+        order, its path, size and the half-open byte ranges on disk so far (the whole file once hashed and
+        matched; ``[]`` for an empty file). ``[]`` before ``prepare``."""
+        if not self._prepared:
+            return []
+        out = []
+        for f in self._files:
+            if f.verified or f.complete:
+                ranges = [[0, f.size]] if f.size else []
+            else:
+                with f.lock:
+                    ranges = f.written_ranges()
+            out.append((f.file.path, f.size, ranges))
+        return out
+
     def _stat(self, name: str, n: int = 1) -> None:
         with self._stats_lock:
             self.stats[name] += n

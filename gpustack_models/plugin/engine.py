@@ -385,6 +385,14 @@ class Engine:
             for digest, job in sorted(jobs)
         ]
 
+    def written(self, digest: str) -> list[tuple[str, int, list[list[int]]]] | None:
+        """The files of the running download of ``digest`` with the byte ranges on disk so far
+        (``Download.written``; they are under ``cache.partial_tree(digest)``), or ``None`` when no
+        download of it runs. Read-only."""
+        with self._lock:
+            job = self._jobs.get(digest)
+        return job.download.written() if job is not None else None
+
     def stats(self, digest: str) -> dict | None:
         """Counters of the running or last download of ``digest`` in this process: ``requests``,
         ``network_bytes``, ``resumed_bytes`` (found on disk from an earlier attempt),
@@ -547,7 +555,7 @@ class Engine:
 
     def _count_peer_bytes(self, node: str, n: int) -> None:
         if self._metrics is not None:
-            self._metrics.peer_bytes(node, n)
+            self._metrics.bytes_from_peer(node, n)
 
     def _reserve(self, digest: str, job: _Job) -> None:
         """Refuse the download unless the volume takes its remaining bytes under the high watermark,

@@ -1,17 +1,22 @@
 """Prometheus metrics of a node's download engine.
 
-Labels never name a tenant or content: no namespace, artifact, repository or digest, only ``state``,
-``reason``, ``source`` (bounded sets) and ``peer`` (another node of the cluster). The node itself is
-identified by the scrape target, not by a label.
+Labels never name a tenant or content: no namespace, artifact, repository or digest, only ``state``
+and ``reason`` (bounded sets). The node is identified by the scrape target, not by a label.
 
 - ``gpustack_models_plugin_downloaded_bytes_total``: bytes received from hubs (counter);
-- ``gpustack_models_plugin_source_bytes_total{source,peer}``: bytes received by source: ``source="hub"``
-  (``peer=""``) and ``source="peer"`` with the sending ``peer``'s node name (counter);
 - ``gpustack_models_plugin_downloads_finished_total{state}``: downloads ended ``Ready`` or ``Failed``;
 - ``gpustack_models_plugin_download_failures_total{reason}``: failures by reason;
 - ``gpustack_models_plugin_models{state}``: digests on the node by state, read at scrape time;
 - ``gpustack_models_plugin_download_connections`` / ``..._limit``: range requests in flight, the limit;
-- ``gpustack_models_plugin_capacity_bytes``, ``..._stored_bytes``, ``..._used_percent``: the volume.
+- ``gpustack_models_plugin_capacity_bytes``, ``..._stored_bytes``, ``..._used_percent``: the volume;
+- ``gpustack_models_plugin_received_bytes_total{source, peer}``: bytes received for downloads by source,
+  ``source="hub"`` (``peer=""``) or ``source="peer"`` with the serving node's name;
+- ``gpustack_models_plugin_peer_served_bytes_total{peer}``: bytes this node's peer endpoints served, by
+  the requesting node; ``..._peer_requests_total{code}``: their answers by status code;
+- ``gpustack_models_plugin_peer_uploads`` / ``..._limit``, ``..._peer_upload_rate_limit_bytes_per_second``:
+  peer transfers in flight, their limit, the upload rate limit.
+
+Node names (``peer``) are the only names in labels: bounded by the cluster's size, never a tenant's.
 
 ``Metrics(registry)`` registers on ``registry`` (a fresh ``CollectorRegistry`` by default, so
 several engines in one process, as in tests, do not collide); pass ``prometheus_client.REGISTRY``
@@ -33,8 +38,10 @@ STATES = ("Downloading", "Ready", "Failed")
 class _EngineCollector(Collector):
     def __init__(self):
         self.engine = None
+        self.uploads = None  # the peer server's upload limits, when it runs
 
     def collect(self):
+        yield from self._uploads()
         engine = self.engine
         if engine is None:
             return
@@ -66,6 +73,20 @@ class _EngineCollector(Collector):
             f"{PREFIX}_used_percent", "Used percent of the cache volume.", value=capacity["usedPercent"]
         )
 
+    def _uploads(self):
+        uploads = self.uploads
+        if uploads is None:
+            return
+        yield GaugeMetricFamily(f"{PREFIX}_peer_uploads", "Peer transfers in flight.", value=uploads.in_use)
+        yield GaugeMetricFamily(
+            f"{PREFIX}_peer_uploads_limit", "Node-wide limit of peer transfers in flight.", value=uploads.limit
+        )
+        yield GaugeMetricFamily(
+            f"{PREFIX}_peer_upload_rate_limit_bytes_per_second",
+            "Node-wide peer upload rate limit (0: none).",
+            value=uploads.rate.bytes_per_second,
+        )
+
 
 class Metrics:
     def __init__(self, registry: CollectorRegistry | None = None):
@@ -77,17 +98,26 @@ class Metrics:
         self._failures = Counter(
             f"{PREFIX}_download_failures", "Failed downloads by reason.", ["reason"], registry=self.registry
         )
-        self._sources = Counter(
-            f"{PREFIX}_source_bytes",
-            "Bytes received by source (hub, or a peer node).",
-            ["source", "peer"],
-            registry=self.registry,
-        )
-        self._sources.labels("hub", "")
         for state in ("Ready", "Failed"):
             self._finished.labels(state)
         for reason in REASONS:
             self._failures.labels(reason)
+        self._received = Counter(
+            f"{PREFIX}_received_bytes",
+            "Bytes received for downloads, by source (hub, or peer with the serving node).",
+            ["source", "peer"],
+            registry=self.registry,
+        )
+        self._received.labels("hub", "")
+        self._served = Counter(
+            f"{PREFIX}_peer_served_bytes",
+            "Bytes served to peers, by requesting node.",
+            ["peer"],
+            registry=self.registry,
+        )
+        self._peer_requests = Counter(
+            f"{PREFIX}_peer_requests", "Peer endpoint answers by status code.", ["code"], registry=self.registry
+        )
         self._collector = _EngineCollector()
         self.registry.register(self._collector)
 
@@ -95,12 +125,25 @@ class Metrics:
         """Read the engine's models and capacity at scrape time."""
         self._collector.engine = engine
 
-    def bytes_downloaded(self, n: int) -> None:
-        self._bytes.inc(n)
-        self._sources.labels("hub", "").inc(n)
+    def attach_uploads(self, uploads) -> None:
+        """Read the peer server's upload limits (``peer_server.UploadLimits``) at scrape time."""
+        self._collector.uploads = uploads
 
-    def peer_bytes(self, node: str, n: int) -> None:
-        self._sources.labels("peer", node).inc(n)
+    def bytes_downloaded(self, n: int) -> None:
+        """``n`` bytes received from a hub."""
+        self._bytes.inc(n)
+        self._received.labels("hub", "").inc(n)
+
+    def bytes_from_peer(self, node: str, n: int) -> None:
+        """``n`` bytes received for a download from the peer endpoints of ``node``."""
+        self._received.labels("peer", node).inc(n)
+
+    def bytes_served(self, node: str, n: int) -> None:
+        """``n`` bytes of this node's cache served to the plugin of ``node``."""
+        self._served.labels(node).inc(n)
+
+    def peer_answer(self, code: int) -> None:
+        self._peer_requests.labels(str(code)).inc()
 
     def download_finished(self, state: str, reason: str | None) -> None:
         self._finished.labels(state).inc()

@@ -27,6 +27,7 @@ from urllib.parse import quote
 from . import disk
 from .frontier import HashFrontier
 from .limits import RateLimiter
+from .peers import PREFIX
 from .swarm import Segment
 from .ticket import PeerSource, origin
 from .transport import ConnectionPool, HttpError, Response
@@ -124,8 +125,12 @@ class PeerClient:
             response.abort()
 
     def _get(self, pool: ConnectionPool, peer: PeerSource, path: str, headers: dict) -> Response:
-        url = f"{peer.url}/peer/v1/trees/{self.hex}{path}"
-        credentials = {"Authorization": f"Bearer {self.access.token()}"}
+        url = f"{peer.url}{PREFIX}{self.hex}{path}"
+        try:
+            token = self.access.token()
+        except Exception as exc:  # no token file (yet): no peer will take us
+            raise PeerRefused(f"no peer token: {exc}") from None
+        credentials = {"Authorization": f"Bearer {token}"}
         try:
             return pool.get(url, credentials=credentials, credentials_origin=origin(peer.url), headers=headers)
         except HttpError as exc:

@@ -18,6 +18,10 @@ also the ticket's own ``source``/``endpoint``/``repository``/``commit``/``token`
 checksums are the same whichever source serves them, so bytes verified from one are kept when the
 next one takes over.
 
+A ticket also lists *peers* (``PeerSource``): other nodes' plugins holding the digest ``Ready`` or
+downloading it, whose peer endpoints (``peers``) serve the manifest's bytes; the worker lists them in
+``peers`` (``[{"node", "url", "state"}]``), ``Ready`` ones first.
+
 Tokens are secrets: never written to disk and never in a ``repr`` or a message.
 """
 
@@ -181,29 +185,41 @@ _NODE = re.compile(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?")
 
 @dataclass(frozen=True)
 class PeerSource:
-    """Another node's plugin that holds the digest (``Ready``) or part of it (``Downloading``), served
-    at ``url`` (``https://<ip>:<port>``) to plugins presenting the peer token."""
+    """Another node's plugin that holds the ticket's digest (``state`` ``Ready``) or is downloading it
+    (``Downloading``: it serves the ranges it has), at ``url`` (``https://<Pod IP>:<peer port>``). Its
+    endpoints are described in ``peers``; every byte from it is verified against the manifest as from a hub."""
 
     node: str
     url: str
-    state: str
+    state: str = "Ready"
 
     def __post_init__(self):
         if isinstance(self.url, str):
             object.__setattr__(self, "url", self.url.rstrip("/"))
 
     def check(self) -> None:
+        """Raise ``DownloadFailed(InvalidRequest)`` unless the peer is usable: a node name, an
+        ``https://host:port`` URL with nothing else in it, a known state."""
         if not isinstance(self.node, str) or not _NODE.fullmatch(self.node):
             raise _invalid("a peer's node is not a node name")
-        url = urlsplit(self.url) if isinstance(self.url, str) else None
-        if url is None or url.scheme != "https" or not url.hostname or url.path or url.query or url.username:
-            raise _invalid("a peer's url must be https://host:port")
         if self.state not in PEER_STATES:
             raise _invalid(f"a peer's state must be one of {', '.join(PEER_STATES)}")
+        try:
+            url = urlsplit(self.url) if isinstance(self.url, str) else None
+            port = url.port if url is not None else None
+        except ValueError:
+            url = port = None
+        if url is None or url.scheme != "https" or not url.hostname or port is None:
+            raise _invalid("a peer's url must be https://<host>:<port>")
+        if url.path or url.query or url.fragment or url.username or url.password:
+            raise _invalid("a peer's url must carry no path, query, fragment or credentials")
+
+    def to_dict(self) -> dict[str, str]:
+        return {"node": self.node, "url": self.url, "state": self.state}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> PeerSource:
-        return cls(node=data["node"], url=data["url"], state=data["state"])
+        return cls(node=data["node"], url=data["url"], state=data.get("state") or "Ready")
 
 
 @dataclass(frozen=True, repr=False)
@@ -266,6 +282,7 @@ class FetchTicket:
 
     def __repr__(self) -> str:
         fallbacks = f", fallbacks={list(self.fallbacks)!r}" if self.fallbacks else ""
+        fallbacks += f", peers={[p.node for p in self.peers]!r}" if self.peers else ""
         return (
             f"FetchTicket(digest={self.digest!r}, source={self.source!r}, endpoint={self.endpoint!r},"
             f" repository={self.repository!r}, commit={self.commit!r}, files=<{len(self.files)} files,"
@@ -289,6 +306,10 @@ class FetchTicket:
             if not isinstance(hub, HubSource):
                 raise _invalid(f"sources must be HubSource, not {type(hub).__name__}")
             hub.check()
+        for peer in self.peers:
+            if not isinstance(peer, PeerSource):
+                raise _invalid(f"peers must be PeerSource, not {type(peer).__name__}")
+            peer.check()
         self._check_connection()
         self._check_files()
         actual = manifest_digest(self.files)
@@ -351,6 +372,7 @@ class FetchTicket:
             "proxy": self.proxy,
             "caBundle": self.ca_bundle,
             "sources": [hub.to_dict(include_token=include_token) for hub in self.sources],
+            "peers": [peer.to_dict() for peer in self.peers],
         }
 
     @classmethod
@@ -374,7 +396,7 @@ class FetchTicket:
                 proxy=data.get("proxy") or None,
                 ca_bundle=data.get("caBundle") or data.get("ca_bundle") or None,
                 fallbacks=listed[1:],
-                peers=usable_peers(data.get("peers")),
+                peers=[PeerSource.from_dict(item) for item in data.get("peers") or ()],
             )
         except (KeyError, TypeError, ValueError, InvalidPath, AttributeError) as exc:
             raise DownloadFailed(INVALID_REQUEST, f"invalid fetch ticket: {type(exc).__name__}: {exc}") from None

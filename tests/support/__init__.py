@@ -9,10 +9,11 @@ from .kubernetes import (
     token_http,
     wait_default_service_account,
 )
-from .paths import PLUGIN_PORT, REPO, TEST_STATE
+from .paths import PEER_PORT, PLUGIN_PORT, REPO, TEST_STATE
 from .waiting import wait_for
 
 __all__ = [
+    "PEER_PORT",
     "PLUGIN_PORT",
     "REPO",
     "TEST_STATE",

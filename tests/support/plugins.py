@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from .paths import PLUGIN_PORT, REPO, TEST_STATE
+from .paths import PEER_PORT, PLUGIN_PORT, REPO, TEST_STATE
 from .waiting import wait_for
 
 
@@ -18,13 +18,14 @@ class PluginProcess:
 
     def __init__(self, launcher, worker_api, node: str, address: str, extra_env: dict, register: bool = True):
         self.node, self.address = node, address
-        self.env = launcher.plugin_env(node, address, PLUGIN_PORT, register=register)
+        self.env = launcher.plugin_env(node, address, PLUGIN_PORT, register=register, peer_port=PEER_PORT)
         self.env.update(GPUSTACK_WORKER_URL=worker_api.url, NO_PROXY="*", no_proxy="*", **extra_env)
         self.cache = Path(self.env["GPUSTACK_PLUGIN_CACHE_DIR"])
         default_socket = Path(self.env["GPUSTACK_DATA_DIR"]) / "plugin" / node / "csi.sock"
         self.csi_socket = Path(self.env.get("GPUSTACK_PLUGIN_CSI_SOCKET") or default_socket)  # its CSI driver
         self.proc = None
         self.url = f"https://{address}:{PLUGIN_PORT}"
+        self.peer_url = f"https://{address}:{PEER_PORT}"  # its peer endpoints
 
     def start(self):
         log = open(TEST_STATE / f"plugin-{self.node}.log", "ab")

@@ -11,7 +11,7 @@ import pytest
 import requests
 
 from .kubernetes import token_http
-from .paths import PLUGIN_PORT, REPO, TEST_STATE
+from .paths import PEER_PORT, PLUGIN_PORT, REPO, TEST_STATE
 from .waiting import wait_for
 
 
@@ -34,6 +34,7 @@ class WorkerAPI:
             GPUSTACK_DATA_DIR=str(TEST_STATE),
             DATABASE_URL=self.db_url,
             GPUSTACK_PLUGIN_PORT=str(PLUGIN_PORT),
+            GPUSTACK_PLUGIN_PEER_PORT=str(PEER_PORT),
             GPUSTACK_PROGRESS_LIVE_TIMEOUT="2",
         )
         return env

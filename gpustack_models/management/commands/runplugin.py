@@ -4,7 +4,7 @@ import signal
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
-from gpustack_models.kube.identity import worker_user
+from gpustack_models.kube.identity import plugin_user, worker_user
 from gpustack_models.plugin.agent import Plugin, PluginSettings
 from gpustack_models.plugin.csi.registration import SocketPathError, check_socket_path, registration_socket
 
@@ -28,29 +28,39 @@ class Command(BaseCommand):
                 )
         except SocketPathError as exc:
             raise CommandError(str(exc)) from None
-        plugin = Plugin(
-            PluginSettings(
-                node=node,
-                cache_dir=settings.PLUGIN_CACHE_DIR or str(settings.DATA_DIR / "plugin" / node),
-                address=settings.PLUGIN_ADDRESS or f"0.0.0.0:{settings.PLUGIN_PORT}",
-                cert_file=settings.PLUGIN_TLS_CERT_FILE,
-                key_file=settings.PLUGIN_TLS_KEY_FILE,
-                worker_url=settings.WORKER_URL,
-                worker_ca_file=settings.WORKER_CA_FILE,
-                worker_username=worker_user(),
-                worker_audience=settings.PLUGIN_TOKEN_AUDIENCE,
-                removal_delay_seconds=settings.PLUGIN_REMOVAL_DELAY_SECONDS,
-                partial_retention_seconds=settings.PLUGIN_PARTIAL_RETENTION_SECONDS,
-                progress_interval=settings.PLUGIN_PROGRESS_INTERVAL,
-                capacity_bytes=settings.PLUGIN_CAPACITY_BYTES or None,
-                auth_cache_ttl=settings.AUTH_CACHE_TTL,
-                retry_base=settings.PLUGIN_RETRY_BASE,
-                csi_socket=csi_socket,
-                registration_dir=settings.PLUGIN_REGISTRATION_DIR,
-                kubelet_dir=settings.PLUGIN_KUBELET_DIR,
-                fanout=settings.PLUGIN_FANOUT,
-            )
-        )
+        plugin = Plugin(plugin_settings(node, csi_socket))
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: plugin.stopping.set())
         plugin.run()
+
+
+def plugin_settings(node: str, csi_socket: str) -> PluginSettings:
+    """The plugin's settings, from the process's."""
+    return PluginSettings(
+        node=node,
+        cache_dir=settings.PLUGIN_CACHE_DIR or str(settings.DATA_DIR / "plugin" / node),
+        address=settings.PLUGIN_ADDRESS or f"0.0.0.0:{settings.PLUGIN_PORT}",
+        cert_file=settings.PLUGIN_TLS_CERT_FILE,
+        key_file=settings.PLUGIN_TLS_KEY_FILE,
+        worker_url=settings.WORKER_URL,
+        worker_ca_file=settings.WORKER_CA_FILE,
+        worker_username=worker_user(),
+        worker_audience=settings.PLUGIN_TOKEN_AUDIENCE,
+        removal_delay_seconds=settings.PLUGIN_REMOVAL_DELAY_SECONDS,
+        partial_retention_seconds=settings.PLUGIN_PARTIAL_RETENTION_SECONDS,
+        progress_interval=settings.PLUGIN_PROGRESS_INTERVAL,
+        capacity_bytes=settings.PLUGIN_CAPACITY_BYTES or None,
+        auth_cache_ttl=settings.AUTH_CACHE_TTL,
+        retry_base=settings.PLUGIN_RETRY_BASE,
+        csi_socket=csi_socket,
+        registration_dir=settings.PLUGIN_REGISTRATION_DIR,
+        kubelet_dir=settings.PLUGIN_KUBELET_DIR,
+        peer_port=settings.PLUGIN_PEER_PORT,
+        peer_audience=settings.PLUGIN_PEER_AUDIENCE,
+        plugin_username=plugin_user(),
+        peer_token_file=settings.PLUGIN_PEER_TOKEN_FILE or str(settings.DATA_DIR / "plugin" / node / "peer-token"),
+        peer_ca_file=settings.PLUGIN_PEER_CA_FILE,
+        peer_max_connections=settings.PLUGIN_PEER_MAX_CONNECTIONS,
+        peer_max_bytes_per_second=settings.PLUGIN_PEER_MAX_BYTES_PER_SECOND,
+        fanout=settings.PLUGIN_FANOUT,
+    )

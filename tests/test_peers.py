@@ -1,0 +1,253 @@
+"""Peer endpoints of real node plugins (``manage.py runplugin``): what a node holds, served to the plugins of
+nodes that want it (and to no one else), byte-exact, within the node's upload limits; the tickets that list
+them."""
+
+import http.client
+import json
+import ssl
+import threading
+import time
+import uuid
+
+import pytest
+import requests
+
+from gpustack_models.plugin.peers import file_url, tree_url
+from tests.support import PEER_PORT, wait_for
+from tests.support.kubernetes import wait_default_service_account
+from tests.test_plugins import PLUGIN_AUDIENCE, Scenario, big_files, launcher_token, worker_kubeconfig_token
+
+PEER_AUDIENCE = "gpustack-models-peer"
+WEIGHTS = "model.safetensors"
+
+
+@pytest.fixture
+def scenario(worker_stack, worker_api, hub, worker_kube, admin_http, cluster, namespace, start_plugin):
+    yield Scenario(hub, worker_kube, admin_http, cluster, namespace, start_plugin)
+    hub.faults.clear()
+
+
+def peer_token(plugin) -> str:
+    """The plugin's own token for its peers (the file the launcher wrote, as a projected volume would)."""
+    with open(plugin.env["GPUSTACK_PLUGIN_PEER_TOKEN_FILE"]) as f:
+        return f.read().strip()
+
+
+class Peer:
+    """A client of one plugin's peer endpoints, checking its certificate against the plugins' CA."""
+
+    def __init__(self, plugin, launcher, digest):
+        self.plugin, self.digest = plugin, digest
+        self.session = requests.Session()
+        self.session.trust_env = False
+        self.session.verify = str(launcher.data_dir / "plugin-pki" / "ca.crt")  # a cert for the Pod IP
+
+    def get(self, url, token=None, **headers):
+        if token:
+            headers["Authorization"] = f"Bearer {token}"
+        return self.session.get(url, headers=headers, timeout=30)
+
+    def raw(self, method, path, token):
+        """``method path`` exactly as given (a client library would resolve dot segments first)."""
+        context = ssl.create_default_context(cafile=self.session.verify)
+        conn = http.client.HTTPSConnection(self.plugin.address, PEER_PORT, context=context, timeout=30)
+        try:
+            conn.request(method, path, headers={"Authorization": f"Bearer {token}"})
+            resp = conn.getresponse()
+            return resp.status, json.loads(resp.read())
+        finally:
+            conn.close()
+
+    def tree(self, token):
+        return self.get(tree_url(self.plugin.peer_url, self.digest), token)
+
+    def file(self, path, token, byte_range=None, **kwargs):
+        headers = {"Range": byte_range} if byte_range else {}
+        return self.get(file_url(self.plugin.peer_url, self.digest, path), token, **headers)
+
+
+def metric(plugin, name: str, **labels) -> float:
+    s = requests.Session()
+    s.trust_env = False
+    text = s.get(f"{plugin.url}/metrics", verify=False, timeout=10).text
+    selector = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))  # as prometheus_client writes them
+    wanted = f"{name}{{{selector}}}" if labels else name
+    for line in text.splitlines():
+        if line.startswith(wanted + " "):
+            return float(line.split()[-1])
+    return 0.0
+
+
+def status_of(resp) -> tuple[int, str]:
+    body = resp.json()
+    assert body["kind"] == "Status" and body["code"] == resp.status_code, body
+    return resp.status_code, body["reason"]
+
+
+def tenant_peer_token(launcher, namespace) -> str:
+    """A tenant's own ServiceAccount token for the peer audience: any tenant can ask kube-apiserver for one."""
+    wait_default_service_account(launcher.admin, namespace)
+    answer = launcher.admin.create(
+        f"/api/v1/namespaces/{namespace}/serviceaccounts/default/token",
+        {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": {"audiences": [PEER_AUDIENCE]}},
+    )
+    return answer["status"]["token"]
+
+
+def test_it_serves_a_ready_tree_byte_exact_to_a_node_that_wants_it_and_lists_it_in_tickets(
+    scenario, launcher, worker_api
+):
+    scenario.artifact(files=big_files(scenario.repo, mb=3))
+    a, b = scenario.plugins(
+        2, GPUSTACK_PLUGIN_PEER_MAX_CONNECTIONS=1, GPUSTACK_PLUGIN_PEER_MAX_BYTES_PER_SECOND=1_000_000
+    )
+    scenario.prefetch([a, b])
+    scenario.wait_state(a.node, "Ready", timeout=90)
+    scenario.wait_state(b.node, "Ready", timeout=90)
+    peer, token = Peer(a, launcher, scenario.digest), peer_token(b)
+    tree = peer.tree(token)
+    assert tree.status_code == 200, tree.text
+    files = scenario.files
+    expected = [{"path": p, "size": len(files[p]), "have": [[0, len(files[p])]]} for p in sorted(files)]
+    assert tree.json() == {"digest": scenario.digest, "state": "Ready", "files": expected}
+    weights = files[WEIGHTS]
+    served = 0
+    for asked, (start, end) in {
+        "bytes=1000-1999": (1000, 2000),
+        f"bytes={len(weights) - 5}-": (len(weights) - 5, len(weights)),
+        "bytes=-7": (len(weights) - 7, len(weights)),
+        f"bytes=0-{10 * len(weights)}": (0, len(weights)),  # the last byte past the end: up to the end
+    }.items():
+        got = peer.file(WEIGHTS, token, asked)
+        assert got.status_code == 206, (asked, got.status_code, got.text[:200])
+        assert got.content == weights[start:end], asked
+        assert got.headers["Content-Range"] == f"bytes {start}-{end - 1}/{len(weights)}"
+        served += end - start
+    whole = peer.file("config.json", token)
+    assert (whole.status_code, whole.content) == (200, files["config.json"])
+    served += len(files["config.json"])
+    beyond = peer.file(WEIGHTS, token, f"bytes={len(weights)}-")
+    assert status_of(beyond) == (416, "RequestedRangeNotSatisfiable")
+    assert beyond.headers["Content-Range"] == f"bytes */{len(weights)}"
+    for malformed in ("bytes=5-3", "bytes=0-1,5-6", "items=0-1", "bytes=-", "bytes=a-b"):
+        assert status_of(peer.file(WEIGHTS, token, malformed)) == (400, "BadRequest"), malformed
+    assert metric(a, "gpustack_models_plugin_peer_served_bytes_total", peer=b.node) == served
+    assert metric(a, "gpustack_models_plugin_received_bytes_total", source="hub", peer="") == sum(
+        len(v) for v in files.values()
+    )
+    check_upload_limits(peer, token, weights)
+    # The worker's ticket for b lists a, where its peer endpoints are, and never b itself.
+    s = worker_api.session(token=launcher_token(b))
+    ticket = s.post(f"{worker_api.url}/internal/v1/tickets", json={"node": b.node, "digest": scenario.digest})
+    assert ticket.status_code == 200, ticket.text
+    peers = ticket.json()["peers"]
+    assert {"node": a.node, "url": f"https://{a.address}:{PEER_PORT}", "state": "Ready"} in peers
+    assert b.node not in [p["node"] for p in peers]
+
+
+def check_upload_limits(peer, token, weights):
+    """One transfer at a time at 1 MB/s: a second one while it runs is told to come back (503, Retry-After);
+    the first one takes the time the rate says."""
+    result = {}
+
+    def slow():
+        started = time.monotonic()
+        result["resp"] = peer.file(WEIGHTS, token)
+        result["seconds"] = time.monotonic() - started
+
+    thread = threading.Thread(target=slow)
+    thread.start()
+    wait_for(lambda: metric(peer.plugin, "gpustack_models_plugin_peer_uploads") == 1, timeout=10, message="a transfer")
+    busy = peer.file("tokenizer.json", token)
+    assert status_of(busy) == (503, "ServiceUnavailable")
+    assert busy.headers["Retry-After"] == "1"
+    thread.join(30)
+    assert result["resp"].status_code == 200 and result["resp"].content == weights
+    assert result["seconds"] >= len(weights) / 1_000_000 * 0.8, result["seconds"]
+    assert peer.file("tokenizer.json", token).status_code == 200  # the slot is free again
+    assert metric(peer.plugin, "gpustack_models_plugin_peer_uploads_limit") == 1
+
+
+def test_it_refuses_everyone_but_the_plugins_of_nodes_that_want_the_digest(scenario, launcher, namespace):
+    scenario.artifact()
+    a, b, c = scenario.plugins(3)
+    scenario.prefetch([a, b])
+    scenario.wait_state(a.node, "Ready", timeout=90)
+    scenario.wait_state(b.node, "Ready", timeout=90)
+    peer = Peer(a, launcher, scenario.digest)
+    refused = {
+        "no token": (None, 401),
+        "the wanting plugin's kube-apiserver token": (launcher_token(b), 401),
+        "the worker's token for the plugins' audience": (
+            launcher.service_account_token("gpustack-models-worker", 600, audiences=[PLUGIN_AUDIENCE]),
+            401,
+        ),
+        "the worker's own kube-apiserver token": (worker_kubeconfig_token(launcher), 401),
+        "a tenant's kube-apiserver token": (scenario.cluster.tokens()["erin"], 401),
+        "a tenant's token for the peer audience": (tenant_peer_token(launcher, namespace), 403),
+        "the plugins' ServiceAccount, bound to no Pod": (
+            launcher.service_account_token("gpustack-models-plugin", 600, audiences=[PEER_AUDIENCE]),
+            403,
+        ),
+        "the plugin of a node that does not want the digest": (peer_token(c), 403),
+    }
+    for why, (token, code) in refused.items():
+        for resp in (peer.tree(token), peer.file(WEIGHTS, token, "bytes=0-9")):
+            assert resp.status_code == code, (why, resp.status_code, resp.text)
+            assert status_of(resp)[1] == ("Unauthorized" if code == 401 else "Forbidden"), why
+            assert scenario.digest not in resp.text, why  # nothing said of what the node holds
+    token = peer_token(b)
+    assert peer.tree(token).status_code == 200
+    # Paths out of the tree, or not in the manifest.
+    files = f"/peer/v1/trees/{scenario.digest[7:]}/files/"
+    for path in ("../../state/x", "%2e%2e/%2e%2e/state", "a//b", "./config.json", "%00", "%2Fetc%2Fpasswd", "", "%ff"):
+        code, body = peer.raw("GET", files + path, token)
+        assert (code, body["reason"]) == (400, "BadRequest"), (path, body)
+    for path in ("nothing.bin", "config.json/x", "config.json%2Fx"):
+        code, body = peer.raw("GET", files + path, token)
+        assert (code, body["reason"]) == (404, "NotFound"), (path, body)
+    for path in (f"/peer/v1/trees/{scenario.digest[7:]}/other", "/peer/v1/trees/../../x", "/peer/v1/trees/ABC"):
+        assert peer.raw("GET", path, token)[0] == 404, path
+    # A digest b does not want is refused before anything is said of it; one it wants but c lacks is 404.
+    unknown = f"sha256:{uuid.uuid4().hex * 2}"
+    assert Peer(a, launcher, unknown).tree(token).status_code == 403
+    assert status_of(Peer(c, launcher, scenario.digest).tree(token)) == (404, "NotFound")
+    # Read-only: no other method changes anything.
+    for method in ("POST", "PUT", "DELETE", "PATCH"):
+        code, body = peer.raw(method, files + "config.json", token)
+        assert (code, body["reason"]) == (405, "MethodNotAllowed"), method
+    assert (scenario.tree(a) / "config.json").read_bytes() == scenario.files["config.json"]
+
+
+def test_it_tells_and_serves_the_ranges_of_a_download_in_progress(scenario, hub, launcher):
+    scenario.artifact(files=big_files(scenario.repo, mb=6))
+    a, b = scenario.plugins(2)
+    hub.faults.throttle(scenario.weights, 700_000)  # ~9 s
+    scenario.prefetch([a, b])
+    peer, token = Peer(a, launcher, scenario.digest), peer_token(b)
+    weights = scenario.files[WEIGHTS]
+
+    def partway():
+        resp = peer.tree(token)
+        if resp.status_code != 200 or resp.json()["state"] != "Downloading":
+            return None
+        have = {f["path"]: f["have"] for f in resp.json()["files"]}
+        ranges = have[WEIGHTS]
+        return ranges if ranges and 2_000_000 <= ranges[0][1] < len(weights) else None
+
+    have = wait_for(partway, timeout=60, interval=0.3, message="a's download part-way")
+    assert have[0][0] == 0  # one connection, from the first byte
+    end = have[0][1]
+    got = peer.file(WEIGHTS, token, f"bytes={end - 1_000_000}-{end - 1}")
+    assert got.status_code == 206, got.text
+    assert got.content == weights[end - 1_000_000 : end]
+    assert status_of(peer.file(WEIGHTS, token, f"bytes={len(weights) - 10}-")) == (
+        416,
+        "RequestedRangeNotSatisfiable",
+    )
+    assert peer.file(WEIGHTS, token).status_code == 416  # the whole file: not yet
+    hub.faults.clear()
+    scenario.wait_state(a.node, "Ready", timeout=90)
+    assert peer.tree(token).json()["state"] == "Ready"
+    assert peer.file(WEIGHTS, token).content == weights
+    assert metric(a, "gpustack_models_plugin_peer_served_bytes_total", peer=b.node) == 1_000_000 + len(weights)
