@@ -63,6 +63,8 @@ class FanOut:
             fine=bool(peers),
         )
         self.board.set_peers(peers)
+        if not peers and self.access.refresh is not None:
+            self.board.settle(self.settings.peer_settle)
         self.client = PeerClient(self.ticket.hex, self.access, d.settings.stall_timeout, d.limits.rate, d._frontier)
         self._poller = threading.Thread(target=self._poll, name=f"peers-{self.ticket.hex[:8]}", daemon=True)
         self._poller.start()
@@ -96,8 +98,9 @@ class FanOut:
     # ---------------------------------------------------------------- the poller
 
     def _poll(self) -> None:
-        settings, refresh_at = self.settings, time.monotonic() + self.settings.peer_refresh
-        while not self._done.wait(settings.peer_poll):
+        settings = self.settings
+        refresh_at = time.monotonic() + (settings.peer_settle if not self.board.fine else settings.peer_refresh)
+        while not self._done.wait(min(settings.peer_poll, max(0.05, refresh_at - time.monotonic()))):
             if self.access.refresh is not None and time.monotonic() >= refresh_at:
                 refresh_at = time.monotonic() + settings.peer_refresh
                 self._refresh()

@@ -66,6 +66,7 @@ class SwarmSettings:
     peer_wait: float = 120.0  # seconds a segment waits for a peer before this node asks the hub anyway
     peer_stall: float = 15.0  # a Downloading peer whose ranges did not grow for this long owns nothing
     peer_refresh: float = 3.0  # seconds between asks for the ticket's peer list
+    peer_settle: float = 1.5  # a ticket without peers: wait this long for the peers starting beside us
     peer_poll: float = 0.5  # seconds between tree answers asked of each Downloading peer
     straggle_seconds: float = 2.0  # a segment in flight is never a straggler sooner
     hub_floor: int = 2  # hub requests kept running while owned segments wait
@@ -197,6 +198,7 @@ class Board:
         self.size = segment_size(total, part_size, settings.max_segments)
         self._part_size, self._split = part_size, split_threshold or part_size
         self.fine = fine  # False: the hub's parts, in file order, until a peer shows up
+        self.hold_until = 0.0  # no hub request before (``settle``)
         now = time.monotonic()
         for f in files:
             if not (f.verified or f.complete):
@@ -329,12 +331,20 @@ class Board:
 
     # ---------------------------------------------------------------- taking work
 
+    def settle(self, seconds: float) -> None:
+        """Ask the hub nothing for ``seconds`` unless peers show up meanwhile: nodes that start
+        together learn of each other before each asks the hub for the start of every file."""
+        with self.cond:
+            self.hold_until = time.monotonic() + seconds
+
     def take(self) -> tuple[Segment, str] | None:
         """The next segment and its source; ``None``: wait; raises ``Finished`` when nothing is left."""
         now = time.monotonic()
         with self.cond:
             if not self.pending and not self.inflight:
                 raise Finished
+            if not self.fine and now < self.hold_until:
+                return None
             owning = frozenset(n for n, p in self.peers.items() if p.owns(now, self.settings.peer_stall))
             if owning != self._owning:
                 self._owning = owning

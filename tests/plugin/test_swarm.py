@@ -287,7 +287,7 @@ def test_a_lone_download_takes_the_hubs_parts_until_a_peer_shows_up_then_the_res
     fakehub.total_rate = 1 * MiB  # about five seconds for the model from the hub alone
     listed: list[PeerSource] = []
     access = PeerAccess(token=lambda: TOKEN, ca_file=pki_files[0], refresh=lambda digest: tuple(listed))
-    swarm = SwarmSettings(peer_refresh=0.2, peer_poll=0.1)
+    swarm = SwarmSettings(peer_refresh=0.2, peer_poll=0.1, peer_settle=0.2)
     engine = make_engine(settings=DownloadSettings(**FAST), node="me", peers=access, swarm=swarm)
 
     engine.ensure(origin)  # no peer in the ticket
