@@ -22,7 +22,9 @@ what:
   not by everyone. At least two hub requests run whenever owned segments wait, so a node always
   moves its share forward while it takes the rest from peers. The ticket's peer list is asked for
   again every ``peer_refresh`` seconds, so nodes that started with no peer soon know each other
-  (their first hub segments are picked in an order of their own, so they rarely pick the same).
+  (a ticket with no peer waits ``peer_settle`` seconds for them first; then a node asks the hub for
+  its surest share first, the segments where its own hash ranks highest, which stay its own however
+  many nodes it has not heard of yet).
 - **Stragglers.** When nothing else can be started and a peer's segment in flight has taken four
   times what the fastest peer's rate promises (and at least ``straggle_seconds``), the segment's tail is
   cut off (at the middle of what remains, never below the bytes being written) and handed to
@@ -65,8 +67,8 @@ class SwarmSettings:
     peer_connections: int = 4  # requests in flight to one peer
     peer_wait: float = 120.0  # seconds a segment waits for a peer before this node asks the hub anyway
     peer_stall: float = 15.0  # a Downloading peer whose ranges did not grow for this long owns nothing
-    peer_refresh: float = 3.0  # seconds between asks for the ticket's peer list
-    peer_settle: float = 1.5  # a ticket without peers: wait this long for the peers starting beside us
+    peer_refresh: float = 2.0  # seconds between asks for the ticket's peer list
+    peer_settle: float = 2.0  # a ticket without peers: wait this long for the peers starting beside us
     peer_poll: float = 0.5  # seconds between tree answers asked of each Downloading peer
     straggle_seconds: float = 2.0  # a segment in flight is never a straggler sooner
     hub_floor: int = 2  # hub requests kept running while owned segments wait
@@ -376,7 +378,10 @@ class Board:
         for seg in self.pending:
             if any(p.holds(seg.f.file.path, seg.pos, seg.end) for p in peers) or not self._hub_ok(seg, now):
                 continue
-            rank = _rank(self.node, seg.f.file.path, seg.index) if self.fine else (seg.f.file.path, seg.start)
+            # Our surest share first: the segments where our own hash ranks highest stay ours however
+            # many nodes we have not heard of yet; the doubtful ones wait until the peer list is fuller.
+            rank = (0, -int.from_bytes(_rank(self.node, self.digest, seg.f.file.path, seg.index)[:8], "big"))
+            rank = rank if self.fine else (1, (seg.f.file.path, seg.start))
             if best is None or rank < best:
                 pick, best = seg, rank
         return pick
