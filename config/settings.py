@@ -322,6 +322,8 @@ PLUGIN_PEER_CA_FILE = env_str("GPUSTACK_PLUGIN_PEER_CA_FILE", "") or PLUGIN_CA_F
 PLUGIN_PEER_TOKEN_FILE = env_abs_path("GPUSTACK_PLUGIN_PEER_TOKEN_FILE")  # default: $DATA_DIR/plugin/<node>/peer-token
 PLUGIN_PEER_MAX_CONNECTIONS = env_int("GPUSTACK_PLUGIN_PEER_MAX_CONNECTIONS", 8, minimum=1)
 PLUGIN_PEER_MAX_BYTES_PER_SECOND = env_int("GPUSTACK_PLUGIN_PEER_MAX_BYTES_PER_SECOND", 0, minimum=0)
+# Downloads take what the tickets' peers hold (fan-out); false: every byte from the hubs.
+PLUGIN_FANOUT = env_bool("GPUSTACK_PLUGIN_FANOUT", True)
 
 # --- The informers --------------------------------------------------------------------------------------
 # Watch events are coalesced per object (the latest state wins) and sent as one Celery task per resource

@@ -15,6 +15,8 @@ status, fetching tickets from the worker, serving live progress) drives an ``Eng
   - ``publish``: the final verification of the tree and its publishing rename;
   - ``sharing``: files a Ready tree of the node holds, hard-linked instead of fetched, counted once;
   - ``disk``: the partial files' disk operations, whose failures (``DiskError``) are never retried;
+  - ``swarm``, ``fanout``, ``peer_client``: fetching from the ticket's peers and the hub at once (which
+    segment from which source), carrying it out, and the peers' endpoints as a client;
 - ``hashing``: sha256 / git blob sha1 whose running state can be checkpointed;
 - ``limits``: node-wide connection slots and rate limiter;
 - ``transport``: keep-alive HTTP with the ticket's proxy and CA bundle, redirects followed;

@@ -31,6 +31,7 @@ from .csi.worker_api import WorkerMounts
 from .endpoints import serve
 from .failures import DownloadFailed
 from .metrics import Metrics
+from .peer_client import PeerAccess
 from .peer_server import PeerAdmission, PeerService, UploadLimits, serve_peers
 from .peers import FileToken
 from .store_status import StatusWriter
@@ -65,6 +66,7 @@ class PluginSettings:
     peer_ca_file: str = ""  # the CA its peers' certificates are checked against
     peer_max_connections: int = 8  # peer transfers in flight on the node
     peer_max_bytes_per_second: int = 0  # their upload rate (0: no limit)
+    fanout: bool = True  # downloads take what the tickets' peers hold
 
 
 MOUNT_TOUCH_SECONDS = 60.0  # a mounted tree's lastUsedTime is moved this often
@@ -94,6 +96,8 @@ class Plugin:
         self.kube = client or kube.worker()
         self.stopping = threading.Event()
         self.metrics = Metrics()
+        # peer_token() -> str: this plugin's Pod-bound token for the peer audience (peers.FileToken).
+        self.peer_token = FileToken(settings.peer_token_file) if settings.peer_token_file else None
         self.engine = Engine(
             settings.cache_dir,
             capacity_bytes=settings.capacity_bytes,
@@ -103,6 +107,8 @@ class Plugin:
             retry_base=settings.retry_base,
             removal_delay=settings.removal_delay_seconds,
             partial_retention=settings.partial_retention_seconds,
+            node=settings.node,
+            peers=self._peer_access(),
         )
         self.writer = StatusWriter(self)
         self.generation = 0
@@ -116,12 +122,22 @@ class Plugin:
         self._lock = threading.Lock()
         self.uploads = UploadLimits(settings.peer_max_connections, settings.peer_max_bytes_per_second)
         self.metrics.attach_uploads(self.uploads)
-        # peer_token() -> str: this plugin's Pod-bound token for the peer audience (peers.FileToken).
-        self.peer_token = FileToken(settings.peer_token_file) if settings.peer_token_file else None
         self.csi: Driver | None = None
         if settings.csi_socket:
             worker = WorkerMounts(settings.worker_url, settings.worker_ca_file, settings.node, self.kube.auth_headers)
             self.csi = Driver(self.engine, settings.node, worker, settings.kubelet_dir, self.writer.kick.set)
+
+    def _peer_access(self) -> PeerAccess | None:
+        """How downloads reach the tickets' peers (``fanout``): our peer token, the peers' CA, and the
+        ticket asked for again to learn of new peers; ``None`` when fan-out is off or we have no token."""
+        if not self.settings.fanout or self.peer_token is None:
+            return None
+        return PeerAccess(token=self.peer_token, ca_file=self.settings.peer_ca_file or None, refresh=self.ticket_peers)
+
+    def ticket_peers(self, digest: str):
+        """The peers the worker lists for ``digest`` now (``None`` without a ticket)."""
+        ticket = self.fetch_ticket(digest)
+        return ticket.peers if ticket is not None else None
 
     # --- events ----------------------------------------------------------------------------------------
     def _changed(self, digest, entry) -> None:

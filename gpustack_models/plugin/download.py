@@ -55,12 +55,15 @@ from .cache import Cache
 from .checkpoint import CHECKPOINT_VERSION
 from .disk import DiskError, disk_failure
 from .failures import CANCELED, INTEGRITY_MISMATCH, SOURCE_UNAVAILABLE, DownloadFailed, SourcePenalties
+from .fanout import FanOut
 from .fetch import RangeFetcher
 from .frontier import HashFrontier
 from .limits import Limits
+from .peer_client import PeerAccess
 from .publish import verify_and_publish
 from .ranges import FileProgress
 from .sharing import link_existing
+from .swarm import SwarmSettings
 from .ticket import FetchTicket, ticket_files
 
 __all__ = ["CHECKPOINT_VERSION", "Download", "DownloadSettings", "Limits"]
@@ -77,6 +80,8 @@ def _new_stats() -> dict[str, int]:
         "reread_bytes": 0,  # bytes read back from disk to hash them
         "linked_bytes": 0,  # bytes hard-linked from the node's Ready trees instead of fetched
         "retries": 0,
+        "peer_bytes": 0,  # of network_bytes, those from peers
+        "banned_peers": 0,  # peers banned for sending bad bytes
     }
 
 
@@ -107,6 +112,9 @@ class Download:
     any thread. ``downloaded_bytes`` (bytes written and hashed so far), ``size`` and
     ``remaining_bytes`` (not yet on disk) are cheap to read at any time. ``penalties``: the sources
     that failed lately on the node, shared by its downloads (the download's own when not given).
+    ``node`` and ``peers`` (``PeerAccess``): this node's name and how it reaches other nodes' plugins;
+    with both, the ticket's peers are asked too (``fanout``), ``on_peer_bytes(node, n)`` hearing of
+    the bytes each sends; ``swarm`` tunes the fan-out.
     """
 
     def __init__(
@@ -118,6 +126,10 @@ class Download:
         *,
         on_bytes: Callable[[int], None] | None = None,
         penalties: SourcePenalties | None = None,
+        node: str = "",
+        peers: PeerAccess | None = None,
+        on_peer_bytes: Callable[[str, int], None] | None = None,
+        swarm: SwarmSettings | None = None,
     ):
         self.ticket = ticket
         self.digest = ticket.digest
@@ -143,6 +155,7 @@ class Download:
         self._fetcher = RangeFetcher(
             ticket, self.settings, self.limits.rate, self._frontier, self._stop, self._stat, on_bytes, penalties
         )
+        self.fanout = FanOut(ticket, node, peers, self, swarm, on_peer_bytes) if node and peers else None
 
     # ---------------------------------------------------------------- progress (any thread)
 
@@ -208,6 +221,8 @@ class Download:
                 self._failure = failure
         self._stop.set()
         self._fetcher.abort()
+        if self.fanout is not None:
+            self.fanout.abort()
         self._wake_coordinator()
 
     # ---------------------------------------------------------------- 1. prepare
@@ -259,6 +274,12 @@ class Download:
         self._wind_down()
         raise self._failure
 
+    @property
+    def source_bytes(self) -> dict[str, int]:
+        """Bytes received so far by source: ``hub`` and each peer's node."""
+        peers = self.fanout.peer_bytes() if self.fanout is not None else {}
+        return {"hub": max(0, self.stats["network_bytes"] - sum(peers.values())), **peers}
+
     def _fetch_missing(self) -> None:
         """Fetch every missing part with the worker threads, until all are in or the download failed."""
         self._fetcher.open()
@@ -267,15 +288,24 @@ class Download:
             for f in self._files:
                 if not f.verified:
                     self._frontier.advance(f)  # resumed bytes written past the saved frontier; empty files
-            self._plan()
-            self._start_workers(workers)
+            if self.fanout is not None:
+                count = self.fanout.open(self._files)
+            else:
+                self._plan()
+                count = len(self._parts)
+            self._start_workers(workers, count)
             self._coordinate(workers)
+            while self.fanout is not None and self.fanout.unfinished() and not self._stop.is_set():
+                self._start_workers(workers, self.settings.max_workers)  # a file was thrown away at the end
+                self._coordinate(workers)
         except DownloadFailed as exc:
             self._fail(exc)
         except (DiskError, OSError) as exc:
             self._fail(disk_failure(exc))
         finally:
             self._stop_workers(workers)
+            if self.fanout is not None:
+                self.fanout.close()
             self._fetcher.close()
 
     def _publish(self) -> Path | None:
@@ -308,9 +338,9 @@ class Download:
 
     # ---------------------------------------------------------------- 3. workers
 
-    def _start_workers(self, workers: list[threading.Thread]) -> None:
+    def _start_workers(self, workers: list[threading.Thread], count: int) -> None:
         """One thread per part, at most ``max_workers``, each appended to ``workers`` once started."""
-        for i in range(min(len(self._parts), self.settings.max_workers)):
+        for i in range(min(count, self.settings.max_workers)):
             thread = threading.Thread(target=self._worker, name=f"download-{self.ticket.hex[:8]}-{i}", daemon=True)
             thread.start()
             workers.append(thread)
@@ -324,7 +354,10 @@ class Download:
     def _worker(self) -> None:
         view = memoryview(bytearray(self.settings.buffer_size))
         try:
-            self._fetch_parts(view)
+            if self.fanout is not None:
+                self.fanout.work(view)
+            else:
+                self._fetch_parts(view)
         except DownloadFailed as exc:
             self._fail(exc)
         except (DiskError, OSError) as exc:
@@ -367,12 +400,20 @@ class Download:
                 with self._events:
                     self._events.wait(timeout=min(0.2, interval))
                 if time.monotonic() - last >= interval:
-                    self.checkpoint()
+                    self._checkpoint_recovering()
                     last = time.monotonic()
         finally:
             if syncer is not None:
                 syncer.shutdown(wait=True)
         self._close_completed(None)
+
+    def _checkpoint_recovering(self) -> None:
+        """A checkpoint; a file found bad while hashing for it is fetched again if peers wrote to it."""
+        try:
+            self.checkpoint()
+        except DownloadFailed as exc:
+            if self.fanout is None or not self.fanout.recover(exc):
+                raise
 
     def _close_completed(self, syncer: ThreadPoolExecutor | None) -> None:
         for f in self._files:

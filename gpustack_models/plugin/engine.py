@@ -55,20 +55,34 @@ from .failures import (
     backoff_seconds,
 )
 from .lifecycle import Wanted
+from .peer_client import PeerAccess
+from .swarm import SwarmSettings
 from .ticket import FetchTicket, digest_hex
 
 log = logging.getLogger(__name__)
 
 # The states of a digest on a node, as the NodeModelStore reports them (the one definition of the kind).
 DOWNLOADING, READY, FAILED = nodemodelstore.DOWNLOADING, nodemodelstore.READY, nodemodelstore.FAILED
-SOURCE_HUB = nodemodelstore.SOURCE_HUB
+SOURCE_HUB, SOURCE_PEER = nodemodelstore.SOURCE_HUB, nodemodelstore.SOURCE_PEER
 _TOUCH_PERSIST_SECONDS = 60.0
+
+
+def source_of(by_source: dict[str, int]) -> str:
+    """``Peer`` when most bytes received came from peers, else ``Hub``."""
+    hub = by_source.get("hub", 0)
+    return SOURCE_PEER if sum(by_source.values()) - hub > hub else SOURCE_HUB
+
+
+def _by_source(by_source: dict[str, int]) -> str:
+    peers = sorted((n, b) for n, b in by_source.items() if n != "hub")
+    listed = ", ".join(f"{node} {n}" for node, n in peers)
+    return f"hub {by_source.get('hub', 0)}" + (f", peers {sum(b for _, b in peers)} ({listed})" if peers else "")
 
 
 def _log_finished(digest: str, failure: DownloadFailed | None, stats: dict, seconds: float) -> None:
     log.info(
         "download %s %s: %d bytes fetched in %.1f s (%.1f MB/s), %d requests, %d retries, %d bytes resumed,"
-        " %d bytes linked",
+        " %d bytes linked; bytes by source: %s%s",
         digest[:19],
         "ready" if failure is None else f"failed ({failure})",
         stats["network_bytes"],
@@ -78,6 +92,8 @@ def _log_finished(digest: str, failure: DownloadFailed | None, stats: dict, seco
         stats["retries"],
         stats["resumed_bytes"],
         stats["linked_bytes"],
+        _by_source(stats.get("by_source") or {}),
+        f"; banned peers: {', '.join(stats['banned'])}" if stats.get("banned") else "",
     )
 
 
@@ -136,6 +152,7 @@ class _Item:
     last_used: float | None = None
     last_used_saved: float | None = None
     absent_since: float | None = None
+    source: str = SOURCE_HUB
 
     def record(self) -> dict:
         return {
@@ -149,6 +166,7 @@ class _Item:
             "retryTime": self.retry_time,
             "lastUsedTime": self.last_used,
             "absentSince": self.absent_since,
+            "source": self.source,
         }
 
     @classmethod
@@ -174,6 +192,7 @@ class _Item:
         item.retry_time = number("retryTime")
         item.last_used = item.last_used_saved = number("lastUsedTime")
         item.absent_since = number("absentSince")
+        item.source = SOURCE_PEER if record.get("source") == SOURCE_PEER else SOURCE_HUB
         return item
 
 
@@ -199,7 +218,9 @@ class Engine:
     current state. ``clock``: epoch seconds, for tests. ``penalties``: the sources that failed lately,
     tried after the others by every download (``SourcePenalties()`` when not given).
     ``removal_delay`` / ``partial_retention``: seconds a published tree / partial work of a digest out
-    of ``spec.models`` stays on disk (see the module's docstring).
+    of ``spec.models`` stays on disk (see the module's docstring). ``node`` and ``peers``: this node's
+    name and how it reaches other nodes' plugins, so downloads take what the tickets' peers hold
+    (``fanout``; ``swarm`` its tuning).
     """
 
     def __init__(
@@ -219,6 +240,9 @@ class Engine:
         penalties: SourcePenalties | None = None,
         removal_delay: float = 60.0,
         partial_retention: float = 86400.0,
+        node: str = "",
+        peers: PeerAccess | None = None,
+        swarm: SwarmSettings | None = None,
     ):
         self.cache = Cache(root, capacity_bytes=capacity_bytes)
         self.settings = settings or DownloadSettings()
@@ -242,6 +266,7 @@ class Engine:
         self._mounted: frozenset[str] = frozenset()  # digests a Pod has mounted: never removed nor evicted
         self._removal_delay = float(removal_delay)
         self._partial_retention = float(partial_retention)
+        self._node, self._peers, self._swarm = node, peers, swarm
         self._load()
         if metrics is not None:
             metrics.attach(self)
@@ -318,6 +343,7 @@ class Engine:
         job = self._jobs.get(item.digest)
         downloaded = job.download.downloaded_bytes if job is not None else item.downloaded
         state = DOWNLOADING if job is not None else item.state
+        source = source_of(job.download.source_bytes) if job is not None else item.source
         failed = state == FAILED
         wanted = self._wanted.get(item.digest) if self._wanted is not None else None
         return Entry(
@@ -329,6 +355,7 @@ class Engine:
             message=item.message if failed else None,
             retry_time=item.retry_time if failed else None,
             last_used_time=item.last_used,
+            source=source,
             pinned=wanted is not None and wanted.pinned,
             collect_time=wanted.collect_time if wanted is not None else self._removal_time(item),
         )
@@ -354,7 +381,7 @@ class Engine:
                 "digest": digest,
                 "downloadedBytes": job.download.downloaded_bytes,
                 "sizeBytes": job.download.size,
-                "source": SOURCE_HUB,
+                "source": source_of(job.download.source_bytes),
             }
             for digest, job in sorted(jobs)
         ]
@@ -501,7 +528,16 @@ class Engine:
     def _start(self, item: _Item, ticket: FetchTicket) -> None:
         """Caller holds the lock."""
         download = Download(
-            ticket, self.cache, self.limits, self.settings, on_bytes=self._count_bytes, penalties=self.penalties
+            ticket,
+            self.cache,
+            self.limits,
+            self.settings,
+            on_bytes=self._count_bytes,
+            penalties=self.penalties,
+            node=self._node,
+            peers=self._peers,
+            on_peer_bytes=self._count_peer_bytes,
+            swarm=self._swarm,
         )
         job = _Job(download)
         self._jobs[item.digest] = job
@@ -517,6 +553,10 @@ class Engine:
     def _count_bytes(self, n: int) -> None:
         if self._metrics is not None:
             self._metrics.bytes_downloaded(n)
+
+    def _count_peer_bytes(self, node: str, n: int) -> None:
+        if self._metrics is not None:
+            self._metrics.bytes_from_peer(node, n)
 
     def _reserve(self, digest: str, job: _Job) -> None:
         """Refuse the download unless the volume takes its remaining bytes under the high watermark,
@@ -547,7 +587,9 @@ class Engine:
         failure = self._download(digest, job)
         now = self._clock()
         seconds = time.monotonic() - started
-        stats = dict(job.download.stats, seconds=round(seconds, 3))
+        stats = dict(job.download.stats, seconds=round(seconds, 3), by_source=job.download.source_bytes)
+        if job.download.fanout is not None:
+            stats["banned"] = job.download.fanout.banned()
         _log_finished(digest, failure, stats, seconds)
         if self._metrics is not None and stats["linked_bytes"]:
             self._metrics.bytes_linked(stats["linked_bytes"])
@@ -582,6 +624,7 @@ class Engine:
         item.downloaded = job.download.downloaded_bytes
         if failure is None:
             item.state, item.downloaded = READY, item.size
+            item.source = source_of(job.download.source_bytes)
             item.failures, item.reason, item.message, item.retry_time = 0, None, None, None
             self._touch(item, now, persist=True)
             if self._metrics is not None:

@@ -143,6 +143,22 @@ def _source_key(hub: HubSource) -> tuple:
     return hub.key
 
 
+def _end(end: int, seg) -> int:
+    """Where a part stops: ``end``, or earlier if its segment's end moved down."""
+    if seg is None:
+        return end
+    with seg.lock:
+        return min(end, seg.end)
+
+
+def _claim(seg, pos: int, n: int) -> tuple[int, int]:
+    """Claim the next read of a segment, ``n`` bytes at ``pos`` at most: ``(segment end, bytes to read)``."""
+    with seg.lock:
+        n = min(n, seg.end - pos)
+        seg.claim = pos + max(n, 0)
+        return seg.end, n
+
+
 def _lost(f: FileProgress, exc: BaseException, pos: int) -> str:
     kind = "stalled" if isinstance(exc, (socket.timeout, TimeoutError)) else "connection lost"
     return f"{f.file.path}: {kind} at byte {pos}: {type(exc).__name__}: {exc}"
@@ -202,22 +218,24 @@ class RangeFetcher:
 
     # ---------------------------------------------------------------- a part, from the sources in turn
 
-    def fetch(self, f: FileProgress, start: int, end: int, view: memoryview) -> None:
+    def fetch(self, f: FileProgress, start: int, end: int, view: memoryview, seg=None) -> None:
         """Fetch ``[start, end)`` of ``f`` from the first source that serves it: a source failing for
         one of ``FALLTHROUGH_REASONS`` hands over to the next from the first byte not written; fails
-        when every source failed."""
+        when every source failed. ``seg`` (a ``swarm.Segment`` of these bytes): its ``end`` may move
+        down while the bytes come (another source takes the tail); reading stops there, and ``seg.claim``
+        tells the mover how far the read under way reaches."""
         cursor = [start]  # the first byte not written, across sources
         failures: list[DownloadFailed] = []
         for hub in self._penalties.order(self._sources, _source_key):
             try:
-                self._fetch_from(hub, f, cursor, end, view)
+                self._fetch_from(hub, f, cursor, end, view, seg)
             except DownloadFailed as exc:
                 if exc.reason not in FALLTHROUGH_REASONS or self._stop.is_set():
                     raise
                 self._source_failed(hub, f, exc)
                 failures.append(exc)
                 continue
-            if cursor[0] >= end:
+            if cursor[0] >= _end(end, seg):
                 self._penalties.served(hub.key)
             return
         raise _every_source_failed(failures)
@@ -232,13 +250,13 @@ class RangeFetcher:
             "%s: source %d of %d failed (%s); trying the next", self.ticket.digest[:19], index, len(self._sources), exc
         )
 
-    def _fetch_from(self, hub: HubSource, f: FileProgress, cursor: list, end: int, view: memoryview) -> None:
+    def _fetch_from(self, hub: HubSource, f: FileProgress, cursor: list, end: int, view: memoryview, seg=None) -> None:
         """Fetch ``[cursor[0], end)`` of ``f`` from ``hub``, retrying stalls and drops from the last
         written byte; ``cursor[0]`` follows the first byte not written."""
         drops = statuses = 0
-        while cursor[0] < end and not self._stop.is_set():
+        while cursor[0] < _end(end, seg) and not self._stop.is_set():
             try:
-                cursor[0] = self._attempt(hub, f, cursor[0], end, view)
+                cursor[0] = self._attempt(hub, f, cursor[0], _end(end, seg), view, seg)
             except _Retry as exc:
                 if exc.pos is not None:
                     cursor[0] = max(cursor[0], exc.pos)
@@ -268,7 +286,7 @@ class RangeFetcher:
 
     # ---------------------------------------------------------------- one request
 
-    def _attempt(self, hub: HubSource, f: FileProgress, pos: int, end: int, view: memoryview) -> int:
+    def _attempt(self, hub: HubSource, f: FileProgress, pos: int, end: int, view: memoryview, seg=None) -> int:
         """One request for ``[pos, end)`` to ``hub``; returns the position reached (``end`` on success)."""
         response = self._open(hub, f, pos, end)
         with self._active_lock:
@@ -278,7 +296,7 @@ class RangeFetcher:
         try:
             skip, stop = _body_span(f, response, pos, end)
             self._skip(response, skip, view)
-            pos = self._read_body(f, response, cursor, stop, view)
+            pos = self._read_body(f, response, cursor, stop, view, seg)
             reuse = pos == end and response.length == 0
             return pos
         except (OSError, http.client.HTTPException) as exc:  # the network's: the disk's are DiskError
@@ -333,7 +351,9 @@ class RangeFetcher:
                 raise http.client.IncompleteRead(b"")
             skip -= got
 
-    def _read_body(self, f: FileProgress, response: Response, cursor: list, stop: int, view: memoryview) -> int:
+    def _read_body(
+        self, f: FileProgress, response: Response, cursor: list, stop: int, view: memoryview, seg=None
+    ) -> int:
         """Read the body up to ``stop``, writing each read at its offset and hashing it; ``cursor[0]``
         follows the first byte not written. Returns where it stopped (``stop`` unless cancelled)."""
         rate, cancelled, size = self._rate, self._stop.is_set, len(view)
@@ -343,6 +363,10 @@ class RangeFetcher:
         try:
             while pos < stop and not cancelled():
                 n = rate.chunk(min(size, stop - pos))
+                if seg is not None:
+                    stop, n = _claim(seg, pos, n)
+                    if n <= 0:
+                        break
                 if not rate.acquire(n, cancelled):
                     break
                 got = response.readinto(view[:n])

@@ -43,6 +43,8 @@ class FileProgress:
         self.bad = False  # failed verification: its data is discarded
         self.closing = False  # complete, being synced and closed
         self.linked: tuple[int, int] | None = None  # (st_dev, st_ino) of a Ready tree's file linked here
+        self.epoch = 0  # bumped when the file's bytes are thrown away to be fetched again
+        self.peers: set[str] = set()  # the peers that wrote bytes of this epoch (caller holds ``lock``)
 
     # ---------------------------------------------------------------- written ranges
 
@@ -108,6 +110,17 @@ class FileProgress:
             self.starts, self.ends, self.dirty = [], [], True
         self.new_hash()
         self.complete = False
+
+    def refetch(self) -> None:
+        """Throw away every byte written (a peer sent bad ones): a new epoch, nothing written, a fresh
+        hash. Writers of the old epoch find out under ``lock`` and write nothing more."""
+        with self.hash_lock, self.lock:
+            self.epoch += 1
+            self.starts, self.ends, self.dirty = [], [], True
+            self.peers = set()
+            self.hasher, self.hashed = FileHash(self.file.algorithm, self.size), 0
+            self.complete = self.bad = False
+            self.url = None
 
     # ---------------------------------------------------------------- the partial file
 

@@ -413,6 +413,20 @@ def _file_from_dict(item: Mapping[str, Any]) -> ManifestFile:
     return ManifestFile(item["path"], item["size"], algorithm, hexdigest, bool(item.get("lfs", False)))
 
 
+def usable_peers(items) -> tuple[PeerSource, ...]:
+    """The well-formed peers of a ticket's ``peers`` list (or of ``PeerSource`` items), each node once;
+    the others are left out (a peer is an optional source: the hub remains)."""
+    out: dict[str, PeerSource] = {}
+    for item in items if isinstance(items, (list, tuple)) else ():
+        try:
+            peer = item if isinstance(item, PeerSource) else PeerSource.from_dict(item)
+            peer.check()
+        except (DownloadFailed, KeyError, TypeError, AttributeError):
+            continue
+        out.setdefault(peer.node, peer)
+    return tuple(out.values())
+
+
 def ticket_files(files: Iterable[ManifestFile]) -> list[ManifestFile]:
     """The files in manifest order (by the path's UTF-8 bytes)."""
     return sorted(files, key=lambda f: f.path.encode("utf-8"))

@@ -58,6 +58,16 @@ ModelScope (what ``modelscope`` / ``modelscope_hub`` send, envelope ``{"Code": 2
   ``hub.faults.refuse(match, code)`` answers matching requests that way.
 
 Faults (``hub.faults``) apply to matching requests a limited number of times; see ``Faults``.
+
+Egress, for fan-out tests: ``hub.total_rate`` (bytes per second, 0: none) caps the file bodies of
+all connections together (both listeners), as a hub rate-limiting a cluster's address would;
+``hub.body_bytes`` counts the file body bytes handed to sockets since ``hub.reset_body_bytes()``.
+
+Peer emulation: ``hub.serve_peer(hex, files, have=None, token=None)`` makes this server answer the
+node plugin's peer endpoints for digest ``hex`` (``GET /peer/v1/trees/{hex}`` and
+``GET /peer/v1/trees/{hex}/files/{path}`` with ``Range``; 416 outside ``have``, 401 without the
+bearer ``token`` when one is set), so several hubs at several speeds can play peers; faults apply
+to its file bodies as to the hub's (``match`` on ``/peer/v1/...``).
 """
 
 from __future__ import annotations
@@ -663,9 +673,13 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         chunk_size = CHUNK_SIZE
         if throttle is not None:
             chunk_size = max(1024, min(CHUNK_SIZE, throttle.bytes_per_second // 20))
+        hub = self.server.hub
+        if hub.total_rate:
+            chunk_size = max(1024, min(chunk_size, hub.total_rate // 50))
         sent = 0
         t0 = time.monotonic()
         for chunk in blob.iter_range(start, stop, chunk_size):
+            hub._egress(len(chunk))
             if corrupt_at is not None and sent <= corrupt_at < sent + len(chunk):
                 mutable = bytearray(chunk)
                 mutable[corrupt_at - sent] ^= 0xFF
@@ -675,12 +689,14 @@ class _Handler(http.server.BaseHTTPRequestHandler):
                 if piece:
                     self._rec.bytes_sent += len(piece)
                     self.wfile.write(piece)
+                    hub._count_body(len(piece))
                 if cut.kind == "stall":
                     self.server.hub._stopping.wait(cut.seconds)
                 self._abort()
                 raise _Respond
             self._rec.bytes_sent += len(chunk)
             self.wfile.write(chunk)
+            hub._count_body(len(chunk))
             sent += len(chunk)
             if throttle is not None:
                 ahead = sent / throttle.bytes_per_second - (time.monotonic() - t0)
@@ -690,7 +706,32 @@ class _Handler(http.server.BaseHTTPRequestHandler):
 
     # ---------------------------------------------------------------- routing
 
+    def _peer(self):
+        hub = self.server.hub
+        m = re.fullmatch(r"/peer/v1/trees/([0-9a-f]{64})(/files/(.+))?", unquote(self._raw_path))
+        tree = hub._peer_trees.get(m.group(1)) if m else None
+        if tree is None:
+            self._json(404, {"error": "nothing held"})
+        if tree["token"] and self._token() != tree["token"]:
+            self._json(401, {"error": "unauthorized"})
+        if m.group(3) is None:
+            files = [
+                {"path": p, "size": b.size, "have": [list(r) for r in tree["have"].get(p, [(0, b.size)])]}
+                for p, b in sorted(tree["files"].items())
+            ]
+            self._json(200, {"digest": f"sha256:{m.group(1)}", "state": tree["state"], "files": files})
+        blob = tree["files"].get(m.group(3))
+        if blob is None:
+            self._json(404, {"error": "no such file"})
+        rng = _parse_range(self.headers.get("Range"), blob.size)
+        have = tree["have"].get(m.group(3), [(0, blob.size)])
+        if not isinstance(rng, tuple) or not any(a <= rng[0] and rng[1] <= b for a, b in have):
+            self._send(416, b"", [("Content-Range", f"bytes */{blob.size}")])
+        self._send_blob(blob, [])
+
     def _route(self):
+        if self._raw_path.startswith("/peer/v1/"):
+            self._peer()
         segs = self._raw_path.split("/")[1:]
         if segs[:2] == ["api", "models"]:
             self._hf_api([unquote(s) for s in segs[2:]])
@@ -1104,6 +1145,11 @@ class FakeHub:
         self._seq = itertools.count(1)
         self._servers: list[_Server] = []
         self._threads: list[threading.Thread] = []
+        self.total_rate = 0
+        self.body_bytes = 0
+        self._egress_lock = threading.Lock()
+        self._egress_next = 0.0
+        self._peer_trees: dict[str, dict] = {}
         self.url = ""
         self.cdn_url = ""
 
@@ -1321,6 +1367,43 @@ class FakeHub:
             if commit is None:
                 raise KeyError(f"{repo_id} has no revision {revision}")
             return commit
+
+    # ---------------------------------------------------------------- egress and peer emulation
+
+    def reset_body_bytes(self) -> None:
+        with self._egress_lock:
+            self.body_bytes = 0
+
+    def _count_body(self, n: int) -> None:
+        with self._egress_lock:
+            self.body_bytes += n
+
+    def _egress(self, n: int) -> None:
+        """Wait until ``n`` more body bytes fit under ``total_rate`` (shared by every connection)."""
+        rate = self.total_rate
+        if not rate:
+            return
+        with self._egress_lock:
+            now = time.monotonic()
+            start = max(self._egress_next, now - 0.05)
+            self._egress_next = start + n / rate
+        if start > now:
+            self._stopping.wait(start - now)
+
+    def serve_peer(
+        self,
+        hex_digest: str,
+        files: Mapping[str, FileSource],
+        *,
+        have: Mapping[str, list[tuple[int, int]]] | None = None,
+        token: str | None = None,
+        state: str = "Ready",
+    ) -> None:
+        """Answer the peer endpoints for ``hex_digest`` with ``files`` (``have``: the ranges held per
+        path, everything when not given; ``token``: the bearer token required)."""
+        blobs = {path: self._blob(source) for path, source in files.items()}
+        with self._lock:
+            self._peer_trees[hex_digest] = {"files": blobs, "have": dict(have or {}), "token": token, "state": state}
 
     # ---------------------------------------------------------------- request log
 

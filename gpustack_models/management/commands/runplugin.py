@@ -62,4 +62,5 @@ def plugin_settings(node: str, csi_socket: str) -> PluginSettings:
         peer_ca_file=settings.PLUGIN_PEER_CA_FILE,
         peer_max_connections=settings.PLUGIN_PEER_MAX_CONNECTIONS,
         peer_max_bytes_per_second=settings.PLUGIN_PEER_MAX_BYTES_PER_SECOND,
+        fanout=settings.PLUGIN_FANOUT,
     )
