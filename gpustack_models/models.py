@@ -245,7 +245,10 @@ class Holding(models.Model):
 
     class Meta:
         constraints = [models.UniqueConstraint(fields=["node", "digest"], name="holding_node_digest")]
-        indexes = [models.Index(fields=["collect_time"], name="holding_collect_time")]
+        indexes = [
+            models.Index(fields=["collect_time"], name="holding_collect_time"),
+            models.Index(fields=["digest"], name="holding_digest"),  # a fetch ticket's peers
+        ]
 
     def __str__(self):
         return f"{self.node}: {self.digest[:19]}"

@@ -261,6 +261,7 @@ def test_api_paths(plans):
         rows = fetch_tickets.resolutions(digest(17))
         assert rows
         fetch_tickets.wanting_namespaces(node_name(4242), rows)
+        fetch_tickets.peer_sources(node_name(4242), digest(17))
 
     plans(run)
 

@@ -21,8 +21,9 @@ leaves its source token-less.
 
 It also lists the other nodes' plugins that hold the digest (``peers``, whose endpoints are described in
 ``gpustack_models.plugin.peers``): from the mirror, the nodes whose store entry of the digest is Ready,
-then, when ``GPUSTACK_PEER_DOWNLOADING_ALLOWED``, those Downloading it; never the asking node; only nodes
-with a Ready plugin Pod (reached at its Pod IP and ``GPUSTACK_PLUGIN_PEER_PORT``); shuffled within each
+then, when ``GPUSTACK_PEER_DOWNLOADING_ALLOWED``, those Downloading it and those it is placed on that
+report nothing of it yet (listed as Downloading: they hold nothing yet, but they will); never the asking
+node; only nodes with a Ready plugin Pod (reached at its Pod IP and ``GPUSTACK_PLUGIN_PEER_PORT``); shuffled within each
 state so that the load spreads; at most ``GPUSTACK_TICKET_PEERS_MAX``. No peer port (0): no peers. The
 answer::
 
@@ -49,7 +50,7 @@ from gpustack_models import kube
 from gpustack_models.kinds import GROUP, STORAGE_VERSION
 from gpustack_models.kube.errors import BadRequest, Conflict, Forbidden, NotFound, Unauthorized
 from gpustack_models.kube.identity import NODE_NAME_EXTRA, plugin_user
-from gpustack_models.models import EntryState, Manifest, PluginPod, Prefetch, Resolution, StoreEntry
+from gpustack_models.models import EntryState, Holding, Manifest, PluginPod, Prefetch, Resolution, StoreEntry
 
 from .authentication import TokenReviewAuthentication
 from .views import KubeAPIView
@@ -102,20 +103,33 @@ def peer_sources(node: str, digest: str) -> list[dict]:
     port, cap = settings.PLUGIN_PEER_PORT, settings.TICKET_PEERS_MAX
     if not port or cap <= 0:
         return []
-    states = [EntryState.READY] + ([EntryState.DOWNLOADING] if settings.PEER_DOWNLOADING_ALLOWED else [])
-    rows = StoreEntry.objects.filter(digest=digest, state__in=states, store__deleted=False).exclude(node=node)
-    by_state: dict[str, list[str]] = {state: [] for state in states}
-    for other, state in rows.values_list("node", "state"):
-        by_state[state].append(other)
+    by_state = _holders(node, digest)
     nodes = {n for group in by_state.values() for n in group}
     pods = PluginPod.objects.live().filter(node__in=nodes, ready=True).exclude(pod_ip="")
     addresses = {pod_node: ip for pod_node, ip in pods.values_list("node", "pod_ip") if _is_ip(ip)}
     out = []
-    for state in states:
-        group = [n for n in by_state[state] if n in addresses]
+    for state, group in by_state.items():
+        group = [n for n in group if n in addresses]
         random.shuffle(group)
         out += [{"node": n, "url": _peer_url(addresses[n], port), "state": str(state)} for n in group]
     return out[:cap]
+
+
+def _holders(node: str, digest: str) -> dict[str, list[str]]:
+    """The other nodes by state of the digest: Ready, then (when allowed) Downloading, which counts the
+    nodes it was placed on that report nothing of it yet (they start beside the asking node: knowing
+    each other from the first ticket, they share the hub's work from the first byte)."""
+    states = [EntryState.READY] + ([EntryState.DOWNLOADING] if settings.PEER_DOWNLOADING_ALLOWED else [])
+    by_state: dict[str, list[str]] = {state: [] for state in states}
+    reported = set()
+    for other, state in StoreEntry.objects.filter(digest=digest).exclude(node=node).values_list("node", "state"):
+        reported.add(other)
+        if state in by_state:
+            by_state[state].append(other)
+    if settings.PEER_DOWNLOADING_ALLOWED:
+        placed = Holding.objects.filter(digest=digest, collect_time__isnull=True).exclude(node=node)
+        by_state[EntryState.DOWNLOADING] += [n for n in placed.values_list("node", flat=True) if n not in reported]
+    return by_state
 
 
 def _is_ip(value: str) -> bool:
