@@ -34,7 +34,7 @@ from typing import Any
 
 from gpustack_models.sources.manifest import ManifestFile
 
-from .sharing import SharedFiles, manifest_bytes, parse_manifest
+from .sharing import SharedFiles, manifest_bytes, parse_manifest, regular_files
 from .ticket import DIGEST_PATTERN, digest_hex
 
 MODELS = "models"
@@ -181,20 +181,9 @@ class Cache:
         """Bytes of partial work on disk (allocated blocks, so sparse files count what they hold),
         without the files linked from published trees (counted with those)."""
         total = 0
-        stack = [os.fspath(self.partial_tree(digest))]
-        while stack:
-            current = stack.pop()
-            try:
-                with os.scandir(current) as it:
-                    for entry in it:
-                        if entry.is_dir(follow_symlinks=False):
-                            stack.append(entry.path)
-                        elif entry.is_file(follow_symlinks=False):
-                            st = entry.stat(follow_symlinks=False)
-                            if st.st_nlink == 1 or not self.shared.holds((st.st_dev, st.st_ino)):
-                                total += min(st.st_size, st.st_blocks * 512)
-            except OSError:
-                continue
+        for st in regular_files(self.partial_tree(digest)):
+            if st.st_nlink == 1 or not self.shared.holds((st.st_dev, st.st_ino)):
+                total += min(st.st_size, st.st_blocks * 512)
         return total
 
     def stored_bytes(self) -> int:

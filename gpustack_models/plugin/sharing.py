@@ -25,7 +25,7 @@ import logging
 import os
 import stat
 import threading
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from gpustack_models.sources.manifest import ManifestFile, manifest_text
@@ -58,9 +58,9 @@ def parse_manifest(data: bytes, digest: str) -> list[ManifestFile] | None:
         return None
 
 
-def tree_inodes(tree: Path) -> dict[Inode, int]:
-    """``(st_dev, st_ino) -> size`` of the regular files under ``tree``."""
-    inodes: dict[Inode, int] = {}
+def regular_files(tree: Path) -> Iterator[os.stat_result]:
+    """The ``lstat`` of every regular file under ``tree`` (symbolic links not followed; what cannot be read
+    is skipped)."""
     stack = [os.fspath(tree)]
     while stack:
         current = stack.pop()
@@ -70,11 +70,14 @@ def tree_inodes(tree: Path) -> dict[Inode, int]:
                     if entry.is_dir(follow_symlinks=False):
                         stack.append(entry.path)
                     elif entry.is_file(follow_symlinks=False):
-                        st = entry.stat(follow_symlinks=False)
-                        inodes[(st.st_dev, st.st_ino)] = st.st_size
+                        yield entry.stat(follow_symlinks=False)
         except OSError:
             continue
-    return inodes
+
+
+def tree_inodes(tree: Path) -> dict[Inode, int]:
+    """``(st_dev, st_ino) -> size`` of the regular files under ``tree``."""
+    return {(st.st_dev, st.st_ino): st.st_size for st in regular_files(tree)}
 
 
 class SharedFiles:
