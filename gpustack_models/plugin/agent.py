@@ -31,7 +31,7 @@ from .csi.worker_api import WorkerMounts
 from .endpoints import serve
 from .failures import DownloadFailed
 from .metrics import Metrics
-from .peer_server import PeerAdmission, PeerService, UploadLimits, serve_peers
+from .peer_server import PeerAdmission, PeerService, UploadLimits, serve_peers, set_upload_limits, upload_limits
 from .peers import FileToken
 from .store_status import StatusWriter
 
@@ -63,8 +63,8 @@ class PluginSettings:
     plugin_username: str = ""  # the plugins' ServiceAccount user: who may read peers
     peer_token_file: str = ""  # this plugin's own token for its peers ("": none)
     peer_ca_file: str = ""  # the CA its peers' certificates are checked against
-    peer_max_connections: int = 8  # peer transfers in flight on the node
-    peer_max_bytes_per_second: int = 0  # their upload rate (0: no limit)
+    peer_max_connections: int = 8  # peer transfers in flight on the node, until the store's spec.upload says
+    peer_max_bytes_per_second: int = 0  # their upload rate (0: no limit), likewise
 
 
 MOUNT_TOUCH_SECONDS = 60.0  # a mounted tree's lastUsedTime is moved this often
@@ -116,6 +116,7 @@ class Plugin:
         self._lock = threading.Lock()
         self.uploads = UploadLimits(settings.peer_max_connections, settings.peer_max_bytes_per_second)
         self.metrics.attach_uploads(self.uploads)
+        self.peers = None  # the peer server, while it runs
         # peer_token() -> str: this plugin's Pod-bound token for the peer audience (peers.FileToken).
         self.peer_token = FileToken(settings.peer_token_file) if settings.peer_token_file else None
         self.csi: Driver | None = None
@@ -140,6 +141,7 @@ class Plugin:
         self.generation = meta.get("generation") or 0
         download = spec.get("download") or {}
         self.engine.set_limits(download.get("concurrency") or 8, download.get("bytesPerSecond") or 0)
+        self._follow_uploads(spec)
         marks = spec.get("watermarks") or {}
         try:
             self.engine.set_watermarks(marks.get("highPercent", 80), max(1, marks.get("lowPercent", 70)))
@@ -152,6 +154,13 @@ class Plugin:
         self.spec_seen.set()
         self.writer.kick.set()
         self.reconcile()
+
+    def _follow_uploads(self, spec: dict) -> None:
+        """The peer endpoints' limits of ``spec.upload`` (the plugin's settings for what it leaves out)."""
+        fallback = (self.settings.peer_max_connections, self.settings.peer_max_bytes_per_second)
+        connections, rate = upload_limits(spec, fallback)
+        if set_upload_limits(self.uploads, self.peers, connections, rate):
+            log.info("peer uploads: at most %d transfers at once, %d bytes per second (0: no limit)", connections, rate)
 
     def reconcile(self) -> None:
         """Start what the spec references and is not held; collect what it stopped asking for, and
@@ -250,7 +259,9 @@ class Plugin:
         admission = PeerAdmission(
             lambda: self.kube, settings.peer_audience, settings.plugin_username, settings.auth_cache_ttl
         )
-        return serve_peers(self, PeerService(self.engine, admission, self.uploads, self.metrics), settings.peer_port)
+        service = PeerService(self.engine, admission, self.uploads, self.metrics)
+        self.peers = serve_peers(self, service, settings.peer_port)
+        return self.peers
 
     def run(self) -> None:
         server, peers = serve(self), self.peer_server()
