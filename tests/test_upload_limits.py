@@ -48,7 +48,9 @@ def _spec(worker_kube, node):
     return obj["spec"] if obj else None
 
 
-def test_the_worker_writes_each_nodes_upload_limits_from_its_annotations(nodes, worker_kube, core, admin_http, cluster):
+def test_the_worker_writes_each_nodes_upload_limits_from_its_annotations(
+    nodes, worker_kube, core, admin_http, cluster, worker_api
+):
     node = nodes[0]
     spec = wait_for(lambda: _spec(worker_kube, node), timeout=30, message="the store")
     assert spec["upload"] == DEFAULTS and spec["download"] == DOWNLOAD
