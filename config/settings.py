@@ -267,6 +267,9 @@ STORE_HIGH_PERCENT = env_int("GPUSTACK_STORE_HIGH_PERCENT", 80, minimum=1, maxim
 STORE_LOW_PERCENT = env_int("GPUSTACK_STORE_LOW_PERCENT", 70, minimum=0, maximum=100)
 DOWNLOAD_CONCURRENCY = env_int("GPUSTACK_DOWNLOAD_CONCURRENCY", 8, minimum=1, maximum=256)
 DOWNLOAD_BYTES_PER_SECOND = env_int("GPUSTACK_DOWNLOAD_BYTES_PER_SECOND", 0, minimum=0)
+# The peer endpoints' upload limits every store's spec asks of its node: transfers at once, bytes per second (0: none).
+UPLOAD_CONNECTIONS = env_int("GPUSTACK_UPLOAD_CONNECTIONS", 8, minimum=1, maximum=1024)
+UPLOAD_BYTES_PER_SECOND = env_int("GPUSTACK_UPLOAD_BYTES_PER_SECOND", 0, minimum=0)
 
 # The node plugin, as the worker reaches it: its HTTPS port on the plugin Pod's IP, and the CA its
 # serving certificates are checked against.
@@ -317,7 +320,8 @@ PLUGIN_REGISTRATION_DIR = env_abs_path("GPUSTACK_PLUGIN_REGISTRATION_DIR")
 # The kubelet's root directory: CSI target paths must then be under its pods/ directory.
 PLUGIN_KUBELET_DIR = env_abs_path("GPUSTACK_PLUGIN_KUBELET_DIR")
 # Peers: the CA other plugins' certificates are checked against, the file holding this plugin's Pod-bound token
-# for the peer audience (a projected token; re-read when it changes), and the node-wide upload limits.
+# for the peer audience (a projected token; re-read when it changes), and the node-wide upload limits used
+# until its store's spec.upload says otherwise (the worker's GPUSTACK_UPLOAD_* and the Node's annotations).
 PLUGIN_PEER_CA_FILE = env_str("GPUSTACK_PLUGIN_PEER_CA_FILE", "") or PLUGIN_CA_FILE
 PLUGIN_PEER_TOKEN_FILE = env_abs_path("GPUSTACK_PLUGIN_PEER_TOKEN_FILE")  # default: $DATA_DIR/plugin/<node>/peer-token
 PLUGIN_PEER_MAX_CONNECTIONS = env_int("GPUSTACK_PLUGIN_PEER_MAX_CONNECTIONS", 8, minimum=1)

@@ -15,6 +15,7 @@ import requests
 from gpustack_models.plugin.peers import file_url, tree_url
 from tests.support import PEER_PORT, wait_for
 from tests.support.kubernetes import wait_default_service_account
+from tests.support.uploads import limit_uploads
 from tests.test_plugins import PLUGIN_AUDIENCE, Scenario, big_files, launcher_token, worker_kubeconfig_token
 
 PEER_AUDIENCE = "gpustack-models-peer"
@@ -95,12 +96,11 @@ def tenant_peer_token(launcher, namespace) -> str:
 
 
 def test_it_serves_a_ready_tree_byte_exact_to_a_node_that_wants_it_and_lists_it_in_tickets(
-    scenario, launcher, worker_api
+    scenario, launcher, worker_api, core
 ):
     scenario.artifact(files=big_files(scenario.repo, mb=3))
-    a, b = scenario.plugins(
-        2, GPUSTACK_PLUGIN_PEER_MAX_CONNECTIONS=1, GPUSTACK_PLUGIN_PEER_MAX_BYTES_PER_SECOND=1_000_000
-    )
+    a, b = scenario.plugins(2)
+    limit_uploads(core, scenario.kube, a, connections=1, bytes_per_second=1_000_000)  # a's Node's annotations
     scenario.prefetch([a, b])
     scenario.wait_state(a.node, "Ready", timeout=90)
     scenario.wait_state(b.node, "Ready", timeout=90)

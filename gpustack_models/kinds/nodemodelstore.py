@@ -20,6 +20,9 @@ FAILURE_REASONS = (
     "Canceled",
 )
 
+# The bounds of the node's limits in spec (the worker keeps the Node's annotations within them).
+MAX_DOWNLOAD_CONCURRENCY, MAX_UPLOAD_CONNECTIONS, MAX_BYTES_PER_SECOND = 256, 1024, 2**63 - 1
+
 _NODE_MODEL_STORE_SPEC = obj(
     "What the node is asked to hold, and how. Written by the service only.",
     watermarks=obj(
@@ -34,10 +37,22 @@ _NODE_MODEL_STORE_SPEC = obj(
     download=obj(
         "Download limits across every download of the node.",
         default={"concurrency": 8, "bytesPerSecond": 0},
-        concurrency=integer("Parallel connections across all downloads.", default=8, minimum=1, maximum=256),
+        concurrency=integer(
+            "Parallel connections across all downloads.", default=8, minimum=1, maximum=MAX_DOWNLOAD_CONCURRENCY
+        ),
         bytesPerSecond=integer(
             "Total bandwidth cap in bytes per second; 0 for none.", int64=True, default=0, minimum=0
         ),
+    ),
+    upload=obj(
+        "Upload limits of the node's peer endpoints, across every transfer to other nodes; a field left out "
+        "keeps the node plugin's own setting.",
+        connections=integer(
+            "Transfers to peers at once; one more is told to retry later (503).",
+            minimum=1,
+            maximum=MAX_UPLOAD_CONNECTIONS,
+        ),
+        bytesPerSecond=integer("Total upload bandwidth cap in bytes per second; 0 for none.", int64=True, minimum=0),
     ),
     hub=obj(
         "How the node reaches the hubs.",

@@ -32,7 +32,7 @@ from .endpoints import serve
 from .failures import DownloadFailed
 from .metrics import Metrics
 from .peer_client import PeerAccess
-from .peer_server import PeerAdmission, PeerService, UploadLimits, serve_peers
+from .peer_server import PeerAdmission, PeerService, UploadLimits, serve_peers, set_upload_limits, upload_limits
 from .peers import FileToken
 from .store_status import StatusWriter
 
@@ -64,8 +64,8 @@ class PluginSettings:
     plugin_username: str = ""  # the plugins' ServiceAccount user: who may read peers
     peer_token_file: str = ""  # this plugin's own token for its peers ("": none)
     peer_ca_file: str = ""  # the CA its peers' certificates are checked against
-    peer_max_connections: int = 8  # peer transfers in flight on the node
-    peer_max_bytes_per_second: int = 0  # their upload rate (0: no limit)
+    peer_max_connections: int = 8  # peer transfers in flight on the node, until the store's spec.upload says
+    peer_max_bytes_per_second: int = 0  # their upload rate (0: no limit), likewise
     fanout: bool = True  # downloads take what the tickets' peers hold
 
 
@@ -122,6 +122,7 @@ class Plugin:
         self._lock = threading.Lock()
         self.uploads = UploadLimits(settings.peer_max_connections, settings.peer_max_bytes_per_second)
         self.metrics.attach_uploads(self.uploads)
+        self.peers = None  # the peer server, while it runs
         self.csi: Driver | None = None
         if settings.csi_socket:
             worker = WorkerMounts(settings.worker_url, settings.worker_ca_file, settings.node, self.kube.auth_headers)
@@ -156,6 +157,7 @@ class Plugin:
         self.generation = meta.get("generation") or 0
         download = spec.get("download") or {}
         self.engine.set_limits(download.get("concurrency") or 8, download.get("bytesPerSecond") or 0)
+        self._follow_uploads(spec)
         marks = spec.get("watermarks") or {}
         try:
             self.engine.set_watermarks(marks.get("highPercent", 80), max(1, marks.get("lowPercent", 70)))
@@ -168,6 +170,13 @@ class Plugin:
         self.spec_seen.set()
         self.writer.kick.set()
         self.reconcile()
+
+    def _follow_uploads(self, spec: dict) -> None:
+        """The peer endpoints' limits of ``spec.upload`` (the plugin's settings for what it leaves out)."""
+        fallback = (self.settings.peer_max_connections, self.settings.peer_max_bytes_per_second)
+        connections, rate = upload_limits(spec, fallback)
+        if set_upload_limits(self.uploads, self.peers, connections, rate):
+            log.info("peer uploads: at most %d transfers at once, %d bytes per second (0: no limit)", connections, rate)
 
     def reconcile(self) -> None:
         """Start what the spec references and is not held; collect what it stopped asking for, and
@@ -266,7 +275,9 @@ class Plugin:
         admission = PeerAdmission(
             lambda: self.kube, settings.peer_audience, settings.plugin_username, settings.auth_cache_ttl
         )
-        return serve_peers(self, PeerService(self.engine, admission, self.uploads, self.metrics), settings.peer_port)
+        service = PeerService(self.engine, admission, self.uploads, self.metrics)
+        self.peers = serve_peers(self, service, settings.peer_port)
+        return self.peers
 
     def run(self) -> None:
         server, peers = serve(self), self.peer_server()

@@ -3,7 +3,8 @@
 
 - ``PeerAdmission``: who may read a digest (a TokenReview for the peer audience naming the plugin's
   ServiceAccount and a node, and that node's NodeModelStore listing the digest; both reused briefly);
-- ``UploadLimits``: the node-wide transfers in flight and upload rate;
+- ``UploadLimits``: the node-wide transfers in flight and upload rate (``upload_limits``: what the store's
+  ``spec.upload`` asks, ``set_upload_limits``: applied while the server runs);
 - ``TreeViews``: a digest as peers see it (a published tree, or the download in progress);
 - ``PeerRequestHandler`` / ``serve_peers``: the HTTPS server, on ``https_server``'s guarded server.
 
@@ -24,6 +25,7 @@ from pathlib import Path
 from urllib.parse import unquote
 
 from gpustack_models.kinds import GROUP, STORAGE_VERSION
+from gpustack_models.kinds.nodemodelstore import MAX_BYTES_PER_SECOND, MAX_UPLOAD_CONNECTIONS
 from gpustack_models.kube import NotFound
 from gpustack_models.kube.identity import NODE_NAME_EXTRA
 from gpustack_models.kube.reviews import TokenReviewer, TTLCache
@@ -113,7 +115,8 @@ class PeerAdmission:
 
 
 class UploadLimits:
-    """At most ``limit`` transfers in flight (``try_acquire`` never waits) and ``rate`` bytes per second."""
+    """At most ``limit`` transfers in flight (``try_acquire`` never waits) and ``rate`` bytes per second; both
+    may change while transfers run (``set``): a lower limit refuses new transfers until enough have ended."""
 
     def __init__(self, limit: int, bytes_per_second: int = 0):
         self._lock = threading.Lock()
@@ -137,6 +140,29 @@ class UploadLimits:
     def release(self) -> None:
         with self._lock:
             self.in_use -= 1
+
+
+def _setting(value, minimum: int, maximum: int, fallback: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not minimum <= value <= maximum:
+        return fallback
+    return value
+
+
+def upload_limits(spec: dict, fallback: tuple[int, int]) -> tuple[int, int]:
+    """The (connections, bytes per second) a store's ``spec`` asks of the peer endpoints (``spec.upload``);
+    a field it leaves out, or one out of the schema's bounds, keeps ``fallback``'s (the plugin's settings)."""
+    upload = spec.get("upload") if isinstance(spec, dict) else None
+    upload = upload if isinstance(upload, dict) else {}
+    return (
+        _setting(upload.get("connections"), 1, MAX_UPLOAD_CONNECTIONS, fallback[0]),
+        _setting(upload.get("bytesPerSecond"), 0, MAX_BYTES_PER_SECOND, fallback[1]),
+    )
+
+
+def connection_limits(transfers: int) -> Limits:
+    """The peer server's bounds for at most ``transfers`` transfers: more connections than transfers, so
+    idle keep-alive connections of peers never keep a transfer out."""
+    return Limits(connections=max(128, 4 * transfers))
 
 
 # ------------------------------------------------------------------------------------------ what
@@ -387,11 +413,20 @@ class PeerRequestHandler(GuardedRequestHandler):
 
 def serve_peers(plugin, service: PeerService, port: int) -> GuardedHTTPSServer:
     """The peer server of ``plugin`` on its address's host and ``port`` (not started: ``serve_forever``),
-    with the plugin's certificate; it holds more connections than transfers, so idle keep-alive
-    connections of peers never keep a transfer out."""
+    with the plugin's certificate and ``connection_limits``; ``set_upload_limits`` changes them."""
     handler = type("PeerHandler", (PeerRequestHandler,), {"service": service})
     host, _, _ = plugin.settings.address.rpartition(":")
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     context.load_cert_chain(plugin.settings.cert_file, plugin.settings.key_file)
-    limits = Limits(connections=max(128, 4 * service.uploads.limit))
+    limits = connection_limits(service.uploads.limit)
     return GuardedHTTPSServer((host.strip("[]"), port), handler, context, limits)
+
+
+def set_upload_limits(uploads: UploadLimits, server: GuardedHTTPSServer | None, connections: int, rate: int) -> bool:
+    """Apply new upload limits to ``uploads`` (and the bounds of the peer ``server``, when it runs); whether
+    they changed. Transfers running go on, at the new rate; new ones count against the new limit."""
+    changed = (connections, rate) != (uploads.limit, uploads.rate.bytes_per_second)
+    uploads.set(connections, rate)
+    if server is not None:
+        server.limits = connection_limits(connections)
+    return changed

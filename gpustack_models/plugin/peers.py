@@ -43,9 +43,14 @@ What (``GET`` only; ``<hex>`` is the 64 lowercase hex characters of ``sha256:<he
     bytes that do not match the manifest.
 
 How much
-    ``GPUSTACK_PLUGIN_PEER_MAX_CONNECTIONS`` file transfers in flight at once on the node (8; one more is
-    answered 503 with ``Retry-After: 1``) and ``GPUSTACK_PLUGIN_PEER_MAX_BYTES_PER_SECOND`` bytes per
-    second across them (0: no limit), so serving peers never starves the node's own workloads. Bytes
+    The node's store's ``spec.upload``: ``connections`` file transfers in flight at once on the node (one
+    more is answered 503 with ``Retry-After: 1``) and ``bytesPerSecond`` bytes per second across them (0: no
+    limit), so serving peers never starves the node's own workloads. The worker writes it from
+    ``GPUSTACK_UPLOAD_CONNECTIONS`` (8) and ``GPUSTACK_UPLOAD_BYTES_PER_SECOND`` (0), overridden per node by
+    the Node's annotations ``worker.gpustack.ai/upload-connections`` and
+    ``worker.gpustack.ai/upload-bytes-per-second``; the plugin applies each new spec while it serves
+    (``peer_server.upload_limits``), its own ``GPUSTACK_PLUGIN_PEER_MAX_CONNECTIONS`` (8) and
+    ``GPUSTACK_PLUGIN_PEER_MAX_BYTES_PER_SECOND`` (0) standing for a field the spec leaves out. Bytes
     served are counted in ``/metrics`` by requesting node (``gpustack_models_plugin_peer_served_bytes_total``);
     a downloader counts what it receives from a peer with ``Metrics.bytes_from_peer(node, n)``.
 

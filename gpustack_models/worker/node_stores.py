@@ -20,6 +20,7 @@ from django.utils import timezone
 
 from gpustack_models import kube
 from gpustack_models.kinds import GROUP
+from gpustack_models.kinds.nodemodelstore import MAX_BYTES_PER_SECOND, MAX_DOWNLOAD_CONCURRENCY, MAX_UPLOAD_CONNECTIONS
 from gpustack_models.models import Holding, Node, NodeStore, PluginPod, PrefetchTarget
 
 from .references import MAX_MODELS, Placement, namespace_quotas, node_references, place
@@ -29,6 +30,8 @@ log = logging.getLogger(__name__)
 
 BYTES_PER_SECOND_ANNOTATION = f"{GROUP}/download-bytes-per-second"
 CONCURRENCY_ANNOTATION = f"{GROUP}/download-concurrency"
+UPLOAD_CONNECTIONS_ANNOTATION = f"{GROUP}/upload-connections"
+UPLOAD_BYTES_PER_SECOND_ANNOTATION = f"{GROUP}/upload-bytes-per-second"
 
 
 def _spec_item(holding: Holding) -> dict:
@@ -115,13 +118,21 @@ def _record_states(states: dict[int, str]) -> set[tuple[str, str]]:
     return touched
 
 
-def _annotated_int(annotations: dict, key: str, default: int, minimum: int) -> int:
-    try:
-        value = int(annotations.get(key, default))
-    except (TypeError, ValueError):
-        log.warning("ignoring annotation %s=%r: not an integer", key, annotations.get(key))
+def _annotated_int(annotations: dict, key: str, default: int, minimum: int, maximum: int = MAX_BYTES_PER_SECOND) -> int:
+    """The integer a Node's annotation ``key`` gives, ``default`` without one; a value that is not an integer
+    or lies outside ``[minimum, maximum]`` is ignored (logged), so no annotation can make the apply fail."""
+    raw = annotations.get(key)
+    if raw is None:
         return default
-    return value if value >= minimum else default
+    try:
+        value = int(raw)
+    except (TypeError, ValueError):
+        log.warning("ignoring annotation %s=%r: not an integer", key, raw)
+        return default
+    if not minimum <= value <= maximum:
+        log.warning("ignoring annotation %s=%r: not between %d and %d", key, raw, minimum, maximum)
+        return default
+    return value
 
 
 def hub_spec() -> dict:
@@ -135,14 +146,28 @@ def hub_spec() -> dict:
     return hub
 
 
+def upload_spec(annotations: dict) -> dict:
+    """The peer endpoints' upload limits of a Node: the settings, or its own annotations
+    (``worker.gpustack.ai/upload-connections``, ``worker.gpustack.ai/upload-bytes-per-second``)."""
+    connections = _annotated_int(
+        annotations, UPLOAD_CONNECTIONS_ANNOTATION, settings.UPLOAD_CONNECTIONS, 1, MAX_UPLOAD_CONNECTIONS
+    )
+    rate = _annotated_int(annotations, UPLOAD_BYTES_PER_SECOND_ANNOTATION, settings.UPLOAD_BYTES_PER_SECOND, 0)
+    return {"connections": connections, "bytesPerSecond": rate}
+
+
 def store_spec(annotations: dict, models: list[dict]) -> dict:
     """A store's spec holding ``models``, with the limits of its Node's ``annotations``: a Node may carry its
-    own (``worker.gpustack.ai/download-bytes-per-second``, ``worker.gpustack.ai/download-concurrency``)."""
-    concurrency = _annotated_int(annotations, CONCURRENCY_ANNOTATION, settings.DOWNLOAD_CONCURRENCY, 1)
+    own (``worker.gpustack.ai/download-bytes-per-second``, ``worker.gpustack.ai/download-concurrency``, and
+    the upload ones of ``upload_spec``)."""
+    concurrency = _annotated_int(
+        annotations, CONCURRENCY_ANNOTATION, settings.DOWNLOAD_CONCURRENCY, 1, MAX_DOWNLOAD_CONCURRENCY
+    )
     rate = _annotated_int(annotations, BYTES_PER_SECOND_ANNOTATION, settings.DOWNLOAD_BYTES_PER_SECOND, 0)
     return {
         "watermarks": {"highPercent": settings.STORE_HIGH_PERCENT, "lowPercent": settings.STORE_LOW_PERCENT},
         "download": {"concurrency": concurrency, "bytesPerSecond": rate},
+        "upload": upload_spec(annotations),
         "hub": hub_spec(),
         "models": models,
     }
