@@ -57,12 +57,28 @@ class TLSASGIProtocol(ASGIProtocol):
 
 
 class TLSASGIWorker(gasgi.ASGIWorker):
-    """gunicorn's ASGI worker serving ``TLSASGIProtocol`` connections."""
+    """gunicorn's ASGI worker serving ``TLSASGIProtocol`` connections. On SIGTERM (and SIGINT, SIGQUIT) it
+    ends its open watches at once: they would otherwise hold the worker until its graceful timeout."""
 
     def init_process(self):
         # The worker builds its protocol through the module-level name; rebind it in this process only.
         gasgi.ASGIProtocol = TLSASGIProtocol
         super().init_process()
+
+    def handle_exit_signal(self):
+        super().handle_exit_signal()
+        self._end_watches()
+
+    def handle_quit_signal(self):
+        super().handle_quit_signal()
+        self._end_watches()
+
+    def _end_watches(self):
+        from .streaming import close_watches
+
+        closed = close_watches()
+        if closed:
+            self.log.info("stopping: ended %d open watches", closed)
 
 
 _executor: ThreadPoolExecutor | None = None

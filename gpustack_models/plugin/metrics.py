@@ -4,6 +4,8 @@ Labels never name a tenant or content: no namespace, artifact, repository or dig
 and ``reason`` (bounded sets). The node is identified by the scrape target, not by a label.
 
 - ``gpustack_models_plugin_downloaded_bytes_total``: bytes received from hubs (counter);
+- ``gpustack_models_plugin_resumed_bytes_total``: bytes a download found on disk from an earlier attempt
+  (its checkpoint, kept across restarts) and did not fetch again (counter);
 - ``gpustack_models_plugin_downloads_finished_total{state}``: downloads ended ``Ready`` or ``Failed``;
 - ``gpustack_models_plugin_download_failures_total{reason}``: failures by reason;
 - ``gpustack_models_plugin_models{state}``: digests on the node by state, read at scrape time;
@@ -68,6 +70,9 @@ class Metrics:
     def __init__(self, registry: CollectorRegistry | None = None):
         self.registry = registry if registry is not None else CollectorRegistry()
         self._bytes = Counter(f"{PREFIX}_downloaded_bytes", "Bytes received from hubs.", registry=self.registry)
+        self._resumed = Counter(
+            f"{PREFIX}_resumed_bytes", "Bytes found on disk from an earlier attempt.", registry=self.registry
+        )
         self._finished = Counter(
             f"{PREFIX}_downloads_finished", "Downloads that ended, by final state.", ["state"], registry=self.registry
         )
@@ -87,6 +92,9 @@ class Metrics:
 
     def bytes_downloaded(self, n: int) -> None:
         self._bytes.inc(n)
+
+    def bytes_resumed(self, n: int) -> None:
+        self._resumed.inc(n)
 
     def download_finished(self, state: str, reason: str | None) -> None:
         self._finished.labels(state).inc()
