@@ -60,12 +60,23 @@ def sigterm_and_time(proc: subprocess.Popen, log: Path | None = None) -> float:
     return time.monotonic() - started
 
 
-def group_left(pgid: int) -> bool:
+def group_left(pgid: int) -> list[str]:
+    """The processes still running in process group ``pgid`` (``pid command`` each; a zombie has
+    exited, only not been reaped yet by its new parent)."""
     try:
         os.killpg(pgid, 0)
     except ProcessLookupError:
-        return False
-    return True
+        return []
+    left = []
+    for entry in Path("/proc").iterdir():
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            if entry.name.isdigit() and int(fields[2]) == pgid and fields[0] not in ("Z", "X"):
+                command = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+                left.append(f"{entry.name} {command[:200]}")
+        except (OSError, IndexError, ValueError):
+            continue
+    return left
 
 
 def tail(path: Path | None, lines: int = 40) -> str:
@@ -137,7 +148,7 @@ def test_the_api_ends_its_open_watches_and_stops_within_10s(
             # would have killed the worker.
             assert watch.error is None, f"the watch broke instead of ending: {watch.error}"
             assert watch.ended_after - sent < 3.5, f"a watch ended {watch.ended_after - sent:.1f} s after SIGTERM"
-        assert not group_left(proc.pid), "gunicorn left a worker process behind"
+        assert not group_left(proc.pid), f"gunicorn left processes behind: {group_left(proc.pid)}"
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
@@ -198,7 +209,7 @@ def test_the_informers_close_their_watches_and_lose_no_event_within_10s(launcher
         assert proc.returncode == 0, tail(log)
         sent = "\n".join(broker_messages(tmp_path))
         assert all(name in sent for name in names), f"events lost at the stop: {[n for n in names if n not in sent]}"
-        assert not group_left(proc.pid)
+        assert not group_left(proc.pid), group_left(proc.pid)
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
@@ -263,7 +274,7 @@ def test_a_celery_worker_finishes_short_tasks_hands_long_ones_back_and_stops_wit
         wait_for(lambda: asked(long) and asked(short), timeout=60, message="both resolutions in flight")
         seconds = sigterm_and_time(first, log)
         assert seconds < BOUND, f"the worker stopped {seconds:.1f} s after SIGTERM; log: {tail(log)}"
-        assert not group_left(first.pid), "a pool process outlived the worker"
+        assert not group_left(first.pid), f"processes outlived the worker: {group_left(first.pid)}"
         # The short task finished before the worker stopped; the long one did not and was not acknowledged.
         assert resolved_commit(worker_kube, namespace, "short") == commits[short]
         assert len(asked(short)) == 1
@@ -303,7 +314,7 @@ def test_celery_beat_stops_within_10s(tmp_path, db_url):
         )
         seconds = sigterm_and_time(proc, log)
         assert seconds < BOUND, f"beat stopped {seconds:.1f} s after SIGTERM; log: {tail(log)}"
-        assert not group_left(proc.pid)
+        assert not group_left(proc.pid), group_left(proc.pid)
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
@@ -432,7 +443,7 @@ def test_make_run_stops_every_process_it_started_within_10s():
         assert seconds < BOUND, f"runlocal stopped {seconds:.1f} s after SIGTERM; log: {tail(log)}"
         left = [pid for pid, (_, start) in started.items() if still_running(pid, start)]
         assert not left, f"processes left running: {left}"
-        assert not [g for g in groups if group_left(g)], "a process group it started still has processes"
+        assert not [group_left(g) for g in groups if group_left(g)], "a process group it started has processes"
         assert not listening(ports), f"ports still listening: {listening(ports)}"
         assert "stopped" in log.read_text()
     finally:
