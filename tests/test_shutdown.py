@@ -29,6 +29,9 @@ from tests.support import REPO, wait_for
 from tests.support.worker import WorkerStack, database_url
 from tests.test_plugins import Scenario, big_files
 
+# The test database (pytest-django names it only for tests that use it), for the roles started here.
+pytestmark = pytest.mark.django_db
+
 BOUND = 10.0  # seconds from SIGTERM to exit, for every role
 STORAGE = f"/apis/{GROUP}/v1alpha1"
 
@@ -246,7 +249,7 @@ def resolved_commit(kube, namespace: str, name: str) -> str | None:
 
 
 def test_a_celery_worker_finishes_short_tasks_hands_long_ones_back_and_stops_within_10s(
-    launcher, worker_kube, namespace, own_hub, db_url, tmp_path
+    launcher, worker_kube, namespace, own_hub, db_url, tmp_path, monkeypatch
 ):
     from celery import Celery
 
@@ -264,6 +267,7 @@ def test_a_celery_worker_finishes_short_tasks_hands_long_ones_back_and_stops_wit
     log = tmp_path / "celery.log"
     first = spawn(argv + ["-n", "first@%h"], env, log)
     try:
+        monkeypatch.setenv("CELERY_BROKER_URL", broker)  # Celery prefers it to the app's own broker
         client = Celery("client", broker=broker)
         for name in ("long", "short"):
             client.send_task("gpustack_models.resolve_artifact", args=[namespace, name])
