@@ -44,7 +44,42 @@ def _bound_warm_shutdown(sender=None, how=None, **kwargs):
         return
     from django.conf import settings
 
-    pid = os.getpid()
-    timer = threading.Timer(settings.TASKS_SHUTDOWN_GRACE_SECONDS, os.kill, (pid, signal.SIGQUIT))
+    timer = threading.Timer(settings.TASKS_SHUTDOWN_GRACE_SECONDS, _cancel_running_tasks, (os.getpid(),))
     timer.daemon = True
     timer.start()
+
+
+def _cancel_running_tasks(pid: int) -> None:
+    from celery.worker import state
+
+    if state.active_requests:  # with none running the warm shutdown is only closing up: let it
+        os.kill(pid, signal.SIGQUIT)
+
+
+@signals.worker_ready.connect
+def _stop_blocking_loop_at_once(sender=None, **kwargs):
+    """A transport without an event loop (the local file broker) is served by Celery's blocking loop, which
+    looks for a stop only between polls of up to two seconds and more; there SIGTERM and SIGINT also end the
+    loop at once (as Celery's own handlers did before 5.0), and the worker stops as when its loop notices."""
+    connection = getattr(sender, "connection", None)
+    if connection is None or connection.transport.implements.asynchronous:
+        return
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        handler = signal.getsignal(signum)
+        if callable(handler):
+            signal.signal(signum, _and_end_the_loop(handler))
+
+
+def _and_end_the_loop(handler):
+    ended = []
+
+    def handle(signum, frame):
+        handler(signum, frame)  # Celery's: the warm shutdown, its messages and signals
+        from celery.exceptions import WorkerShutdown
+        from celery.worker import state
+
+        if state.should_stop is not None and not ended:
+            ended.append(signum)
+            raise WorkerShutdown(state.should_stop)
+
+    return handle

@@ -188,6 +188,8 @@ if CELERY_BROKER_URL.startswith("filesystem://"):
         "processed_folder": str(CELERY_BROKER_DIR / "processed"),
         "control_folder": str(CELERY_BROKER_DIR / "control"),
         "store_processed": False,
+        # The worker's loop notices a stop between polls: a short interval lets it stop in seconds.
+        "polling_interval": 0.2,
     }
     _default_results = f"file://{DATA_DIR / 'celery' / 'results'}"
 else:

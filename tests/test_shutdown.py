@@ -60,7 +60,9 @@ def sigterm_and_time(proc: subprocess.Popen, log: Path | None = None) -> float:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(5)
         raise AssertionError(f"still running {2 * BOUND:.0f} s after SIGTERM; log: {tail(log)}") from None
-    return time.monotonic() - started
+    seconds = time.monotonic() - started
+    print(f"{' '.join(proc.args[1:4])}: exited {seconds:.2f} s after SIGTERM")  # shown with -s
+    return seconds
 
 
 def group_left(pgid: int) -> list[str]:

@@ -12,6 +12,7 @@ SIGTERM from the kernel if ``runlocal`` itself dies.
 
 from __future__ import annotations
 
+import logging
 import os
 import subprocess
 import sys
@@ -25,6 +26,8 @@ from django.core.management import call_command
 from .cluster import REPO_DIR, LocalCluster, Ports
 from .launcher import Launcher
 from .stopping import die_with_parent, kill_group, stop_all
+
+log = logging.getLogger(__name__)
 
 LOCAL_NODE = "local-node"
 LOCAL_NODE_ADDRESS = "127.0.0.11"
@@ -134,7 +137,11 @@ class LocalStack:
             except Exception:  # the control plane may already be gone
                 pass
         children = list(self.children.values())
-        stop_all(children, started + SERVICE_STOP_SECONDS)
-        for child in children:
+        killed = stop_all(children, started + SERVICE_STOP_SECONDS)
+        for name, child in self.children.items():
             kill_group(child.pid)
+            if child in killed:
+                log.warning("%s did not stop within %.1f s of SIGTERM: killed", name, SERVICE_STOP_SECONDS)
+        log.info("the service stopped in %.1f s", time.monotonic() - started)
         self.cluster.stop(deadline=started + STOP_SECONDS)
+        log.info("everything stopped in %.1f s", time.monotonic() - started)
