@@ -145,7 +145,8 @@ def test_the_api_ends_its_open_watches_and_stops_within_10s(
             wait_for(lambda w=watch: w.events, timeout=30, message="the watch to relay the artifact")
         sent = time.monotonic()
         seconds = sigterm_and_time(proc, log)
-        assert seconds < BOUND, f"the API stopped {seconds:.1f} s after SIGTERM; log: {tail(log)}"
+        # By itself: not killed by gunicorn at its 5 s graceful timeout, which open watches used to reach.
+        assert seconds < 5, f"the API stopped {seconds:.1f} s after SIGTERM; log: {tail(log)}"
         for watch in watches:
             watch.thread.join(5)
             assert watch.ended_after is not None, "a watch was still open after the API stopped"
