@@ -123,6 +123,18 @@ def db_url(django_db_setup, django_db_blocker):
 # --- the API ------------------------------------------------------------------------------------------
 
 
+def test_the_gunicorn_hooks_the_api_extends_to_stop_exist():
+    """An upgrade renaming them would silently bring back stops at the graceful timeout: fail here."""
+    from gunicorn.asgi.protocol import ASGIProtocol
+    from gunicorn.workers import gasgi
+
+    from gpustack_models.api.tls_worker import TLSASGIProtocol, TLSASGIWorker
+
+    for name in ("handle_exit_signal", "handle_quit_signal"):
+        assert callable(getattr(gasgi.ASGIWorker, name, None)) and name in TLSASGIWorker.__dict__
+    assert callable(getattr(ASGIProtocol, "_close_transport", None)) and "_close_transport" in TLSASGIProtocol.__dict__
+
+
 def test_the_api_ends_its_open_watches_and_stops_within_10s(
     launcher, cluster, worker_kube, namespace, db_url, tmp_path
 ):
