@@ -272,7 +272,7 @@ def test_a_celery_worker_finishes_short_tasks_hands_long_ones_back_and_stops_wit
     commits = {repo: own_hub.add_hf_repo(repo, {"config.json": repo.encode()}) for repo in (short, long)}
     create_artifact(worker_kube, namespace, "short", short)
     create_artifact(worker_kube, namespace, "long", long)
-    own_hub.faults.delay(f"/api/models/{long}/revision", seconds=120)  # in flight past any grace
+    held = own_hub.faults.delay(f"/api/models/{long}/revision", seconds=120)  # in flight past any grace
     own_hub.faults.delay(f"/api/models/{short}/revision", seconds=3)  # finishes within the grace
     broker = own_broker()
     env = dict(WorkerStack(launcher, own_hub, db_url).env(), CELERY_BROKER_URL=broker, CELERY_RESULT_BACKEND=broker)
@@ -311,6 +311,7 @@ def test_a_celery_worker_finishes_short_tasks_hands_long_ones_back_and_stops_wit
         assert resolved_commit(worker_kube, namespace, "long") == commits[long]
         assert len(asked(long)) == 2 and len(asked(short)) == 1  # each task ran to its end once
     finally:
+        held.release()
         for proc in (first, locals().get("second")):
             if proc is not None and proc.poll() is None:
                 os.killpg(proc.pid, signal.SIGKILL)
