@@ -188,6 +188,8 @@ if CELERY_BROKER_URL.startswith("filesystem://"):
         "processed_folder": str(CELERY_BROKER_DIR / "processed"),
         "control_folder": str(CELERY_BROKER_DIR / "control"),
         "store_processed": False,
+        # The worker's loop notices a stop between polls: a short interval lets it stop in seconds.
+        "polling_interval": 0.2,
     }
     _default_results = f"file://{DATA_DIR / 'celery' / 'results'}"
 else:
@@ -203,6 +205,11 @@ CELERY_WORKER_PREFETCH_MULTIPLIER = 4
 CELERY_TASK_ALWAYS_EAGER = env_bool("CELERY_TASK_ALWAYS_EAGER", False)
 CELERY_RESULT_EXPIRES = 3600
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+# Stopping: SIGTERM lets running tasks finish for this many seconds, then cancels those left, which the
+# broker delivers again (acks_late); see config/celery.py. A lost broker connection cancels them too, as
+# the broker redelivers them anyway.
+TASKS_SHUTDOWN_GRACE_SECONDS = env_float("GPUSTACK_CELERY_SHUTDOWN_GRACE_SECONDS", 5.0, minimum=0)
+CELERY_WORKER_CANCEL_LONG_RUNNING_TASKS_ON_CONNECTION_LOSS = True
 
 # --- Kubernetes ------------------------------------------------------------------------------------
 # KUBECONFIG unset: in-cluster credentials when running in a Pod, the local control plane's otherwise.
@@ -212,6 +219,16 @@ KUBE_REQUEST_TIMEOUT = env_float("KUBE_REQUEST_TIMEOUT", 30.0, minimum=1.0)
 KUBE_VERSION_FILE = BASE_DIR / "deploy" / "controlplane" / "go.mod"
 # Compaction interval passed to the local kube-apiserver (Go duration); short values exercise 410 Expired.
 ETCD_COMPACTION_INTERVAL = env_str("GPUSTACK_ETCD_COMPACTION_INTERVAL", "5m")
+# The local control plane's ports (`make run`): kube-apiserver, etcd client, etcd peer,
+# kube-controller-manager, kube-scheduler; or "free" for free loopback ports picked at each start.
+LOCAL_CLUSTER_PORTS = env_str("GPUSTACK_LOCAL_CLUSTER_PORTS", "6443,12379,12380,10257,10259").strip()
+if LOCAL_CLUSTER_PORTS != "free" and not (
+    len(LOCAL_CLUSTER_PORTS.split(",")) == 5
+    and all(p.strip().isdigit() and 0 < int(p) < 65536 for p in LOCAL_CLUSTER_PORTS.split(","))
+):
+    raise ImproperlyConfigured(
+        f"GPUSTACK_LOCAL_CLUSTER_PORTS={LOCAL_CLUSTER_PORTS!r}: expected five ports separated by commas, or free"
+    )
 
 # --- The aggregated API server ---------------------------------------------------------------------
 # Seconds a TokenReview or SubjectAccessReview answer is reused.

@@ -2,6 +2,9 @@
 
 The upstream watch is opened with aiohttp (``open_watch``) and its newline-delimited events are passed
 through the renderer's transform (v1 objects, one-row Tables, PartialObjectMetadata) as they arrive.
+When the server stops (SIGTERM), ``close_watches`` ends every open watch at once: each client sees its
+watch end cleanly and watches again from its last resourceVersion (through kube-apiserver, from another
+replica), and the process does not wait out its graceful timeout for streams that never end.
 """
 
 from __future__ import annotations
@@ -16,6 +19,16 @@ from django.http import StreamingHttpResponse
 from gpustack_models import kube
 
 log = logging.getLogger(__name__)
+
+_open: set = set()  # the upstream responses of the watches this process relays (touched on its event loop)
+
+
+def close_watches() -> int:
+    """End every open watch (on the event loop's thread); how many there were."""
+    upstreams = list(_open)
+    for upstream in upstreams:
+        upstream.close()
+    return len(upstreams)
 
 
 async def open_watch(path: str, query: str, headers: dict):
@@ -50,6 +63,7 @@ def relay(path: str, query: str, headers: dict, transform) -> StreamingHttpRespo
 async def stream_events(upstream, transform):
     """Relay newline-delimited watch events, transformed, until either side ends."""
     buffer = b""
+    _open.add(upstream)
     try:
         async for chunk in upstream.content.iter_any():
             buffer += chunk
@@ -67,5 +81,6 @@ async def stream_events(upstream, transform):
     except Exception:
         log.exception("watch stream failed")
     finally:
+        _open.discard(upstream)
         upstream.release()
         upstream.close()

@@ -27,6 +27,15 @@ from django.http import HttpResponse
 from gunicorn.asgi.protocol import ASGIProtocol
 from gunicorn.workers import gasgi
 
+CLOSE_NOTIFY_SECONDS = 0.5  # while stopping: how long a closed connection may flush before it is aborted
+
+
+def _abort(transport) -> None:
+    try:
+        transport.abort()
+    except Exception:  # already gone
+        pass
+
 
 class TLSASGIProtocol(ASGIProtocol):
     def _send_response_start(self, status, headers, request, close=False):
@@ -38,6 +47,15 @@ class TLSASGIProtocol(ASGIProtocol):
             buffer, self._response_buffer = self._response_buffer, None
             if buffer and self.transport is not None and not self.transport.is_closing():
                 self.transport.write(buffer)
+
+    def _close_transport(self):
+        """While the worker stops, a TLS connection closed here is also aborted shortly after: its close
+        waits for the client's close_notify, which a client keeping the connection in its pool never
+        sends, and the worker would wait for that connection until its graceful timeout."""
+        transport = self.transport
+        super()._close_transport()
+        if transport is not None and not self.worker.alive:
+            self.worker.loop.call_later(CLOSE_NOTIFY_SECONDS, _abort, transport)
 
     def _build_http_scope(self, request, sockname, peername):
         scope = super()._build_http_scope(request, sockname, peername)
@@ -57,12 +75,28 @@ class TLSASGIProtocol(ASGIProtocol):
 
 
 class TLSASGIWorker(gasgi.ASGIWorker):
-    """gunicorn's ASGI worker serving ``TLSASGIProtocol`` connections."""
+    """gunicorn's ASGI worker serving ``TLSASGIProtocol`` connections. On SIGTERM (and SIGINT, SIGQUIT) it
+    ends its open watches at once: they would otherwise hold the worker until its graceful timeout."""
 
     def init_process(self):
         # The worker builds its protocol through the module-level name; rebind it in this process only.
         gasgi.ASGIProtocol = TLSASGIProtocol
         super().init_process()
+
+    def handle_exit_signal(self):
+        super().handle_exit_signal()
+        self._end_watches()
+
+    def handle_quit_signal(self):
+        super().handle_quit_signal()
+        self._end_watches()
+
+    def _end_watches(self):
+        from .streaming import close_watches
+
+        closed = close_watches()
+        if closed:
+            self.log.info("stopping: ended %d open watches", closed)
 
 
 _executor: ThreadPoolExecutor | None = None

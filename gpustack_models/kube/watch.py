@@ -7,8 +7,10 @@ own NodeModelStore all watch through it.
    ``handler.listed`` with the list's resourceVersion);
 2. watch from that resourceVersion with bookmarks, updating it from every event and passing
    ADDED/MODIFIED/DELETED to ``handler.event``;
-3. return the resourceVersion to continue from when the server ends the watch, or when nothing (not
-   even a bookmark) arrived for ``SILENCE_SECONDS`` (a dead connection);
+3. return the resourceVersion to continue from when the server ends the watch, when nothing (not
+   even a bookmark) arrived for ``SILENCE_SECONDS`` (a dead connection), or within ``STOP_POLL``
+   seconds of ``stop`` being set (the connection is shut down, so a read blocked on a quiet watch
+   returns at once instead of holding a stopping process for its silence timeout);
 4. return ``""`` on 410 Expired (the caller lists again); raise the ``StatusError`` of any other error
    answer or ERROR event.
 
@@ -35,6 +37,7 @@ WATCH_SECONDS = 300
 # kube-apiserver sends a bookmark about once a minute; silence for longer means a dead connection.
 SILENCE_SECONDS = 90
 BACKOFF_FIRST, BACKOFF_MAX = 0.5, 30.0
+STOP_POLL = 0.5  # seconds between looks at ``stop`` while a watch is open
 
 
 @dataclass(frozen=True)
@@ -105,6 +108,7 @@ def list_and_watch(
         timeoutSeconds=str(WATCH_SECONDS),
     )
     resp = client.request("GET", collection.path, query=query, stream=True, read_timeout=SILENCE_SECONDS)
+    ended = _shut_down_on_stop(resp, stop)
     try:
         if resp.status != 200:
             raise error_for(resp.status, resp.read())
@@ -112,7 +116,29 @@ def list_and_watch(
     except Expired:
         return ""
     finally:
+        ended.set()
         resp.release_conn()
+
+
+def _shut_down_on_stop(resp, stop: threading.Event | None) -> threading.Event:
+    """Shut the watch's connection down once ``stop`` is set, until the returned event is set (the watch
+    ended by itself)."""
+    ended = threading.Event()
+    if stop is None:
+        return ended
+
+    def guard() -> None:
+        while not ended.is_set():
+            if stop.wait(STOP_POLL):
+                if not ended.is_set():
+                    try:
+                        resp.shutdown()
+                    except (OSError, ValueError, RuntimeError):  # already closed or released
+                        pass
+                return
+
+    threading.Thread(target=guard, name="watch-stop", daemon=True).start()
+    return ended
 
 
 def _follow(resp, handler: WatchHandler, resource_version: str, stop: threading.Event | None) -> str:
@@ -122,8 +148,11 @@ def _follow(resp, handler: WatchHandler, resource_version: str, stop: threading.
                 break
             if line.strip():
                 resource_version = _dispatch(json.loads(line), handler) or resource_version
-    except (urllib3.exceptions.ReadTimeoutError, urllib3.exceptions.ProtocolError) as exc:
-        log.info("watch of %s ended: %s", resp.geturl() or "", exc)
+    except (urllib3.exceptions.ReadTimeoutError, urllib3.exceptions.ProtocolError, OSError) as exc:
+        if stop is None or not stop.is_set():
+            if not isinstance(exc, urllib3.exceptions.HTTPError):
+                raise  # a socket error while not stopping: reconnect after the backoff, as before
+            log.info("watch of %s ended: %s", resp.geturl() or "", exc)
     return resource_version
 
 

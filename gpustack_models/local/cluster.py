@@ -22,14 +22,11 @@ the test suite adds a real kubelet where a test asks for one. Its state director
 
 from __future__ import annotations
 
-import ctypes
 import json
 import logging
-import os
 import re
 import secrets
 import shutil
-import signal
 import socket
 import subprocess
 import time
@@ -42,8 +39,11 @@ import urllib3
 import yaml
 
 from . import pki
+from .stopping import die_with_parent, stop_all
 
 log = logging.getLogger(__name__)
+
+STOP_SECONDS = 8.0  # SIGTERM to SIGKILL for the whole control plane
 
 REPO_DIR = Path(__file__).resolve().parents[2]
 CONTROLPLANE_DIR = REPO_DIR / "deploy" / "controlplane"
@@ -116,11 +116,6 @@ def primary_address() -> str:
     return "192.0.2.10"
 
 
-def _die_with_parent():
-    libc = ctypes.CDLL("libc.so.6", use_errno=True)
-    libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG: the component stops when its launcher dies
-
-
 @dataclass
 class Ports:
     apiserver: int
@@ -136,6 +131,13 @@ class Ports:
     @classmethod
     def defaults(cls) -> Ports:
         return cls(apiserver=6443, etcd_client=12379, etcd_peer=12380, controller_manager=10257, scheduler=10259)
+
+    @classmethod
+    def parse(cls, value: str) -> Ports:
+        """``GPUSTACK_LOCAL_CLUSTER_PORTS``: five ports in the order of the fields, or ``free``."""
+        if value.strip() == "free":
+            return cls.free()
+        return cls(*(int(port) for port in value.split(",")))
 
 
 class LocalCluster:
@@ -426,7 +428,7 @@ class LocalCluster:
             stdin=subprocess.DEVNULL,
             cwd=self.state_dir,
             start_new_session=True,
-            preexec_fn=_die_with_parent if self.die_with_parent else None,
+            preexec_fn=die_with_parent if self.die_with_parent else None,  # stops when its launcher dies
         )
         log_file.close()
         self.procs[name] = proc
@@ -471,9 +473,10 @@ class LocalCluster:
 
     def kill_leftovers(self) -> None:
         """Stop components a crashed earlier launcher left running on this state directory."""
-        for name, pid in self._recorded_pids().items():
+        leftovers = self._recorded_pids()
+        for name, pid in leftovers.items():
             log.warning("stopping %s (pid %d) left by an earlier run", name, pid)
-            _terminate_pid(pid)
+        stop_all(leftovers.values(), time.monotonic() + STOP_SECONDS)
 
     def start(self, timeout: float = 180.0) -> None:
         self.prepare()
@@ -500,23 +503,27 @@ class LocalCluster:
 
     def restart_apiserver(self, timeout: float = 180.0) -> None:
         """Stop kube-apiserver alone and start it again on the same etcd."""
-        proc = self.procs.pop("kube-apiserver", None)
-        if proc is not None:
-            _terminate(proc)
-        else:
-            pid = self._recorded_pids().get("kube-apiserver")
-            if pid:
-                _terminate_pid(pid)
+        stop_all(self._take(("kube-apiserver",), self._recorded_pids()), time.monotonic() + STOP_SECONDS)
         self._start_apiserver(timeout)
 
-    def stop(self) -> None:
-        for name in ("kube-scheduler", "kube-controller-manager", "kube-apiserver", "etcd"):
-            proc = self.procs.pop(name, None)
-            if proc is not None:
-                _terminate(proc)
-        for pid in self._recorded_pids().values():
-            _terminate_pid(pid)
+    def stop(self, deadline: float | None = None) -> None:
+        """SIGTERM kube-scheduler, kube-controller-manager and kube-apiserver together, then etcd once they
+        are gone (kube-apiserver uses it while it stops); SIGKILL what is left at ``deadline`` (a
+        ``time.monotonic()``; default ``STOP_SECONDS`` from now)."""
+        deadline = deadline or time.monotonic() + STOP_SECONDS
+        recorded = self._recorded_pids()
+        stop_all(self._take(("kube-scheduler", "kube-controller-manager", "kube-apiserver"), recorded), deadline - 1.5)
+        stop_all(self._take(("etcd",), recorded) + list(recorded.values()), deadline)
         self._save_state()
+
+    def _take(self, names: tuple[str, ...], recorded: dict[str, int]) -> list:
+        """The processes of ``names``, ours or recorded by an earlier launcher, removed from both."""
+        targets = []
+        for name in names:
+            proc, pid = self.procs.pop(name, None), recorded.pop(name, None)
+            if proc is not None or pid:
+                targets.append(proc if proc is not None else pid)
+        return targets
 
     def is_running(self) -> bool:
         return bool(self._recorded_pids())
@@ -571,32 +578,3 @@ class LocalCluster:
     def wipe(self) -> None:
         """Remove the whole state directory (the cluster must be stopped)."""
         shutil.rmtree(self.state_dir, ignore_errors=True)
-
-
-def _terminate(proc: subprocess.Popen, grace: float = 15.0) -> None:
-    if proc.poll() is not None:
-        return
-    proc.terminate()
-    try:
-        proc.wait(grace)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait(5)
-
-
-def _terminate_pid(pid: int, grace: float = 15.0) -> None:
-    try:
-        os.kill(pid, signal.SIGTERM)
-    except ProcessLookupError:
-        return
-    deadline = time.monotonic() + grace
-    while time.monotonic() < deadline:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return
-        time.sleep(0.1)
-    try:
-        os.kill(pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass

@@ -156,7 +156,7 @@ class Launcher:
         url = f"https://127.0.0.1:{port}{install.webhooks.PATH}"
         self.apply(install.api_service(ca, port) + [install.placement_webhook(url, ca)])
 
-    def unregister(self) -> None:
+    def unregister(self, timeout: float | None = None) -> None:
         """Remove the APIService (an unavailable one blocks namespace deletion and garbage collection) and
         the placement webhook (a stopped one only delays Pod creates: it fails open)."""
         for path in (
@@ -164,7 +164,7 @@ class Launcher:
             f"/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations/{install.webhooks.NAME}",
         ):
             try:
-                self.admin.delete(path)
+                self.admin.delete(path, timeout=timeout)
             except kube.NotFound:
                 pass
 

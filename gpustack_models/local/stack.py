@@ -1,13 +1,23 @@
 """The whole service on one machine, as ``manage.py runlocal`` (``make run``) starts it: the local control
 plane, the service installed into it, every process of the service with its log under ``logs/``, and one
-local node with its plugin."""
+local node with its plugin.
+
+Stopping (SIGTERM or Ctrl-C to ``runlocal``) takes at most ``STOP_SECONDS``: every process of the service
+gets SIGTERM at once and stops by itself (each role bounds its own stop), then the control plane, and
+whatever is left at the deadlines is killed. Each process of the service runs in its own process group
+(a Ctrl-C reaches ``runlocal`` alone, which stops the rest in order); the group is killed after its leader
+stopped, so no grandchild (gunicorn's or Celery's worker processes) outlives it, and every child gets
+SIGTERM from the kernel if ``runlocal`` itself dies.
+"""
 
 from __future__ import annotations
 
+import logging
 import os
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 from django.conf import settings
@@ -15,9 +25,14 @@ from django.core.management import call_command
 
 from .cluster import REPO_DIR, LocalCluster, Ports
 from .launcher import Launcher
+from .stopping import die_with_parent, kill_group, stop_all
+
+log = logging.getLogger(__name__)
 
 LOCAL_NODE = "local-node"
 LOCAL_NODE_ADDRESS = "127.0.0.11"
+STOP_SECONDS = 9.5  # from SIGTERM to the last process gone
+SERVICE_STOP_SECONDS = 7.5  # the service's processes (each stops within 5-6 s by itself), then the control plane
 
 
 class ProcessExited(RuntimeError):
@@ -29,7 +44,9 @@ class LocalStack:
         self.data_dir = data_dir
         self.console = console
         self.cluster = LocalCluster(
-            data_dir, ports=Ports.defaults(), compaction_interval=settings.ETCD_COMPACTION_INTERVAL
+            data_dir,
+            ports=Ports.parse(settings.LOCAL_CLUSTER_PORTS),
+            compaction_interval=settings.ETCD_COMPACTION_INTERVAL,
         )
         self.launcher: Launcher | None = None
         self.children: dict[str, subprocess.Popen] = {}
@@ -54,7 +71,17 @@ class LocalStack:
 
     def spawn(self, name: str, argv: list[str], env: dict) -> None:
         log = open(self.log_dir / f"{name}.log", "ab")
-        self.children[name] = subprocess.Popen(argv, cwd=REPO_DIR, env=env, stdout=log, stderr=subprocess.STDOUT)
+        self.children[name] = subprocess.Popen(
+            argv,
+            cwd=REPO_DIR,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+            preexec_fn=die_with_parent,
+        )
+        log.close()
 
     def start_worker(self) -> None:
         """The aggregated API, the console, a Celery worker, Celery beat and the informers, as the worker."""
@@ -102,17 +129,19 @@ class LocalStack:
                     raise ProcessExited(f"{name} exited with {child.returncode}; see {log}")
 
     def stop(self) -> None:
+        """Stop everything within ``STOP_SECONDS`` (see the module's docstring)."""
+        started = time.monotonic()
         if self.launcher is not None:
             try:
-                self.launcher.unregister()
+                self.launcher.unregister(timeout=1)
             except Exception:  # the control plane may already be gone
                 pass
-        for child in self.children.values():
-            if child.poll() is None:
-                child.terminate()
-        for child in self.children.values():
-            try:
-                child.wait(15)
-            except subprocess.TimeoutExpired:
-                child.kill()
-        self.cluster.stop()
+        children = list(self.children.values())
+        killed = stop_all(children, started + SERVICE_STOP_SECONDS)
+        for name, child in self.children.items():
+            kill_group(child.pid)
+            if child in killed:
+                log.warning("%s did not stop within %.1f s of SIGTERM: killed", name, SERVICE_STOP_SECONDS)
+        log.info("the service stopped in %.1f s", time.monotonic() - started)
+        self.cluster.stop(deadline=started + STOP_SECONDS)
+        log.info("everything stopped in %.1f s", time.monotonic() - started)

@@ -69,6 +69,7 @@ class PluginSettings:
     fanout: bool = True  # downloads take what the tickets' peers hold
 
 
+STOP_SECONDS = 5.0  # on SIGTERM, how long running downloads get to checkpoint and stop
 MOUNT_TOUCH_SECONDS = 60.0  # a mounted tree's lastUsedTime is moved this often
 RELEASE_RETRY_EVERY = 5  # reconcile passes (2 s each) between retries of releases the worker did not take
 
@@ -300,9 +301,17 @@ class Plugin:
             self.settings.cache_dir,
         )
         self.stopping.wait()
+        self.stop(server, csi)
+
+    def stop(self, server, csi: CsiServers | None) -> None:
+        """SIGTERM: running downloads are cancelled and checkpointed (they stay Downloading on disk and the
+        next start resumes them) while the servers stop, all within ``STOP_SECONDS``."""
+        closing = threading.Thread(target=self.engine.close, kwargs={"timeout": STOP_SECONDS}, name="engine-close")
+        closing.start()
         server.shutdown()
         if peers is not None:
             peers.shutdown()
         if csi is not None:
             csi.stop()  # the mounts stay: Pods keep their models while the plugin restarts
-        self.engine.close(timeout=10)
+        closing.join()
+        log.info("plugin for node %s stopped", self.settings.node)

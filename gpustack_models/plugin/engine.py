@@ -610,6 +610,8 @@ class Engine:
                 job.download.prepare()
             except (DiskError, OSError) as exc:
                 raise disk_failure(exc) from None
+            if self._metrics is not None:
+                self._metrics.bytes_resumed(job.download.stats["resumed_bytes"])
             self._reserve(digest, job)
             job.download.run()
         except DownloadFailed as exc:

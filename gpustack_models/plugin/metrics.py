@@ -6,6 +6,8 @@ and ``reason`` (bounded sets). The node is identified by the scrape target, not 
 - ``gpustack_models_plugin_downloaded_bytes_total``: bytes received from hubs (counter);
 - ``gpustack_models_plugin_linked_bytes_total``: bytes hard-linked from the node's Ready trees instead
   of downloaded (counter);
+- ``gpustack_models_plugin_resumed_bytes_total``: bytes a download found on disk from an earlier attempt
+  (its checkpoint, kept across restarts) and did not fetch again (counter);
 - ``gpustack_models_plugin_downloads_finished_total{state}``: downloads ended ``Ready`` or ``Failed``;
 - ``gpustack_models_plugin_download_failures_total{reason}``: failures by reason;
 - ``gpustack_models_plugin_models{state}``: digests on the node by state, read at scrape time;
@@ -99,6 +101,9 @@ class Metrics:
             "Bytes hard-linked from files already on the node instead of downloaded.",
             registry=self.registry,
         )
+        self._resumed = Counter(
+            f"{PREFIX}_resumed_bytes", "Bytes found on disk from an earlier attempt.", registry=self.registry
+        )
         self._finished = Counter(
             f"{PREFIX}_downloads_finished", "Downloads that ended, by final state.", ["state"], registry=self.registry
         )
@@ -154,6 +159,9 @@ class Metrics:
 
     def bytes_linked(self, n: int) -> None:
         self._linked.inc(n)
+
+    def bytes_resumed(self, n: int) -> None:
+        self._resumed.inc(n)
 
     def download_finished(self, state: str, reason: str | None) -> None:
         self._finished.labels(state).inc()

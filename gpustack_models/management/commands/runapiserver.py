@@ -62,7 +62,7 @@ def gunicorn_options(workers: int) -> list[str]:
         "--cert-reqs",
         "1",  # request a client certificate, do not require one
         "--graceful-timeout",
-        "5",
+        "5",  # SIGTERM: open watches end at once (tls_worker), a request in flight gets this long
         "--timeout",
         "60",
         "--no-control-socket",

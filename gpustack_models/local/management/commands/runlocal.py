@@ -13,7 +13,8 @@ class Command(BaseCommand):
         "Run the whole service locally on its embedded defaults: the local control plane, the CRDs, RBAC and "
         "admission policies, the aggregated API worker.gpustack.ai/v1, the informers, a Celery worker with beat, "
         "one local node with its plugin, and the admin console (SQLite and a "
-        "file-based Celery broker unless DATABASE_URL / CELERY_BROKER_URL say otherwise). Ctrl-C stops all."
+        "file-based Celery broker unless DATABASE_URL / CELERY_BROKER_URL say otherwise). Ctrl-C or SIGTERM "
+        "stops all of it within 10 seconds."
     )
 
     def add_arguments(self, parser):
@@ -25,16 +26,33 @@ class Command(BaseCommand):
 
     def handle(self, *args, console, **options):
         stack = LocalStack(settings.DATA_DIR, console)
-        stop = threading.Event()
+        stop, running = threading.Event(), threading.Event()
+
+        def on_signal(*_):
+            stop.set()
+            if not running.is_set():  # still starting: give up on the start, stop what it started
+                raise Interrupted
+
         for sig in (signal.SIGINT, signal.SIGTERM):
-            signal.signal(sig, lambda *_: stop.set())
+            signal.signal(sig, on_signal)
         try:
             self.stdout.write("starting the local control plane (the first run builds it: 10-20 minutes)")
             stack.start()
+            running.set()
             self.stdout.write(self.style.SUCCESS(stack.banner()))
+            self.stdout.flush()
             stack.supervise(stop)
+        except Interrupted:
+            pass
         except RuntimeError as exc:
             raise CommandError(str(exc)) from None
         finally:
+            running.set()  # a second signal while stopping changes nothing
+            self.stdout.write("stopping (at most 10 seconds)")
+            self.stdout.flush()
             stack.stop()
             self.stdout.write("stopped")
+
+
+class Interrupted(BaseException):  # not an error: nothing may catch it on the way out
+    """SIGTERM or Ctrl-C while the stack was starting."""

@@ -1,0 +1,482 @@
+"""Every role stops within 10 s of SIGTERM while it works, handing back what it was doing: the API ends its
+open watches, the informers close theirs and lose no event they saw, a Celery worker finishes a short
+task and hands a long one back to the broker (the next worker runs it), beat stops between ticks, a node
+plugin checkpoints its download (the next start resumes it), and ``runlocal`` (``make run``) stops every
+process it started, the control plane included, leaving no process and no listening port behind."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+import requests
+
+from gpustack_models.kinds import GROUP
+from gpustack_models.local.cluster import free_port
+from tests.support import REPO, wait_for
+from tests.support.worker import WorkerStack, database_url
+from tests.test_plugins import Scenario, big_files
+
+# The test database (pytest-django names it only for tests that use it), for the roles started here.
+pytestmark = pytest.mark.django_db
+
+BOUND = 10.0  # seconds from SIGTERM to exit, for every role
+STORAGE = f"/apis/{GROUP}/v1alpha1"
+
+
+def spawn(argv: list[str], env: dict, log: Path) -> subprocess.Popen:
+    """A role as its own process group (so what it leaves behind can be found)."""
+    with open(log, "ab") as out:
+        return subprocess.Popen(
+            argv,
+            cwd=REPO,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+
+
+def sigterm_and_time(proc: subprocess.Popen, log: Path | None = None) -> float:
+    """SIGTERM ``proc``; seconds until it exited (fails past twice the bound, killing its group)."""
+    started = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(2 * BOUND)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(5)
+        raise AssertionError(f"still running {2 * BOUND:.0f} s after SIGTERM; log: {tail(log)}") from None
+    seconds = time.monotonic() - started
+    print(f"{' '.join(proc.args[1:4])}: exited {seconds:.2f} s after SIGTERM")  # shown with -s
+    return seconds
+
+
+def group_left(pgid: int) -> list[str]:
+    """The processes still running in process group ``pgid`` (``pid command`` each; a zombie has
+    exited, only not been reaped yet by its new parent)."""
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return []
+    left = []
+    for entry in Path("/proc").iterdir():
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            if entry.name.isdigit() and int(fields[2]) == pgid and fields[0] not in ("Z", "X"):
+                command = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+                left.append(f"{entry.name} {command[:200]}")
+        except (OSError, IndexError, ValueError):
+            continue
+    return left
+
+
+def tail(path: Path | None, lines: int = 40) -> str:
+    if path is None or not path.exists():
+        return ""
+    return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+
+
+def create_artifact(kube, namespace: str, name: str, repository: str) -> None:
+    kube.create(
+        f"{STORAGE}/namespaces/{namespace}/modelartifacts",
+        {
+            "apiVersion": f"{GROUP}/v1alpha1",
+            "kind": "ModelArtifact",
+            "metadata": {"name": name},
+            "spec": {"source": {"huggingFace": {"repository": repository}}},
+        },
+    )
+
+
+def broker_messages(data_dir: Path) -> list[str]:
+    """The bodies (JSON text) of the task messages in the file broker of ``data_dir``."""
+    bodies = []
+    for path in (data_dir / "celery" / "broker" / "queue").glob("*.msg"):
+        try:
+            message = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue  # being written
+        bodies.append(message["headers"]["task"] + " " + base64.b64decode(message["body"]).decode())
+    return bodies
+
+
+@pytest.fixture
+def db_url(django_db_setup, django_db_blocker):
+    with django_db_blocker.unblock():
+        return database_url()
+
+
+# --- the API ------------------------------------------------------------------------------------------
+
+
+def test_the_gunicorn_hooks_the_api_extends_to_stop_exist():
+    """An upgrade renaming them would silently bring back stops at the graceful timeout: fail here."""
+    from gunicorn.asgi.protocol import ASGIProtocol
+    from gunicorn.workers import gasgi
+
+    from gpustack_models.api.tls_worker import TLSASGIProtocol, TLSASGIWorker
+
+    for name in ("handle_exit_signal", "handle_quit_signal"):
+        assert callable(getattr(gasgi.ASGIWorker, name, None)) and name in TLSASGIWorker.__dict__
+    assert callable(getattr(ASGIProtocol, "_close_transport", None)) and "_close_transport" in TLSASGIProtocol.__dict__
+
+
+def test_the_api_ends_its_open_watches_and_stops_within_10s(
+    launcher, cluster, worker_kube, namespace, db_url, tmp_path
+):
+    from tests.support.worker import WorkerAPI
+
+    create_artifact(worker_kube, namespace, "watched", "org/nowhere")
+    api = WorkerAPI(launcher, free_port(), db_url)
+    log = tmp_path / "api.log"
+    argv = [sys.executable, "manage.py", "runapiserver", f"--port={api.port}", "--workers=2"]
+    proc = spawn(argv + [f"--certfile={api.crt}", f"--keyfile={api.key}"], api.env(), log)
+    try:
+        session = api.session(
+            cert=(str(cluster.pki_path("front-proxy-client.crt")), str(cluster.pki_path("front-proxy-client.key"))),
+            headers={"X-Remote-User": "admin", "X-Remote-Group": "system:masters"},
+        )
+        wait_for(lambda: _answers(session, api.url, proc), timeout=60, message="the API to listen")
+        url = f"{api.url}/apis/{GROUP}/v1/namespaces/{namespace}/modelartifacts?watch=true&timeoutSeconds=300"
+        watches = [Watch(session, url) for _ in range(4)]
+        for watch in watches:
+            wait_for(lambda w=watch: w.events, timeout=30, message="the watch to relay the artifact")
+        sent = time.monotonic()
+        seconds = sigterm_and_time(proc, log)
+        # By itself: not killed by gunicorn at its 5 s graceful timeout, which open watches used to reach.
+        assert seconds < 5, f"the API stopped {seconds:.1f} s after SIGTERM; log: {tail(log)}"
+        for watch in watches:
+            watch.thread.join(5)
+            assert watch.ended_after is not None, "a watch was still open after the API stopped"
+            # Ended cleanly (the chunked stream's last chunk), well before the 5 s graceful timeout that
+            # would have killed the worker.
+            assert watch.error is None, f"the watch broke instead of ending: {watch.error}"
+            assert watch.ended_after - sent < 3.5, f"a watch ended {watch.ended_after - sent:.1f} s after SIGTERM"
+        assert not group_left(proc.pid), f"gunicorn left processes behind: {group_left(proc.pid)}"
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+
+
+def _answers(session, url, proc) -> bool:
+    assert proc.poll() is None, "the API exited at start"
+    try:
+        return session.get(f"{url}/healthz", timeout=2).status_code == 200
+    except requests.RequestException:
+        return False
+
+
+class Watch:
+    """One watch read on its own thread: its events, when and how it ended."""
+
+    def __init__(self, session, url):
+        self.events: list[dict] = []
+        self.ended_after: float | None = None
+        self.error: Exception | None = None
+        self.resp = session.get(url, stream=True, timeout=(5, 60))
+        assert self.resp.status_code == 200, self.resp.text
+        self.thread = threading.Thread(target=self.read, daemon=True)
+        self.thread.start()
+
+    def read(self):
+        try:
+            for line in self.resp.iter_lines():
+                if line:
+                    self.events.append(json.loads(line))
+        except Exception as exc:
+            self.error = exc
+        self.ended_after = time.monotonic()
+
+
+# --- the informers --------------------------------------------------------------------------------------
+
+
+def test_the_informers_close_their_watches_and_lose_no_event_within_10s(launcher, worker_kube, namespace, tmp_path):
+    env = dict(os.environ, KUBECONFIG=str(launcher.worker_kubeconfig), GPUSTACK_DATA_DIR=str(tmp_path))
+    env.pop("CELERY_BROKER_URL", None)  # the file broker under tmp_path: what the informers sent, read back
+    env.pop("CELERY_RESULT_BACKEND", None)
+    log = tmp_path / "informers.log"
+    proc = spawn([sys.executable, "manage.py", "runinformers"], env, log)
+    try:
+        wait_for(
+            lambda: sum("record_informer" in m for m in broker_messages(tmp_path)) >= 6,
+            timeout=60,
+            message="the six informers to list",
+        )
+        time.sleep(1.5)  # every watch open and quiet: blocked in a read
+        names = [f"seen-{i}-{uuid.uuid4().hex[:6]}" for i in range(5)]
+        for name in names:
+            create_artifact(worker_kube, namespace, name, "org/nowhere")
+        time.sleep(1.0)  # the events reach the informer (buffered or sent)
+        seconds = sigterm_and_time(proc, log)
+        assert seconds < BOUND, f"the informers stopped {seconds:.1f} s after SIGTERM; log: {tail(log)}"
+        assert proc.returncode == 0, tail(log)
+        sent = "\n".join(broker_messages(tmp_path))
+        assert all(name in sent for name in names), f"events lost at the stop: {[n for n in names if n not in sent]}"
+        assert not group_left(proc.pid), group_left(proc.pid)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+
+
+# --- Celery worker and beat ------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def own_hub():
+    """A fake hub only this test's workers talk to: its request log is theirs alone."""
+    from tests.fakehub import FakeHub
+
+    with FakeHub() as fake:
+        yield fake
+
+
+def own_broker() -> str:
+    """A Redis database of the suite's server no other worker reads, emptied."""
+    import redis
+
+    url = os.environ.get("CELERY_BROKER_URL", "")
+    if not url.startswith("redis"):
+        pytest.fail("the suite runs with its Redis broker (make test)")
+    url = re.sub(r"/\d+$", "", url.rstrip("/")) + "/11"
+    redis.Redis.from_url(url).flushdb()
+    return url
+
+
+def resolved_commit(kube, namespace: str, name: str) -> str | None:
+    obj = kube.get(f"{STORAGE}/namespaces/{namespace}/modelartifacts/{name}")
+    resolved = (obj.get("status") or {}).get("resolved") or {}
+    return resolved.get("revision") if resolved.get("manifestDigest") else None
+
+
+def test_a_celery_worker_finishes_short_tasks_hands_long_ones_back_and_stops_within_10s(
+    launcher, worker_kube, namespace, own_hub, db_url, tmp_path, monkeypatch
+):
+    from celery import Celery
+
+    short, long = f"org/short-{uuid.uuid4().hex[:6]}", f"org/long-{uuid.uuid4().hex[:6]}"
+    commits = {repo: own_hub.add_hf_repo(repo, {"config.json": repo.encode()}) for repo in (short, long)}
+    create_artifact(worker_kube, namespace, "short", short)
+    create_artifact(worker_kube, namespace, "long", long)
+    held = own_hub.faults.delay(f"/api/models/{long}/revision", seconds=120)  # in flight past any grace
+    own_hub.faults.delay(f"/api/models/{short}/revision", seconds=3)  # finishes within the grace
+    broker = own_broker()
+    env = dict(WorkerStack(launcher, own_hub, db_url).env(), CELERY_BROKER_URL=broker, CELERY_RESULT_BACKEND=broker)
+    env.update(GPUSTACK_HUB_TIMEOUT="300", GPUSTACK_CELERY_SHUTDOWN_GRACE_SECONDS="5")
+    argv = [sys.executable, "-m", "celery", "-A", "config", "worker", "--pool=prefork", "--concurrency=2"]
+    argv += ["--without-gossip", "--without-mingle", "--loglevel=INFO"]
+    log = tmp_path / "celery.log"
+    first = spawn(argv + ["-n", "first@%h"], env, log)
+    try:
+        monkeypatch.setenv("CELERY_BROKER_URL", broker)  # Celery prefers it to the app's own broker
+        client = Celery("client", broker=broker)
+        for name in ("long", "short"):
+            client.send_task("gpustack_models.resolve_artifact", args=[namespace, name])
+
+        def asked(repo):
+            return [r for r in own_hub.requests if r.path.startswith(f"/api/models/{repo}/revision")]
+
+        wait_for(lambda: asked(long) and asked(short), timeout=60, message="both resolutions in flight")
+        seconds = sigterm_and_time(first, log)
+        assert seconds < BOUND, f"the worker stopped {seconds:.1f} s after SIGTERM; log: {tail(log)}"
+        assert not group_left(first.pid), f"processes outlived the worker: {group_left(first.pid)}"
+        # The short task finished before the worker stopped; the long one did not and was not acknowledged.
+        assert resolved_commit(worker_kube, namespace, "short") == commits[short]
+        assert len(asked(short)) == 1
+        assert resolved_commit(worker_kube, namespace, "long") is None
+        assert len(asked(long)) == 1
+        second = spawn(argv + ["-n", "second@%h"], env, log)
+        try:
+            wait_for(
+                lambda: resolved_commit(worker_kube, namespace, "long"),
+                timeout=60,
+                message=f"the long task delivered again and done; log: {tail(log)}",
+            )
+        finally:
+            sigterm_and_time(second, log)
+        assert resolved_commit(worker_kube, namespace, "long") == commits[long]
+        assert len(asked(long)) == 2 and len(asked(short)) == 1  # each task ran to its end once
+    finally:
+        held.release()
+        for proc in (first, locals().get("second")):
+            if proc is not None and proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+
+
+def test_celery_beat_stops_within_10s(tmp_path, db_url):
+    env = dict(
+        os.environ, GPUSTACK_DATA_DIR=str(tmp_path), DATABASE_URL=db_url, GPUSTACK_COLLECTION_INTERVAL_SECONDS="1"
+    )
+    env.pop("CELERY_BROKER_URL", None)
+    env.pop("CELERY_RESULT_BACKEND", None)
+    log = tmp_path / "beat.log"
+    argv = [sys.executable, "-m", "celery", "-A", "config", "beat", f"--schedule={tmp_path / 'schedule'}"]
+    proc = spawn(argv + ["--loglevel=INFO"], env, log)
+    try:
+        wait_for(
+            lambda: sum("gpustack_models.collect" in m for m in broker_messages(tmp_path)) >= 2,
+            timeout=60,
+            message="beat to send the collection pass twice",
+        )
+        seconds = sigterm_and_time(proc, log)
+        assert seconds < BOUND, f"beat stopped {seconds:.1f} s after SIGTERM; log: {tail(log)}"
+        assert not group_left(proc.pid), group_left(proc.pid)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+
+
+# --- the node plugin ---------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def scenario(worker_stack, worker_api, hub, worker_kube, admin_http, cluster, namespace, start_plugin):
+    yield Scenario(hub, worker_kube, admin_http, cluster, namespace, start_plugin)
+    hub.faults.clear()
+
+
+def metric(plugin, name: str) -> float:
+    text = requests.get(f"{plugin.url}/metrics", verify=False, timeout=5).text
+    match = re.search(rf"^{name} (\S+)$", text, re.M)
+    assert match, f"no {name} in the plugin's metrics"
+    return float(match.group(1))
+
+
+def test_a_plugin_checkpoints_its_download_stops_within_10s_and_resumes(scenario, hub):
+    scenario.artifact(files=big_files(scenario.repo, mb=8))
+    size = len(scenario.files["model.safetensors"])
+    (plugin,) = scenario.plugins(1)
+    hub.faults.throttle(scenario.weights, 700_000, times=None)  # ~12 s: in flight when SIGTERM comes
+    scenario.prefetch([plugin])
+    scenario.wait_state(plugin.node, "Downloading")
+    checkpoint = plugin.cache / "partial" / scenario.digest.split(":", 1)[1] / "checkpoint.json"
+
+    def hashed() -> int:
+        try:
+            files = json.loads(checkpoint.read_text()).get("files") or {}
+        except (OSError, ValueError):
+            return 0
+        return (files.get("model.safetensors") or {}).get("hashed") or 0
+
+    wait_for(lambda: hashed() >= 1_000_000, timeout=60, message="a checkpoint past 1 MB")
+    seconds = sigterm_and_time(plugin.proc)
+    assert seconds < BOUND, f"the plugin stopped {seconds:.1f} s after SIGTERM"
+    kept = hashed()
+    assert 1_000_000 <= kept < size
+    assert scenario.entry(plugin.node)["state"] == "Downloading"  # not failed: resumed at the next start
+    before = len(hub.requests)
+    hub.faults.clear()
+    plugin.start()
+    scenario.wait_state(plugin.node, "Ready", timeout=120)
+    assert metric(plugin, "gpustack_models_plugin_resumed_bytes_total") >= kept
+    after = [r for r in hub.requests[before:] if scenario.weights in r.path and r.method == "GET"]
+    starts = [int(r.range.split("=")[1].split("-")[0]) for r in after if r.range]
+    assert starts and min(starts) >= kept, f"the restart asked again from {starts}"
+    assert sum(r.bytes_sent for r in after) <= size - kept
+    assert (scenario.tree(plugin) / "model.safetensors").read_bytes() == scenario.files["model.safetensors"]
+
+
+# --- make run ----------------------------------------------------------------------------------------------
+
+
+def descendants(root: int) -> dict[int, tuple[int, str]]:
+    """Every process below ``root``: pid -> (process group, start time)."""
+    children: dict[int, list[int]] = {}
+    info = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        pid = int(entry.name)
+        children.setdefault(int(fields[1]), []).append(pid)
+        info[pid] = (int(fields[2]), fields[19])
+    found, todo = {}, [root]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found[child] = info[child]
+            todo.append(child)
+    return found
+
+
+def still_running(pid: int, start_time: str) -> bool:
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return False
+    return fields[19] == start_time and fields[0] != "Z"
+
+
+def listening(ports: set[int]) -> set[int]:
+    """Which of ``ports`` a socket listens on (any address, IPv4 or IPv6)."""
+    found = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            fields = line.split()
+            port = int(fields[1].rsplit(":", 1)[1], 16)
+            if fields[3] == "0A" and port in ports:
+                found.add(port)
+    return found
+
+
+def test_make_run_stops_every_process_it_started_within_10s():
+    data_dir = Path(tempfile.mkdtemp(prefix="gpm-run-"))  # short: the CSI socket's path is bounded
+    api_port, plugin_port, console_port = free_port(), free_port(), free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUSTACK_") or k == "GPUSTACK_KUBE_CACHE"}
+    for name in ("DATABASE_URL", "CELERY_BROKER_URL", "CELERY_RESULT_BACKEND", "KUBECONFIG"):
+        env.pop(name, None)  # its own SQLite and file broker, as `make run` on a fresh checkout
+    env.update(
+        GPUSTACK_DATA_DIR=str(data_dir),
+        GPUSTACK_LOCAL_CLUSTER_PORTS="free",  # never the suite's control plane, nor another run's
+        GPUSTACK_API_PORT=str(api_port),
+        GPUSTACK_PLUGIN_PORT=str(plugin_port),
+        GPUSTACK_CONSOLE_ADDR=f"127.0.0.1:{console_port}",
+    )
+    log = data_dir / "runlocal.log"
+    proc = spawn([sys.executable, "manage.py", "runlocal"], env, log)
+    started: dict[int, tuple[int, str]] = {}
+    try:
+        wait_for(lambda: _running(proc, log), timeout=300, interval=1, message="runlocal to start")
+        cluster_ports = set(json.loads((data_dir / "cluster.json").read_text())["ports"].values())
+        ports = cluster_ports | {api_port, plugin_port, console_port}
+        wait_for(lambda: listening(ports) == ports, timeout=60, message=f"every port to listen ({ports})")
+        started = descendants(proc.pid)
+        groups = {pgid for pgid, _ in started.values()} | {proc.pid}
+        assert len(started) >= 12, started  # control plane, API, console, Celery, beat, informers, plugin
+        seconds = sigterm_and_time(proc, log)
+        assert seconds < BOUND, f"runlocal stopped {seconds:.1f} s after SIGTERM; log: {tail(log)}"
+        left = [pid for pid, (_, start) in started.items() if still_running(pid, start)]
+        assert not left, f"processes left running: {left}"
+        assert not [group_left(g) for g in groups if group_left(g)], "a process group it started has processes"
+        assert not listening(ports), f"ports still listening: {listening(ports)}"
+        assert "stopped" in log.read_text()
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        for pgid in {pgid for pgid, _ in started.values()}:
+            try:
+                os.killpg(pgid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        shutil.rmtree(data_dir, ignore_errors=True)
+
+
+def _running(proc, log) -> bool:
+    assert proc.poll() is None, f"runlocal exited with {proc.returncode}: {tail(log)}"
+    return "gpustack-models is running" in log.read_text(errors="replace")
