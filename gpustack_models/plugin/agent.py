@@ -309,8 +309,8 @@ class Plugin:
         closing = threading.Thread(target=self.engine.close, kwargs={"timeout": STOP_SECONDS}, name="engine-close")
         closing.start()
         server.shutdown()
-        if peers is not None:
-            peers.shutdown()
+        if self.peers is not None:
+            self.peers.shutdown()
         if csi is not None:
             csi.stop()  # the mounts stay: Pods keep their models while the plugin restarts
         closing.join()
