@@ -37,7 +37,7 @@ def run_side(make, hub, files, rate, *, nodes: int, fanout: bool, name: str) -> 
 
 def test_bench_fanout_vs_hub_only(bench, hub, bench_scale, record):
     full = bench_scale == "full"
-    nodes, mb, rate = (8, 256, 32 * MiB) if full else (3, 4, 2 * MiB)  # smoke: does it work at all
+    nodes, mb, rate = (8, 128, 16 * MiB) if full else (3, 4, 8 * MiB)  # smoke: does it work at all
     files_a, files_b = model(f"bench-fan-{time.time_ns()}", mb), model(f"bench-hub-{time.time_ns()}", mb)
     size = size_of(files_a)
     fan_s, fan_bytes = run_side(bench, hub, files_a, rate, nodes=nodes, fanout=True, name="fan")
