@@ -63,7 +63,9 @@ class FanOut:
             fine=bool(peers),
         )
         self.board.set_peers(peers)
-        if not peers and self.access.refresh is not None:
+        if not any(p.state == "Ready" for p in peers) and self.access.refresh is not None:
+            # Nobody holds it yet: the nodes placed beside us may not all be listed; ask the hub nothing
+            # until the ticket was asked again, so each node's share is computed over all of them.
             self.board.settle(self.settings.peer_settle)
         self.client = PeerClient(self.ticket.hex, self.access, d.settings.stall_timeout, d.limits.rate, d._frontier)
         self._poller = threading.Thread(target=self._poll, name=f"peers-{self.ticket.hex[:8]}", daemon=True)
@@ -99,7 +101,8 @@ class FanOut:
 
     def _poll(self) -> None:
         settings = self.settings
-        refresh_at = time.monotonic() + (settings.peer_settle if not self.board.fine else settings.peer_refresh)
+        held = self.board.hold_until > time.monotonic()
+        refresh_at = time.monotonic() + (settings.peer_settle / 2 if held else settings.peer_refresh)
         while not self._done.wait(min(settings.peer_poll, max(0.05, refresh_at - time.monotonic()))):
             if self.access.refresh is not None and time.monotonic() >= refresh_at:
                 refresh_at = time.monotonic() + settings.peer_refresh

@@ -22,7 +22,8 @@ what:
   not by everyone. At least two hub requests run whenever owned segments wait, so a node always
   moves its share forward while it takes the rest from peers. The ticket's peer list is asked for
   again every ``peer_refresh`` seconds, so nodes that started with no peer soon know each other
-  (a ticket with no peer waits ``peer_settle`` seconds for them first; then a node asks the hub for
+  (a ticket with no Ready peer asks the hub nothing for ``peer_settle`` seconds, its peer list asked
+  for again halfway, so that the nodes placed together all count in each segment's owner; then a node asks the hub for
   its surest share first, the segments where its own hash ranks highest, which stay its own however
   many nodes it has not heard of yet).
 - **Stragglers.** When nothing else can be started and a peer's segment in flight has taken four
@@ -68,7 +69,7 @@ class SwarmSettings:
     peer_wait: float = 120.0  # seconds a segment waits for a peer before this node asks the hub anyway
     peer_stall: float = 15.0  # a Downloading peer whose ranges did not grow for this long owns nothing
     peer_refresh: float = 2.0  # seconds between asks for the ticket's peer list
-    peer_settle: float = 2.0  # a ticket without peers: wait this long for the peers starting beside us
+    peer_settle: float = 2.0  # a ticket without a Ready peer: no hub request for this long (peers starting beside us)
     peer_poll: float = 0.5  # seconds between tree answers asked of each Downloading peer
     straggle_seconds: float = 2.0  # a segment in flight is never a straggler sooner
     hub_floor: int = 2  # hub requests kept running while owned segments wait
@@ -325,7 +326,7 @@ class Board:
         return owner
 
     def _hub_ok(self, seg: Segment, now: float) -> bool:
-        if not self.hub_allowed:
+        if not self.hub_allowed or now < self.hold_until:
             return False
         if now - seg.waiting_since >= self.settings.peer_wait:
             return True
