@@ -283,9 +283,10 @@ def test_a_celery_worker_finishes_short_tasks_hands_long_ones_back_and_stops_wit
     first = spawn(argv + ["-n", "first@%h"], env, log)
     try:
         monkeypatch.setenv("CELERY_BROKER_URL", broker)  # Celery prefers it to the app's own broker
-        client = Celery("client", broker=broker)
-        for name in ("long", "short"):
-            client.send_task("gpustack_models.resolve_artifact", args=[namespace, name])
+        # Not the current app: the suite's shared tasks must keep resolving to the product's own app.
+        with Celery("client", broker=broker, set_as_current=False) as client:
+            for name in ("long", "short"):
+                client.send_task("gpustack_models.resolve_artifact", args=[namespace, name])
 
         def asked(repo):
             return [r for r in own_hub.requests if r.path.startswith(f"/api/models/{repo}/revision")]
