@@ -8,6 +8,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from gpustack_models.kinds import GROUP
+from gpustack_models.kube.errors import TooManyRequests
 from gpustack_models.models import Artifact, InformerState, NodeStore
 from tests.support import wait_for
 
@@ -106,7 +107,10 @@ class Population:
 
     def converged(self, timeout=60):
         def same():
-            cluster = self.cluster_state()
+            try:
+                cluster = self.cluster_state()
+            except TooManyRequests:  # a kube-apiserver just restarted: "storage is (re)initializing"
+                return None
             return cluster if self.mirror_state() == cluster else None
 
         return wait_for(same, timeout=timeout, interval=0.5, message="the mirror to equal the cluster")
