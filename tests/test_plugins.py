@@ -155,7 +155,8 @@ def test_it_downloads_to_three_nodes_with_live_progress(scenario, hub, kubectl, 
         hub.faults.clear()
         for p in plugins:
             scenario.wait_state(p.node, "Ready", timeout=120)
-        done = scenario.progress()
+        # progress reads the mirror, a moment behind the stores' status the waits above read
+        done = wait_for(lambda: (pr := scenario.progress())["ready"] == 3 and pr, timeout=30, message="3 ready")
         assert (done["ready"], done["downloading"], done["live"]) == (3, 0, 0)
         assert "downloadingPercent" not in done
         assert scenario.progress("twin", ns=other)["ready"] == 3
