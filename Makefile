@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: run test unit lint bench fuzz venv protos controlplane csi-sanity manifests clean
+.PHONY: run test unit lint bench fuzz venv protos controlplane csi-sanity helm manifests clean
 
 venv: $(VENV)/.installed protos
 
@@ -27,6 +27,10 @@ controlplane:
 csi-sanity:
 	@deploy/csi-sanity/build.sh >/dev/null
 
+# Builds (or reuses) helm, which lints, renders and installs the chart in the tests, in the same cache.
+helm:
+	@deploy/helm/build.sh >/dev/null
+
 run: venv controlplane
 	$(PY) manage.py runlocal
 
@@ -42,7 +46,7 @@ lint: venv
 unit: venv
 	$(PY) -m pytest tests/unit -q $(PYTEST_ARGS)
 
-test: venv controlplane csi-sanity lint
+test: venv controlplane csi-sanity helm lint
 	$(PY) -m tests.services -- $(PY) -m pytest $(PYTEST_ARGS)
 
 # Benchmarks at full size, results printed together at the end.

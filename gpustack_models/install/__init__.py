@@ -39,8 +39,10 @@ def manifest_files() -> dict[Path, str]:
 
 
 def deploy_files() -> dict[Path, str]:
-    """Everything under deploy/ that is generated: the CRDs and the files above."""
-    return {**crd_files(), **manifest_files()}
+    """Everything under deploy/ that is generated: the CRDs, the files above and the chart's generated part."""
+    from .chart import chart_files
+
+    return {**crd_files(), **manifest_files(), **chart_files()}
 
 
 def stale_files() -> list[Path]:

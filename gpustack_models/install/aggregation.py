@@ -10,25 +10,31 @@ from gpustack_models.kinds import GROUP, PUBLIC_VERSION
 
 from .common import meta
 
+API_LABELS = {"app.kubernetes.io/name": "gpustack-models-api"}
 
-def api_service(ca_bundle: bytes, port: int) -> list[dict]:
+
+def api_service(ca_bundle: bytes, port: int, in_cluster: bool = False) -> list[dict]:
     """The Service and APIService that route ``worker.gpustack.ai/v1`` to the worker.
 
-    For a worker outside the cluster (local runs, tests) the Service is an ExternalName ``localhost``:
+    In a cluster the Service selects the API's Pods (the chart's, labelled ``API_LABELS``, port ``https``).
+    For a worker outside the cluster (local runs, tests) it is an ExternalName ``localhost``:
     EndpointSlices refuse loopback addresses, and kube-apiserver dials ``<externalName>:<port>``.
     """
     name, ns = settings.API_SERVICE_NAME, settings.NAMESPACE
+    if in_cluster:
+        spec = {
+            "type": "ClusterIP",
+            "selector": dict(API_LABELS),
+            "ports": [{"name": "https", "port": port, "targetPort": "https", "protocol": "TCP"}],
+        }
+    else:
+        spec = {
+            "type": "ExternalName",
+            "externalName": "localhost",
+            "ports": [{"name": "https", "port": port, "protocol": "TCP"}],
+        }
     return [
-        {
-            "apiVersion": "v1",
-            "kind": "Service",
-            "metadata": meta(name, ns),
-            "spec": {
-                "type": "ExternalName",
-                "externalName": "localhost",
-                "ports": [{"name": "https", "port": port, "protocol": "TCP"}],
-            },
-        },
+        {"apiVersion": "v1", "kind": "Service", "metadata": meta(name, ns), "spec": spec},
         {
             "apiVersion": "apiregistration.k8s.io/v1",
             "kind": "APIService",

@@ -18,13 +18,16 @@ from gpustack_models.kinds import GROUP, KINDS
 from .common import RBAC, meta, service_account_subject
 
 
-def namespace_objects() -> list[dict]:
+def service_accounts() -> list[dict]:
     ns = settings.NAMESPACE
     return [
-        {"apiVersion": "v1", "kind": "Namespace", "metadata": meta(ns)},
         {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": meta(settings.WORKER_SERVICE_ACCOUNT, ns)},
         {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": meta(settings.PLUGIN_SERVICE_ACCOUNT, ns)},
     ]
+
+
+def namespace_objects() -> list[dict]:
+    return [{"apiVersion": "v1", "kind": "Namespace", "metadata": meta(settings.NAMESPACE)}, *service_accounts()]
 
 
 def role(kind: str, name: str, rules: list[dict], namespace: str | None = None) -> dict:

@@ -1,0 +1,173 @@
+{{/* Labels of every object the chart writes by hand (the generated ones carry part-of). */}}
+{{- define "gpustack-models.labels" -}}
+app.kubernetes.io/part-of: gpustack-models
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
+{{- end }}
+
+{{- define "gpustack-models.image" -}}
+{{ .Values.image.repository }}:{{ .Values.image.tag | default .Chart.AppVersion }}
+{{- end }}
+
+{{- define "gpustack-models.apiHost" -}}
+gpustack-models-api.{{ .Release.Namespace }}.svc
+{{- end }}
+
+{{/*
+The serving certificates the chart makes when cert-manager does not: the API's (for its Service, signed by
+a CA of its own) and the plugins' CA (the API signs each plugin's certificate for its Pod IP with it).
+Made once per render and kept across upgrades: an existing Secret is read back with lookup.
+*/}}
+{{- define "gpustack-models.pki" -}}
+{{- if not (hasKey .Values "_pki") }}
+{{- $ns := .Release.Namespace }}
+{{- $pki := dict }}
+{{- $api := lookup "v1" "Secret" $ns "gpustack-models-api-serving" }}
+{{- if and $api $api.data (index $api.data "tls.crt") }}
+{{- $_ := set $pki "apiCA" (index $api.data "ca.crt" | b64dec) }}
+{{- $_ := set $pki "apiCert" (index $api.data "tls.crt" | b64dec) }}
+{{- $_ := set $pki "apiKey" (index $api.data "tls.key" | b64dec) }}
+{{- else }}
+{{- $ca := genCA "gpustack-models-api-ca" 3650 }}
+{{- $host := printf "gpustack-models-api.%s" $ns }}
+{{- $names := list "gpustack-models-api" $host (printf "%s.svc" $host) (printf "%s.svc.cluster.local" $host) }}
+{{- $cert := genSignedCert (printf "%s.svc" $host) nil $names 3650 $ca }}
+{{- $_ := set $pki "apiCA" $ca.Cert }}
+{{- $_ := set $pki "apiCert" $cert.Cert }}
+{{- $_ := set $pki "apiKey" $cert.Key }}
+{{- end }}
+{{- $plugin := lookup "v1" "Secret" $ns "gpustack-models-plugin-ca" }}
+{{- if and $plugin $plugin.data (index $plugin.data "tls.crt") }}
+{{- $_ := set $pki "pluginCA" (index $plugin.data "tls.crt" | b64dec) }}
+{{- $_ := set $pki "pluginKey" (index $plugin.data "tls.key" | b64dec) }}
+{{- else }}
+{{- $ca := genCA "gpustack-models-plugin-ca" 3650 }}
+{{- $_ := set $pki "pluginCA" $ca.Cert }}
+{{- $_ := set $pki "pluginKey" $ca.Key }}
+{{- end }}
+{{- $_ := set .Values "_pki" $pki }}
+{{- end }}
+{{- end }}
+
+{{/* The API's serving CA for the APIService and the webhook; empty when cert-manager injects it. */}}
+{{- define "gpustack-models.caBundle" -}}
+{{- if not .Values.certManager.enabled }}
+{{- include "gpustack-models.pki" . }}
+{{- .Values._pki.apiCA | b64enc }}
+{{- end }}
+{{- end }}
+
+{{/* Environment every worker role shares. */}}
+{{- define "gpustack-models.workerEnv" -}}
+- name: GPUSTACK_NAMESPACE
+  valueFrom: {fieldRef: {fieldPath: metadata.namespace}}
+- name: DATABASE_URL
+  valueFrom: {secretKeyRef: {name: {{ .Values.database.existingSecret | quote }}, key: {{ .Values.database.key | quote }}}}
+- name: CELERY_BROKER_URL
+  valueFrom: {secretKeyRef: {name: {{ .Values.redis.existingSecret | quote }}, key: {{ .Values.redis.key | quote }}}}
+- name: CELERY_RESULT_BACKEND
+  valueFrom: {secretKeyRef: {name: {{ .Values.redis.existingSecret | quote }}, key: {{ .Values.redis.key | quote }}}}
+- name: SECRET_KEY
+  valueFrom: {secretKeyRef: {name: {{ .Values.secretKey.existingSecret | default "gpustack-models-secret-key" | quote }}, key: SECRET_KEY}}
+- name: GPUSTACK_DATA_DIR
+  value: /var/lib/gpustack-models
+- name: GPUSTACK_PLUGIN_CA_FILE
+  value: /etc/gpustack-models/plugin-ca/tls.crt
+- name: GPUSTACK_PLUGIN_PORT
+  value: {{ .Values.plugin.port | quote }}
+- name: GPUSTACK_PLUGIN_PEER_PORT
+  value: {{ .Values.plugin.peerPort | quote }}
+- name: GPUSTACK_DOWNLOAD_CONCURRENCY
+  value: {{ .Values.plugin.download.concurrency | quote }}
+- name: GPUSTACK_DOWNLOAD_BYTES_PER_SECOND
+  value: {{ .Values.plugin.download.bytesPerSecond | int64 | quote }}
+- name: GPUSTACK_UPLOAD_CONNECTIONS
+  value: {{ .Values.plugin.upload.connections | quote }}
+- name: GPUSTACK_UPLOAD_BYTES_PER_SECOND
+  value: {{ .Values.plugin.upload.bytesPerSecond | int64 | quote }}
+- name: GPUSTACK_METRICS_PORT
+  value: {{ .Values.metrics.port | quote }}
+- name: GPUSTACK_LEADER_LEASE_SECONDS
+  value: {{ .Values.leaderElection.leaseSeconds | quote }}
+- name: GPUSTACK_LEADER_RENEW_DEADLINE_SECONDS
+  value: {{ .Values.leaderElection.renewDeadlineSeconds | quote }}
+- name: GPUSTACK_LEADER_RETRY_SECONDS
+  value: {{ .Values.leaderElection.retrySeconds | quote }}
+{{- range $name, $value := .Values.env }}
+- name: {{ $name }}
+  value: {{ $value | quote }}
+{{- end }}
+{{- end }}
+
+{{/* The container security context of every role but the plugin. */}}
+{{- define "gpustack-models.restricted" -}}
+allowPrivilegeEscalation: false
+readOnlyRootFilesystem: true
+runAsNonRoot: true
+runAsUser: 10001
+capabilities: {drop: [ALL]}
+seccompProfile: {type: RuntimeDefault}
+{{- end }}
+
+{{/* Waits until the database has every migration (the migrate Job of this revision applies them). */}}
+{{- define "gpustack-models.waitForMigrations" -}}
+- name: wait-for-migrations
+  image: {{ include "gpustack-models.image" . }}
+  imagePullPolicy: {{ .Values.image.pullPolicy }}
+  command: ["sh", "-c", "until python manage.py migrate --check >/dev/null 2>&1; do echo waiting for migrations; sleep 3; done"]
+  env:
+    {{- include "gpustack-models.workerEnv" . | nindent 4 }}
+  securityContext:
+    {{- include "gpustack-models.restricted" . | nindent 4 }}
+  volumeMounts:
+    - {name: data, mountPath: /var/lib/gpustack-models}
+    - {name: plugin-ca, mountPath: /etc/gpustack-models/plugin-ca, readOnly: true}
+{{- end }}
+
+{{/* Volumes every worker role has: scratch space and the plugins' CA certificate (never its key). */}}
+{{- define "gpustack-models.workerVolumes" -}}
+- {name: data, emptyDir: {}}
+- {name: tmp, emptyDir: {medium: Memory}}
+- name: plugin-ca
+  secret: {secretName: gpustack-models-plugin-ca, items: [{key: tls.crt, path: tls.crt}]}
+{{- end }}
+
+{{- define "gpustack-models.workerMounts" -}}
+- {name: data, mountPath: /var/lib/gpustack-models}
+- {name: tmp, mountPath: /tmp}
+- {name: plugin-ca, mountPath: /etc/gpustack-models/plugin-ca, readOnly: true}
+{{- end }}
+
+{{/* The Pod-level settings of every worker role. */}}
+{{- define "gpustack-models.workerPod" -}}
+serviceAccountName: gpustack-models-worker
+automountServiceAccountToken: true
+securityContext: {runAsNonRoot: true, runAsUser: 10001, runAsGroup: 10001, fsGroup: 10001, seccompProfile: {type: RuntimeDefault}}
+{{- with .root.Values.imagePullSecrets }}
+imagePullSecrets: {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .values.nodeSelector }}
+nodeSelector: {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .values.tolerations }}
+tolerations: {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .values.affinity }}
+affinity: {{- toYaml . | nindent 2 }}
+{{- end }}
+initContainers:
+  {{- include "gpustack-models.waitForMigrations" .root | nindent 2 }}
+{{- end }}
+
+{{/* A worker role's metrics port and its probe. */}}
+{{- define "gpustack-models.metricsPort" -}}
+ports:
+  - {name: metrics, containerPort: {{ .Values.metrics.port }}, protocol: TCP}
+livenessProbe:
+  httpGet: {path: /metrics, port: metrics}
+  periodSeconds: 20
+  timeoutSeconds: 5
+  failureThreshold: 6
+{{- end }}

@@ -1,0 +1,252 @@
+"""The Helm chart, with helm built from its Go module (``deploy/helm``): ``helm lint --strict``, ``helm
+template`` with the default values and with cert-manager, every rendered object through kube-apiserver's
+server-side dry run, and ``helm install``, ``upgrade`` and ``uninstall`` against a control plane of its own
+(the suite's has the local worker's APIService and RBAC, which the chart would collide with)."""
+
+from __future__ import annotations
+
+import base64
+import json
+import subprocess
+
+import pytest
+import yaml
+
+from gpustack_models.local.cluster import LocalCluster, Ports
+from tests.support import REPO, TEST_STATE, wait_for
+from tests.support.kubernetes import kubectl_run
+
+CHART = REPO / "deploy" / "chart" / "gpustack-models"
+NS = "models-system"
+RELEASE = "models"
+CERT_MANAGER = ["--set", "certManager.enabled=true", "--set", "metrics.serviceMonitor.enabled=true"]
+
+# What the chart installs besides its CRDs: every role, the aggregation, the webhook, the CSI driver,
+# RBAC, the admission policies, the certificates and the NetworkPolicies.
+EXPECTED = {
+    ("Deployment", "gpustack-models-api"),
+    ("Deployment", "gpustack-models-informers"),
+    ("Deployment", "gpustack-models-worker"),
+    ("Deployment", "gpustack-models-beat"),
+    ("Deployment", "gpustack-models-console"),
+    ("DaemonSet", "gpustack-models-plugin"),
+    ("Job", "gpustack-models-migrate-1"),
+    ("Service", "gpustack-models-api"),
+    ("APIService", "v1.worker.gpustack.ai"),
+    ("MutatingWebhookConfiguration", "gpustack-models-placement"),
+    ("CSIDriver", "model.csi.gpustack.ai"),
+    ("ServiceAccount", "gpustack-models-worker"),
+    ("ServiceAccount", "gpustack-models-plugin"),
+    ("ClusterRole", "gpustack-models-worker"),
+    ("ClusterRole", "gpustack-models-plugin"),
+    ("ValidatingAdmissionPolicy", "gpustack-models-storage-writes"),
+    ("ValidatingAdmissionPolicy", "gpustack-models-status-writes"),
+    ("Secret", "gpustack-models-api-serving"),
+    ("Secret", "gpustack-models-plugin-ca"),
+    ("Secret", "gpustack-models-secret-key"),
+    ("NetworkPolicy", "gpustack-models-plugin"),
+    ("NetworkPolicy", "gpustack-models-api"),
+}
+
+
+@pytest.fixture(scope="module")
+def helm():
+    """The helm binary, built (or reused) by ``deploy/helm/build.sh``."""
+    out = subprocess.run([str(REPO / "deploy" / "helm" / "build.sh")], capture_output=True, text=True, check=True)
+    return out.stdout.strip().splitlines()[-1]
+
+
+@pytest.fixture(scope="module")
+def chart_cluster(cluster):
+    """A control plane of the chart's own."""
+    state = TEST_STATE / "chart-cluster"
+    LocalCluster(state).wipe()
+    lc = LocalCluster(state, ports=Ports.free(), bin_dir=cluster.bin_dir)
+    try:
+        lc.start()
+        yield lc
+    finally:
+        lc.stop()
+
+
+def run_helm(helm: str, *args: str, lc: LocalCluster | None = None, check: bool = True) -> subprocess.CompletedProcess:
+    env = {
+        "HOME": str(TEST_STATE / "helm-home"),
+        "PATH": "/usr/bin:/bin",
+        "HELM_CACHE_HOME": str(TEST_STATE / "helm-cache"),
+    }
+    cmd = [helm, *args]
+    if lc is not None:
+        cmd += ["--kubeconfig", str(lc.kubeconfig)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"helm {' '.join(args)} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
+    return proc
+
+
+def render(helm: str, *values: str) -> list[dict]:
+    text = run_helm(helm, "template", RELEASE, str(CHART), "--namespace", NS, *values).stdout
+    return [doc for doc in yaml.safe_load_all(text) if doc]
+
+
+def by_kind(objects: list[dict], kind: str, name: str) -> dict:
+    (found,) = [o for o in objects if o["kind"] == kind and o["metadata"]["name"] == name]
+    return found
+
+
+def b64(text: str) -> str:
+    return base64.b64encode(text.encode()).decode()
+
+
+# --- lint and template -----------------------------------------------------------------------------------
+def test_lint_strict_passes_with_the_default_values_and_with_cert_manager(helm):
+    for values in ([], CERT_MANAGER):
+        out = run_helm(helm, "lint", "--strict", str(CHART), *values)
+        assert "1 chart(s) linted, 0 chart(s) failed" in out.stdout, out.stdout
+
+
+def test_the_schema_refuses_a_bad_value_naming_it(helm):
+    proc = run_helm(helm, "template", RELEASE, str(CHART), "--set", "plugin.port=70000", check=False)
+    assert proc.returncode != 0
+    assert "plugin" in proc.stderr and "port" in proc.stderr, proc.stderr
+    proc = run_helm(helm, "template", RELEASE, str(CHART), "--set", "api.nosuchvalue=1", check=False)
+    assert proc.returncode != 0 and "nosuchvalue" in proc.stderr, proc.stderr
+
+
+def test_the_default_render_has_every_part_and_one_serving_ca(helm):
+    objects = render(helm)
+    names = {(o["kind"], o["metadata"]["name"]) for o in objects}
+    assert names >= EXPECTED, EXPECTED - names
+    serving = by_kind(objects, "Secret", "gpustack-models-api-serving")["data"]
+    ca = serving["ca.crt"]
+    # The APIService and the webhook trust the CA that signed the serving certificate in the same render.
+    assert by_kind(objects, "APIService", "v1.worker.gpustack.ai")["spec"]["caBundle"] == ca
+    webhook = by_kind(objects, "MutatingWebhookConfiguration", "gpustack-models-placement")["webhooks"][0]
+    assert webhook["clientConfig"]["caBundle"] == ca
+    assert webhook["clientConfig"]["service"] == {
+        "namespace": NS,
+        "name": "gpustack-models-api",
+        "path": "/internal/v1/placement",
+        "port": 443,
+    }
+    # Namespaced objects land in the release's namespace; the policies know the worker there.
+    assert all(o["metadata"].get("namespace", NS) == NS for o in objects)
+    policy = by_kind(objects, "ValidatingAdmissionPolicy", "gpustack-models-storage-writes")
+    assert f"system:serviceaccount:{NS}:gpustack-models-worker" in json.dumps(policy)
+
+
+def test_only_the_api_holds_the_plugin_ca_key_and_the_plugin_runs_as_the_design_says(helm):
+    objects = render(helm)
+    for o in objects:
+        if o["kind"] not in ("Deployment", "DaemonSet", "Job"):
+            continue
+        secrets = [
+            (v["secret"]["secretName"], tuple(i["key"] for i in v["secret"].get("items", [])))
+            for v in o["spec"]["template"]["spec"].get("volumes", [])
+            if "secret" in v
+        ]
+        with_key = [s for s in secrets if s[0] == "gpustack-models-plugin-ca" and "tls.key" in s[1]]
+        assert bool(with_key) == (o["metadata"]["name"] == "gpustack-models-api"), (o["metadata"]["name"], secrets)
+        assert all(s[1] for s in secrets if s[0] == "gpustack-models-plugin-ca"), "the whole CA Secret mounted"
+    plugin = by_kind(objects, "DaemonSet", "gpustack-models-plugin")["spec"]["template"]["spec"]
+    (container,) = plugin["containers"]
+    mounts = {m["name"]: m for m in container["volumeMounts"]}
+    assert mounts["kubelet"]["mountPropagation"] == "Bidirectional"
+    assert container["securityContext"]["privileged"] is True
+    assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    assert container["livenessProbe"]["httpGet"]["path"] == "/livez"
+    env = {e["name"]: e for e in container["env"]}
+    assert "valueFrom" in env["SECRET_KEY"] and "secretKeyRef" not in env["SECRET_KEY"]["valueFrom"]
+    assert not any(name == "DATABASE_URL" or name == "CELERY_BROKER_URL" for name in env)
+    (peer,) = [v for v in plugin["volumes"] if v["name"] == "peer-token"]
+    assert peer["projected"]["sources"][0]["serviceAccountToken"]["audience"] == "gpustack-models-peer"
+    workers = [o for o in objects if o["kind"] == "Deployment"]
+    for deployment in workers:
+        for c in deployment["spec"]["template"]["spec"]["containers"]:
+            assert c["securityContext"]["runAsNonRoot"] is True and c["securityContext"]["readOnlyRootFilesystem"]
+
+
+def test_cert_manager_renders_certificates_and_injection_instead_of_generated_secrets(helm):
+    objects = render(helm, *CERT_MANAGER)
+    names = {(o["kind"], o["metadata"]["name"]) for o in objects}
+    assert ("Certificate", "gpustack-models-api-serving") in names
+    assert ("Certificate", "gpustack-models-plugin-ca") in names
+    assert ("Issuer", "gpustack-models-selfsigned") in names
+    assert ("ServiceMonitor", "gpustack-models") in names
+    assert not {("Secret", "gpustack-models-api-serving"), ("Secret", "gpustack-models-plugin-ca")} & names
+    apiservice = by_kind(objects, "APIService", "v1.worker.gpustack.ai")
+    assert "caBundle" not in apiservice["spec"]
+    inject = f"{NS}/gpustack-models-api-serving"
+    assert apiservice["metadata"]["annotations"]["cert-manager.io/inject-ca-from"] == inject
+    webhook = by_kind(objects, "MutatingWebhookConfiguration", "gpustack-models-placement")
+    assert webhook["metadata"]["annotations"]["cert-manager.io/inject-ca-from"] == inject
+
+
+# --- against a control plane -----------------------------------------------------------------------------
+def kubectl(lc: LocalCluster, *args: str, check: bool = True, input: str | None = None):
+    return kubectl_run(lc, *args, check=check, input=input, cache_dir=str(TEST_STATE / "chart-kube-cache"))
+
+
+def test_every_rendered_object_passes_a_server_side_dry_run(helm, chart_cluster):
+    kubectl(chart_cluster, "apply", "--server-side", "-f", str(CHART / "crds"))
+    kubectl(chart_cluster, "create", "namespace", NS, check=False)
+    text = run_helm(helm, "template", RELEASE, str(CHART), "--namespace", NS).stdout
+    out = kubectl(chart_cluster, "apply", "--dry-run=server", "-f", "-", input=text).stdout
+    applied = [line for line in out.splitlines() if line.strip()]
+    assert len(applied) == len([d for d in yaml.safe_load_all(text) if d]), out
+    assert all("(server dry run)" in line for line in applied), out
+
+
+def secret(lc: LocalCluster, name: str) -> dict:
+    return json.loads(kubectl(lc, "-n", NS, "get", "secret", name, "-o", "json").stdout)["data"]
+
+
+def exists(lc: LocalCluster, kind: str, name: str) -> bool:
+    proc = kubectl(lc, "-n", NS, "get", kind, name, "-o", "name", check=False)
+    return proc.returncode == 0
+
+
+def test_install_upgrade_and_uninstall(helm, chart_cluster):
+    lc = chart_cluster
+    run_helm(helm, "install", RELEASE, str(CHART), "--namespace", NS, "--create-namespace", lc=lc)
+    manifest = run_helm(helm, "get", "manifest", RELEASE, "--namespace", NS, lc=lc).stdout
+    installed = {(o["kind"], o["metadata"]["name"]) for o in yaml.safe_load_all(manifest) if o}
+    assert installed >= EXPECTED
+    for kind, name in installed:
+        assert exists(lc, kind, name), (kind, name)
+    for crd in ("modelartifacts", "nodemodelstores", "modelprefetches"):
+        assert exists(lc, "crd", f"{crd}.worker.gpustack.ai")
+
+    apiservice = json.loads(kubectl(lc, "get", "apiservice", "v1.worker.gpustack.ai", "-o", "json").stdout)
+    assert apiservice["spec"]["service"] == {"namespace": NS, "name": "gpustack-models-api", "port": 443}
+    serving, plugin_ca, key = (
+        secret(lc, n)
+        for n in ("gpustack-models-api-serving", "gpustack-models-plugin-ca", "gpustack-models-secret-key")
+    )
+    assert apiservice["spec"]["caBundle"] == serving["ca.crt"]
+
+    # An object the worker wrote (the admission policy lets only it create) must outlive the release.
+    worker = f"system:serviceaccount:{NS}:gpustack-models-worker"
+    store = {
+        "apiVersion": "worker.gpustack.ai/v1alpha1",
+        "kind": "NodeModelStore",
+        "metadata": {"name": "chart-node"},
+        "spec": {"models": []},
+    }
+    kubectl(lc, "create", f"--as={worker}", "-f", "-", input=json.dumps(store))
+
+    run_helm(helm, "upgrade", RELEASE, str(CHART), "--namespace", NS, "--set", "api.replicas=3", lc=lc)
+    assert secret(lc, "gpustack-models-api-serving") == serving
+    assert secret(lc, "gpustack-models-plugin-ca") == plugin_ca
+    assert secret(lc, "gpustack-models-secret-key") == key
+    apiservice = json.loads(kubectl(lc, "get", "apiservice", "v1.worker.gpustack.ai", "-o", "json").stdout)
+    assert apiservice["spec"]["caBundle"] == serving["ca.crt"]
+    deployment = json.loads(kubectl(lc, "-n", NS, "get", "deployment", "gpustack-models-api", "-o", "json").stdout)
+    assert deployment["spec"]["replicas"] == 3
+
+    run_helm(helm, "uninstall", RELEASE, "--namespace", NS, "--wait", "--timeout", "120s", lc=lc)
+    for kind, name in installed:
+        wait_for(lambda k=kind, n=name: not exists(lc, k, n), timeout=60, message=f"{kind} {name} to go")
+    for crd in ("modelartifacts", "nodemodelstores", "modelprefetches"):
+        assert exists(lc, "crd", f"{crd}.worker.gpustack.ai")
+    assert exists(lc, "nodemodelstores.v1alpha1.worker.gpustack.ai", "chart-node")
