@@ -130,7 +130,9 @@ def test_the_default_render_has_every_part_and_one_serving_ca(helm):
         "port": 443,
     }
     # Namespaced objects land in the release's namespace; the policies know the worker there.
-    assert all(o["metadata"].get("namespace", NS) == NS for o in objects)
+    # (kube-system only for reading the authentication configuration, as every aggregated server does).
+    elsewhere = {(o["kind"], o["metadata"]["name"]) for o in objects if o["metadata"].get("namespace", NS) != NS}
+    assert elsewhere == {("RoleBinding", "gpustack-models-worker:authentication-reader")}
     policy = by_kind(objects, "ValidatingAdmissionPolicy", "gpustack-models-storage-writes")
     assert f"system:serviceaccount:{NS}:gpustack-models-worker" in json.dumps(policy)
 
@@ -201,8 +203,8 @@ def secret(lc: LocalCluster, name: str) -> dict:
     return json.loads(kubectl(lc, "-n", NS, "get", "secret", name, "-o", "json").stdout)["data"]
 
 
-def exists(lc: LocalCluster, kind: str, name: str) -> bool:
-    proc = kubectl(lc, "-n", NS, "get", kind, name, "-o", "name", check=False)
+def exists(lc: LocalCluster, kind: str, name: str, namespace: str = NS) -> bool:
+    proc = kubectl(lc, "-n", namespace, "get", kind, name, "-o", "name", check=False)
     return proc.returncode == 0
 
 
@@ -210,10 +212,11 @@ def test_install_upgrade_and_uninstall(helm, chart_cluster):
     lc = chart_cluster
     run_helm(helm, "install", RELEASE, str(CHART), "--namespace", NS, "--create-namespace", lc=lc)
     manifest = run_helm(helm, "get", "manifest", RELEASE, "--namespace", NS, lc=lc).stdout
-    installed = {(o["kind"], o["metadata"]["name"]) for o in yaml.safe_load_all(manifest) if o}
-    assert installed >= EXPECTED
-    for kind, name in installed:
-        assert exists(lc, kind, name), (kind, name)
+    objects = [o for o in yaml.safe_load_all(manifest) if o]
+    installed = {(o["kind"], o["metadata"]["name"], o["metadata"].get("namespace", NS)) for o in objects}
+    assert {(kind, name) for kind, name, _ in installed} >= EXPECTED
+    for kind, name, namespace in installed:
+        assert exists(lc, kind, name, namespace), (kind, name, namespace)
     for crd in ("modelartifacts", "nodemodelstores", "modelprefetches"):
         assert exists(lc, "crd", f"{crd}.worker.gpustack.ai")
 
@@ -245,8 +248,9 @@ def test_install_upgrade_and_uninstall(helm, chart_cluster):
     assert deployment["spec"]["replicas"] == 3
 
     run_helm(helm, "uninstall", RELEASE, "--namespace", NS, "--wait", "--timeout", "120s", lc=lc)
-    for kind, name in installed:
-        wait_for(lambda k=kind, n=name: not exists(lc, k, n), timeout=60, message=f"{kind} {name} to go")
+    for kind, name, namespace in installed:
+        gone = lambda k=kind, n=name, ns=namespace: not exists(lc, k, n, ns)  # noqa: E731
+        wait_for(gone, timeout=60, message=f"{kind} {name} to go")
     for crd in ("modelartifacts", "nodemodelstores", "modelprefetches"):
         assert exists(lc, "crd", f"{crd}.worker.gpustack.ai")
     assert exists(lc, "nodemodelstores.v1alpha1.worker.gpustack.ai", "chart-node")

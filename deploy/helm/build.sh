@@ -15,7 +15,7 @@ version=$(awk -v m="$module" '$1==m {print $2}' go.mod | head -n1)
 root=${GPUSTACK_KUBE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/gpustack-models/kube}
 out="$root/helm-$version"
 stamp="$out/.complete"
-want="$version $(sha256sum go.sum | cut -c1-16)"
+want="$version $(sha256sum go.sum build.sh | sha256sum | cut -c1-16)"
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
   echo "$out/helm"
   exit 0
@@ -25,7 +25,13 @@ mkdir -p "$out"
 export CGO_ENABLED=0
 start=$(date +%s)
 echo "building helm $version into $out (a cold build takes a few minutes)" >&2
+# As helm's own Makefile: the Kubernetes version it assumes without a cluster follows its client-go (v0.X => 1.X).
+client=$(awk '$1=="k8s.io/client-go" {print $2}' go.mod | head -n1)
+kminor=$(echo "$client" | sed -E 's/^v0\.([0-9]+)\..*/\1/')
 ldflags="-s -w -X helm.sh/helm/v3/internal/version.version=$version"
+for pkg in helm.sh/helm/v3/pkg/lint/rules helm.sh/helm/v3/pkg/chartutil; do
+  ldflags+=" -X $pkg.k8sVersionMajor=1 -X $pkg.k8sVersionMinor=$kminor"
+done
 go build -trimpath -ldflags "$ldflags" -o "$out/helm.tmp" "$module/cmd/helm"
 mv "$out/helm.tmp" "$out/helm"
 echo "$want" > "$stamp"
