@@ -130,7 +130,7 @@ def test_a_plugin_without_certificate_files_serves_the_one_the_worker_issued_for
     scenario.wait_state(plugin.node, "Downloading", timeout=60)
     wait_for(lambda: scenario.progress()["live"] == 1, timeout=30, message="the worker to read the plugin live")
     log = (TEST_STATE / f"plugin-{plugin.node}.log").read_text()
-    assert f"serving certificate {main.serial_number:x} from the worker for {plugin.address}" in log
+    assert f"serving certificate {main.serial_number:x} from the worker for {plugin.address}, until" in log
 
 
 def test_a_plugin_waits_for_the_worker_then_renews_its_certificate(scenario, launcher, worker_api, extra_api):
@@ -138,9 +138,8 @@ def test_a_plugin_waits_for_the_worker_then_renews_its_certificate(scenario, lau
 
     port = free_port()  # the worker is not there yet
     node, address = f"node-{uuid.uuid4().hex[:5]}", "127.0.1.250"
-    plugin = PluginProcess(
-        launcher, worker_api, node, address, {**FROM_WORKER, "GPUSTACK_WORKER_URL": f"https://127.0.0.1:{port}"}
-    )
+    plugin = PluginProcess(launcher, worker_api, node, address, FROM_WORKER)
+    plugin.env["GPUSTACK_WORKER_URL"] = f"https://127.0.0.1:{port}"
     log_path = TEST_STATE / f"plugin-{node}.log"
     try:
         with open(log_path, "ab") as log:  # started by hand: PluginProcess.start waits for it to serve
