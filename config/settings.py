@@ -295,6 +295,11 @@ PLUGIN_CA_FILE = env_str("GPUSTACK_PLUGIN_CA_FILE", str(DATA_DIR / "plugin-pki" 
 if SERVER_ROLE == "api" and not PLUGIN_CA_FILE:
     # progress reads the plugins over HTTPS, always verified: there is no setting that turns that off.
     raise ImproperlyConfigured("GPUSTACK_PLUGIN_CA_FILE is empty: the API checks the plugins' certificates against it")
+# (API) The plugin CA's private key: the API signs each plugin's serving certificate for its Pod IP with it
+# (POST /internal/v1/plugin-certificates). Only the API's Pods hold it, never a node; empty or missing: the
+# endpoint answers 503. The certificates it issues are valid this many seconds (plugins renew at 2/3).
+PLUGIN_CA_KEY_FILE = env_str("GPUSTACK_PLUGIN_CA_KEY_FILE", str(DATA_DIR / "plugin-pki" / "ca.key"))
+PLUGIN_CERT_SECONDS = env_int("GPUSTACK_PLUGIN_CERT_SECONDS", 7 * 24 * 3600, minimum=30, maximum=366 * 24 * 3600)
 # The audience of the tokens the worker shows the plugins (a TokenRequest for its ServiceAccount): useless
 # anywhere else, so a node that reads one gains nothing. Both sides must agree on it.
 PLUGIN_TOKEN_AUDIENCE = env_str("GPUSTACK_PLUGIN_TOKEN_AUDIENCE", "gpustack-models-plugin")
@@ -319,6 +324,9 @@ PLUGIN_CACHE_DIR = env_str("GPUSTACK_PLUGIN_CACHE_DIR", "")  # default: $GPUSTAC
 PLUGIN_ADDRESS = env_str("GPUSTACK_PLUGIN_ADDRESS", "")  # default: 0.0.0.0:$GPUSTACK_PLUGIN_PORT
 PLUGIN_TLS_CERT_FILE = env_str("GPUSTACK_PLUGIN_TLS_CERT_FILE", "")
 PLUGIN_TLS_KEY_FILE = env_str("GPUSTACK_PLUGIN_TLS_KEY_FILE", "")
+# With no certificate files: ask the worker for a serving certificate for the Pod IP (a key made on the node,
+# the certificate renewed at 2/3 of its validity), kept in the plugin's directory. False: the files are required.
+PLUGIN_CERT_FROM_WORKER = env_bool("GPUSTACK_PLUGIN_CERT_FROM_WORKER", False)
 # A published tree whose digest left spec.models is removed after this many seconds (a short safety delay:
 # the collection grace is the worker's, before the digest leaves spec.models).
 PLUGIN_REMOVAL_DELAY_SECONDS = env_float("GPUSTACK_PLUGIN_REMOVAL_DELAY_SECONDS", 60.0, minimum=0.0)

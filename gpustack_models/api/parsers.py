@@ -26,9 +26,10 @@ class KubeBodyParser(BaseParser):
 
     shape: type | None = dict  # the JSON type the body must decode to (None: anything)
     shape_message = "the body of the request must be a JSON object"
+    max_bytes: int | None = None  # a view's own, smaller bound (None: DATA_UPLOAD_MAX_MEMORY_SIZE)
 
     def parse(self, stream, media_type=None, parser_context=None):
-        limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
+        limit = self.max_bytes or settings.DATA_UPLOAD_MAX_MEMORY_SIZE
         raw = stream.read(limit + 1) if stream is not None else b""
         if limit is not None and len(raw) > limit:
             raise RequestEntityTooLarge(f"the request body is larger than {limit} bytes")

@@ -2,7 +2,7 @@
 
 from django.urls import path, re_path
 
-from . import discovery, fetch_tickets, health, mounts, openapi, placement, progress, resources
+from . import discovery, fetch_tickets, health, mounts, openapi, placement, plugin_certs, progress, resources
 from .tls_worker import threaded
 
 GROUP = r"apis/worker\.gpustack\.ai"
@@ -28,4 +28,5 @@ urlpatterns = [
     path("internal/v1/placement", threaded(placement.PlacementView.as_view())),
     path("internal/v1/mounts", threaded(mounts.MountView.as_view())),
     path("internal/v1/mounts/release", threaded(mounts.ReleaseView.as_view())),
+    path("internal/v1/plugin-certificates", threaded(plugin_certs.PluginCertificateView.as_view())),
 ]

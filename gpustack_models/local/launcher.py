@@ -270,11 +270,18 @@ class Launcher:
                 pass
 
     # --- node plugins -----------------------------------------------------------------------------------
+    def plugin_ca(self) -> tuple[Path, Path]:
+        """(certificate, key) of the plugin CA the worker trusts, made once. The key is the API's alone (it
+        issues the plugins' certificates with it: ``GPUSTACK_PLUGIN_CA_KEY_FILE``); no plugin gets it."""
+        directory = self.data_dir / "plugin-pki"
+        if not ((directory / "ca.crt").exists() and (directory / "ca.key").exists()):
+            pki.new_ca("gpustack-models-plugin-ca").write(directory, "ca")
+        return directory / "ca.crt", directory / "ca.key"
+
     def plugin_pki(self, node: str, address: str) -> tuple[Path, Path]:
         """A serving certificate for ``node``'s plugin at ``address``, from the plugin CA the worker trusts."""
+        self.plugin_ca()
         directory = self.data_dir / "plugin-pki"
-        if not (directory / "ca.crt").exists():
-            pki.new_ca("gpustack-models-plugin-ca").write(directory, "ca")
         authority = pki.KeyPair.load(directory, "ca")
         return pki.issue(authority, node, dns_names=(node,), ip_addresses=(address,), server=True).write(
             directory, node

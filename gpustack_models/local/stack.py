@@ -86,7 +86,9 @@ class LocalStack:
     def start_worker(self) -> None:
         """The aggregated API, the console, a Celery worker, Celery beat and the informers, as the worker."""
         cert, key, _ca = self.launcher.serving_pki()
+        plugin_ca, plugin_ca_key = self.launcher.plugin_ca()  # the API issues the plugins' certificates
         env = dict(os.environ, KUBECONFIG=str(self.launcher.worker_kubeconfig))
+        env.update(GPUSTACK_PLUGIN_CA_FILE=str(plugin_ca), GPUSTACK_PLUGIN_CA_KEY_FILE=str(plugin_ca_key))
         python = sys.executable
         api = ["runapiserver", f"--port={settings.API_PORT}", f"--certfile={cert}", f"--keyfile={key}"]
         self.spawn("api", [python, "manage.py", *api], env)

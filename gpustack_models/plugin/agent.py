@@ -34,6 +34,7 @@ from .metrics import Metrics
 from .peer_client import PeerAccess
 from .peer_server import PeerAdmission, PeerService, UploadLimits, serve_peers, set_upload_limits, upload_limits
 from .peers import FileToken
+from .serving_cert import WorkerCertificate
 from .store_status import StatusWriter
 
 log = logging.getLogger(__name__)
@@ -67,6 +68,8 @@ class PluginSettings:
     peer_max_connections: int = 8  # peer transfers in flight on the node, until the store's spec.upload says
     peer_max_bytes_per_second: int = 0  # their upload rate (0: no limit), likewise
     fanout: bool = True  # downloads take what the tickets' peers hold
+    cert_from_worker: bool = False  # no certificate files: the worker issues one for the Pod IP (serving_cert)
+    cert_dir: str = ""  # ... kept here, with its key
 
 
 STOP_SECONDS = 5.0  # on SIGTERM, how long running downloads get to checkpoint and stop
@@ -124,6 +127,7 @@ class Plugin:
         self.uploads = UploadLimits(settings.peer_max_connections, settings.peer_max_bytes_per_second)
         self.metrics.attach_uploads(self.uploads)
         self.peers = None  # the peer server, while it runs
+        self.certificate: WorkerCertificate | None = None  # the worker-issued serving certificate, if any
         self.csi: Driver | None = None
         if settings.csi_socket:
             worker = WorkerMounts(settings.worker_url, settings.worker_ca_file, settings.node, self.kube.auth_headers)
@@ -280,8 +284,35 @@ class Plugin:
         self.peers = serve_peers(self, service, settings.peer_port)
         return self.peers
 
+    def worker_certificate(self) -> bool:
+        """With ``cert_from_worker``: the worker's certificate in place before anything serves (False when
+        stopped first), renewed by a thread that loads each new one into the servers."""
+        settings = self.settings
+        if not settings.cert_from_worker:
+            return True
+        issued = WorkerCertificate(
+            settings.cert_dir, settings.node, settings.worker_url, settings.worker_ca_file, self.kube.auth_headers
+        )
+        if not issued.obtain(self.stopping):
+            return False
+        settings.cert_file, settings.key_file = issued.cert_file, issued.key_file
+        self.certificate = issued
+        return True
+
+    def follow_certificate(self, servers) -> None:
+        issued = self.certificate
+        if issued is None:
+            return
+        for server in servers:
+            issued.listeners.append(lambda s=server: s.load_certificate(issued.cert_file, issued.key_file))
+        threading.Thread(target=issued.renew_forever, args=(self.stopping,), name="cert-renewal", daemon=True).start()
+
     def run(self) -> None:
+        if not self.worker_certificate():
+            log.info("plugin for node %s stopped before it had a serving certificate", self.settings.node)
+            return
         server, peers = serve(self), self.peer_server()
+        self.follow_certificate([s for s in (server, peers) if s is not None])
         csi = self.csi_servers()
         if csi is not None:
             csi.start()

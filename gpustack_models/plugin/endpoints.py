@@ -9,11 +9,10 @@ stop the probes' answers."""
 from __future__ import annotations
 
 import json
-import ssl
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from .https_server import GuardedHTTPSServer, GuardedRequestHandler, Limits
+from .https_server import GuardedHTTPSServer, GuardedRequestHandler, Limits, server_context
 
 DENIED = "only the gpustack-models worker reads live downloads"
 
@@ -60,6 +59,5 @@ def serve(plugin, limits: Limits | None = None) -> GuardedHTTPSServer:
     plugin's settings, no client certificate asked for."""
     handler = type("Handler", (PluginRequestHandler,), {"plugin": plugin})
     host, _, port = plugin.settings.address.rpartition(":")
-    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    context.load_cert_chain(plugin.settings.cert_file, plugin.settings.key_file)
+    context = server_context(plugin.settings.cert_file, plugin.settings.key_file)
     return GuardedHTTPSServer((host.strip("[]"), int(port)), handler, context, limits or Limits())

@@ -37,6 +37,13 @@ class Limits:
     connections: int = 128  # connections open at once (handshaking, reading, answering or idle)
 
 
+def server_context(cert_file: str, key_file: str) -> ssl.SSLContext:
+    """A TLS server context with the certificate and key of these files; no client certificate asked for."""
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(cert_file, key_file)
+    return context
+
+
 class _DeadlineReader(io.RawIOBase):
     """The connection's bytes, read under a deadline that the next request resets, not each read."""
 
@@ -102,6 +109,10 @@ class GuardedHTTPSServer(ThreadingHTTPServer):
         self._warned = float("-inf")
         super().__init__(address, handler)
         self.socket.setblocking(False)  # accept() never waits: a connection gone meanwhile is an OSError
+
+    def load_certificate(self, cert_file: str, key_file: str) -> None:
+        """Serve new connections with this certificate (a renewed one); open connections keep theirs."""
+        self.context = server_context(cert_file, key_file)
 
     def process_request(self, request, client_address):
         with self._lock:

@@ -17,7 +17,6 @@ import json
 import logging
 import os
 import re
-import ssl
 import threading
 import time
 from dataclasses import dataclass
@@ -31,7 +30,7 @@ from gpustack_models.kube.identity import NODE_NAME_EXTRA
 from gpustack_models.kube.reviews import TokenReviewer, TTLCache
 
 from .endpoints import status
-from .https_server import GuardedHTTPSServer, GuardedRequestHandler, Limits
+from .https_server import GuardedHTTPSServer, GuardedRequestHandler, Limits, server_context
 from .limits import RateLimiter
 from .peers import PREFIX, covers
 
@@ -416,8 +415,7 @@ def serve_peers(plugin, service: PeerService, port: int) -> GuardedHTTPSServer:
     with the plugin's certificate and ``connection_limits``; ``set_upload_limits`` changes them."""
     handler = type("PeerHandler", (PeerRequestHandler,), {"service": service})
     host, _, _ = plugin.settings.address.rpartition(":")
-    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    context.load_cert_chain(plugin.settings.cert_file, plugin.settings.key_file)
+    context = server_context(plugin.settings.cert_file, plugin.settings.key_file)
     limits = connection_limits(service.uploads.limit)
     return GuardedHTTPSServer((host.strip("[]"), port), handler, context, limits)
 

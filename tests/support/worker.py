@@ -37,6 +37,8 @@ class WorkerAPI:
             GPUSTACK_PLUGIN_PEER_PORT=str(PEER_PORT),
             GPUSTACK_PROGRESS_LIVE_TIMEOUT="2",
         )
+        ca, ca_key = self.launcher.plugin_ca()  # the API signs the plugins' certificates with this CA's key
+        env.update(GPUSTACK_PLUGIN_CA_FILE=str(ca), GPUSTACK_PLUGIN_CA_KEY_FILE=str(ca_key))
         return env
 
     def start(self) -> None:

@@ -17,8 +17,14 @@ class Command(BaseCommand):
 
     def handle(self, *args, node, **options):
         logging.basicConfig(level=settings.LOGGING["root"]["level"])
-        if not (settings.PLUGIN_TLS_CERT_FILE and settings.PLUGIN_TLS_KEY_FILE):
-            raise CommandError("GPUSTACK_PLUGIN_TLS_CERT_FILE and GPUSTACK_PLUGIN_TLS_KEY_FILE are required")
+        if (
+            not (settings.PLUGIN_TLS_CERT_FILE and settings.PLUGIN_TLS_KEY_FILE)
+            and not settings.PLUGIN_CERT_FROM_WORKER
+        ):
+            raise CommandError(
+                "GPUSTACK_PLUGIN_TLS_CERT_FILE and GPUSTACK_PLUGIN_TLS_KEY_FILE are required"
+                " (or GPUSTACK_PLUGIN_CERT_FROM_WORKER=true: the worker issues the certificate)"
+            )
         csi_socket = settings.PLUGIN_CSI_SOCKET or str(settings.DATA_DIR / "plugin" / node / "csi.sock")
         try:
             check_socket_path(csi_socket, "GPUSTACK_PLUGIN_CSI_SOCKET")
@@ -63,4 +69,7 @@ def plugin_settings(node: str, csi_socket: str) -> PluginSettings:
         peer_max_connections=settings.PLUGIN_PEER_MAX_CONNECTIONS,
         peer_max_bytes_per_second=settings.PLUGIN_PEER_MAX_BYTES_PER_SECOND,
         fanout=settings.PLUGIN_FANOUT,
+        cert_from_worker=settings.PLUGIN_CERT_FROM_WORKER
+        and not (settings.PLUGIN_TLS_CERT_FILE and settings.PLUGIN_TLS_KEY_FILE),
+        cert_dir=str(settings.DATA_DIR / "plugin" / node / "serving-tls"),
     )
