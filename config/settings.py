@@ -394,6 +394,11 @@ SESSION_COOKIE_SECURE = CSRF_COOKIE_SECURE = CONSOLE_HTTPS
 SESSION_COOKIE_HTTPONLY = True
 if CONSOLE_HTTPS:
     SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+    # Plain HTTP is answered with a redirect to HTTPS, and browsers are told to keep to HTTPS this long.
+    SECURE_SSL_REDIRECT = True
+    SECURE_HSTS_SECONDS = env_int("GPUSTACK_CONSOLE_HSTS_SECONDS", 3600, minimum=0)
+# HSTS for subdomains and the browsers' preload list are the domain's owner's decisions, not the console's.
+SILENCED_SYSTEM_CHECKS = ["security.W005", "security.W021"]
 LANGUAGE_CODE = "en-us"
 TIME_ZONE = "UTC"
 USE_I18N = False

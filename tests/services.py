@@ -32,6 +32,10 @@ NODE_PACKAGES = {
     "containernetworking-plugins": "/usr/lib/cni/bridge",
     "gcc": "/usr/bin/gcc",
     "libc6-dev": "/usr/include/stdio.h",
+    # The image: a Debian base assembled by debootstrap, the Dockerfile built by buildah (no registry here).
+    "buildah": "/usr/bin/buildah",
+    "debootstrap": "/usr/sbin/debootstrap",
+    "debian-archive-keyring": "/usr/share/keyrings/debian-archive-keyring.gpg",
 }
 
 

@@ -120,3 +120,19 @@ def test_it_sends_secure_cookies_when_the_console_is_served_over_https(https, se
                           timeout=60)  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.split() == ["200", secure]
+
+
+CONSOLE_REDIRECT = (
+    "import django; django.setup(); from django.test import Client; "
+    "plain = Client().get('/admin/login/'); secure = Client(HTTP_X_FORWARDED_PROTO='https').get('/admin/login/'); "
+    "print(plain.status_code, plain['Location'], secure.status_code, secure['Strict-Transport-Security'])"
+)
+
+
+def test_a_console_served_over_https_redirects_plain_http_and_sends_hsts():
+    env = dict(os.environ, GPUSTACK_CONSOLE_HTTPS="true", GPUSTACK_SERVER_ROLE="console")
+    env["GPUSTACK_CONSOLE_HSTS_SECONDS"] = "600"
+    proc = subprocess.run([sys.executable, "-c", CONSOLE_REDIRECT], cwd=REPO, env=env, capture_output=True, text=True,
+                          timeout=60)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.split() == ["301", "https://testserver/admin/login/", "200", "max-age=600"]
