@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import socket
 import subprocess
 import sys
 import time
 import uuid
+from pathlib import Path
 
 import pytest
 import requests
@@ -26,7 +28,7 @@ from gpustack_models.local.cluster import free_port
 from gpustack_models.telemetry import multiprocess_root
 from tests.support import REPO, wait_for
 from tests.support.paths import TEST_STATE
-from tests.support.worker import WorkerStack, database_url
+from tests.support.worker import WorkerAPI, WorkerStack, database_url
 
 V1 = f"/apis/{GROUP}/v1"
 STORAGE = f"/apis/{GROUP}/v1alpha1"
@@ -166,7 +168,7 @@ def metrics_reader(api_client):
     """carol may ``get /metrics`` through a ClusterRole; nobody else of the tenants may."""
     rbac = k8s.RbacAuthorizationV1Api(api_client)
     name = f"metrics-reader-{uuid.uuid4().hex[:6]}"
-    rule = k8s.V1PolicyRule(non_resource_ur_ls=["/metrics"], verbs=["get"])
+    rule = k8s.V1PolicyRule(non_resource_urls=["/metrics"], verbs=["get"])
     rbac.create_cluster_role(k8s.V1ClusterRole(metadata=k8s.V1ObjectMeta(name=name), rules=[rule]))
     rbac.create_cluster_role_binding(
         k8s.V1ClusterRoleBinding(
@@ -218,7 +220,7 @@ def test_the_api_serves_metrics_only_to_callers_allowed_get_metrics(worker_api, 
     )
 
 
-def test_the_api_counts_requests_by_verb_resource_and_code_across_its_workers(worker_api, cluster, tenant_ns):
+def test_the_api_counts_requests_by_verb_resource_and_code(worker_api, cluster, tenant_ns):
     before = samples(scrape_api(worker_api, cluster))
     name = f"counted-{uuid.uuid4().hex[:6]}"
     base = f"{worker_api.url}{V1}/namespaces/{tenant_ns}/modelartifacts"
@@ -266,9 +268,64 @@ def test_the_api_counts_requests_by_verb_resource_and_code_across_its_workers(wo
     )
     # Bounded labels: no namespace, no object name.
     assert tenant_ns not in text and name not in text and "foos" not in text
-    # One scrape sums the workers: both wrote their counters to this start's directory.
-    directory = multiprocess_root() / f"api-{worker_api.proc.pid}"
-    assert len(list(directory.glob("counter_*.db"))) >= 2, sorted(p.name for p in directory.iterdir())
+
+
+def children(pid: int) -> set[int]:
+    """The live processes whose parent is ``pid``."""
+    found = set()
+    for entry in Path("/proc").iterdir():
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if entry.name.isdigit() and int(fields[1]) == pid and fields[0] not in ("Z", "X"):
+            found.add(int(entry.name))
+    return found
+
+
+@pytest.fixture
+def own_api(launcher, django_db_setup, django_db_blocker):
+    """An API server of this test's own (not registered: only this test calls it), two workers."""
+    with django_db_blocker.unblock():
+        url = database_url()
+    api = WorkerAPI(launcher, free_port(), url)
+    api.start()
+    try:
+        yield api
+    finally:
+        api.stop()
+
+
+def test_one_scrape_of_the_api_sums_its_workers_those_replaced_included(own_api, cluster):
+    def get_apis(times: int) -> None:
+        for _ in range(times):  # a fresh connection each
+            assert admin(own_api, cluster).get(f"{own_api.url}/apis", timeout=10).status_code == 200
+
+    def apis_count() -> float:
+        return value(
+            samples(scrape_api(own_api, cluster)),
+            "gpustack_models_api_requests_total",
+            verb="get",
+            resource="/apis",
+            code="200",
+        )
+
+    directory = multiprocess_root() / f"api-{own_api.proc.pid}"
+    get_apis(10)
+    assert apis_count() == 10
+    served = {int(p.stem.split("_")[1]) for p in directory.glob("counter_*.db")}
+    workers = children(own_api.proc.pid)
+    assert served and served <= workers, (served, workers)
+    for pid in served:  # the workers that counted die; gunicorn starts others
+        os.kill(pid, signal.SIGKILL)
+    wait_for(
+        lambda: len(children(own_api.proc.pid) - served) == 2, timeout=30, message="gunicorn to replace its workers"
+    )
+    get_apis(10)
+    # Nobody else calls this server: exactly the twenty requests, from the dead workers and the new ones.
+    assert apis_count() == 20
+    now = {int(p.stem.split("_")[1]) for p in directory.glob("counter_*.db")}
+    assert served < now, (served, now)
 
 
 # --- the informers, the Celery worker, beat ---------------------------------------------------------------
