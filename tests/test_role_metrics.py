@@ -196,8 +196,10 @@ def test_the_api_serves_metrics_only_to_callers_allowed_get_metrics(worker_api, 
     forged = worker_api.session(token="not-a-token").get(url, timeout=10)
     assert forged.status_code == 401, forged.text
 
+    reader = worker_api.session(token=cluster.tokens()[metrics_reader])  # one connection: one worker's caches
+
     def allowed():  # the ClusterRole reaches the authorizer within moments
-        return worker_api.session(token=cluster.tokens()[metrics_reader]).get(url, timeout=10)
+        return reader.get(url, timeout=10)
 
     wait_for(lambda: allowed().status_code == 200, timeout=30, message="carol's ClusterRole to allow /metrics")
     answer = allowed()
@@ -419,3 +421,27 @@ def test_the_metrics_port_answers_get_metrics_only_and_a_silent_client_stops_no_
     finally:
         for sock in silent:
             sock.close()
+
+
+def test_the_api_counts_placement_reviews_by_outcome(worker_api, cluster, tenant_ns, tmp_path):
+    from django.conf import settings
+
+    from tests.test_placement import PATH, client_cert, model_pod, review
+
+    session = worker_api.session(cert=client_cert(cluster, tmp_path, settings.PLACEMENT_CALLER))
+    before = samples(scrape_api(worker_api, cluster))
+    pods = [{"kind": "Pod", "spec": {"containers": []}}, model_pod("p", "not-resolved")]
+    for pod in pods:
+        resp = session.post(f"{worker_api.url}{PATH}", json=review(tenant_ns, pod), timeout=10)
+        assert resp.status_code == 200 and "patch" not in resp.json()["response"], resp.text
+    malformed = session.post(f"{worker_api.url}{PATH}", json={"kind": "Pod"}, timeout=10)
+    assert malformed.status_code == 400, malformed.text
+    after = samples(scrape_api(worker_api, cluster))
+
+    def moved(name, **labels):
+        return value(after, name, **labels) - value(before, name, **labels)
+
+    assert moved("gpustack_models_placement_webhook_calls_total", outcome="unchanged") >= 2
+    requests_total = "gpustack_models_api_requests_total"
+    assert moved(requests_total, verb="post", resource="/internal/v1/placement", code="200") >= 2
+    assert moved(requests_total, verb="post", resource="/internal/v1/placement", code="400") == 1
