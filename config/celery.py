@@ -36,6 +36,45 @@ def _prepare_filesystem_broker(sender, **kwargs):
         os.makedirs(backend[len("file://") :], exist_ok=True)
 
 
+@signals.celeryd_init.connect
+def _worker_metrics_setup(sender=None, **kwargs):
+    """A worker (its prefork pool's processes too) counts its tasks in prometheus_client's multiprocess
+    mode, so one scrape of its metrics port sums them; set before any of its metrics exist."""
+    from gpustack_models import telemetry
+
+    telemetry.use_multiprocess("celery-worker")
+    from gpustack_models.worker import worker_metrics
+
+    worker_metrics.connect_worker_signals()
+
+
+@signals.worker_ready.connect
+def _serve_worker_metrics(sender=None, **kwargs):
+    """The worker's metrics port (``GPUSTACK_METRICS_PORT``), with the broker's queue depth read at scrape
+    time; started once the pool's processes exist, so none of them holds the listening socket."""
+    from gpustack_models import telemetry
+    from gpustack_models.worker.worker_metrics import QueueDepth
+
+    telemetry.serve_from_settings(QueueDepth(app))
+
+
+@signals.worker_process_shutdown.connect
+def _pool_process_exited(sender=None, pid=None, **kwargs):
+    from gpustack_models import telemetry
+
+    telemetry.process_exited(pid or os.getpid())
+
+
+@signals.beat_init.connect
+def _serve_beat_metrics(sender=None, **kwargs):
+    """Beat's metrics port (``GPUSTACK_METRICS_PORT``): the tasks it sent."""
+    from gpustack_models import telemetry
+    from gpustack_models.worker import worker_metrics
+
+    worker_metrics.count_sent_tasks()
+    telemetry.serve_from_settings()
+
+
 @signals.worker_shutting_down.connect
 def _bound_warm_shutdown(sender=None, how=None, **kwargs):
     """A warm shutdown (SIGTERM, the first Ctrl-C) becomes a cold one after the grace: SIGQUIT, Celery's

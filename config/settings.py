@@ -363,6 +363,12 @@ INFORMER_BATCH_SIZE = env_int("GPUSTACK_INFORMER_BATCH_SIZE", 500, minimum=1, ma
 # its row committed (empty: none is written).
 MIRROR_LAG_FILE = env_str("GPUSTACK_MIRROR_LAG_FILE", "")
 
+# --- Metrics -----------------------------------------------------------------------------------------
+# The plain HTTP port (and address) where the informers, the Celery worker and Celery beat serve GET /metrics
+# (0: not served). The API serves its metrics on its own HTTPS port, to authorized callers only.
+METRICS_PORT = env_int("GPUSTACK_METRICS_PORT", 0, minimum=0, maximum=65535)
+METRICS_ADDRESS = env_str("GPUSTACK_METRICS_ADDRESS", "0.0.0.0")
+
 # --- The cache's lifecycle --------------------------------------------------------------------------------
 # A digest nothing references on a node leaves that node's spec.models after this many seconds.
 COLLECTION_GRACE_SECONDS = env_float("GPUSTACK_COLLECTION_GRACE_SECONDS", 600.0, minimum=0.0)

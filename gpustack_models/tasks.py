@@ -30,6 +30,7 @@ from .worker import (
     retries,
     rollup,
     selection,
+    worker_metrics,
 )
 from .worker.reactions import once_per_key, react
 
@@ -52,7 +53,9 @@ def mirror_event(resource: str, event_type: str, obj: dict, arrived: float | Non
     kind = mirror.KINDS[resource]
     change = mirror.apply_event(kind, event_type, obj)
     if arrived is not None:
-        mirror_lag.record([mirror_lag.line(resource, obj, 1, arrived, time.time())])
+        committed = time.time()
+        worker_metrics.mirror_lag(resource, (arrived,), committed)
+        mirror_lag.record([mirror_lag.line(resource, obj, 1, arrived, committed)])
     if change.applied:
         react(kind, change)
     return change.applied
@@ -66,6 +69,7 @@ def mirror_events(resource: str, entries: list[list]) -> dict:
     kind = mirror.KINDS[resource]
     changes = batches.apply_events(kind, [(entry[0], entry[1]) for entry in entries])
     committed = time.time()
+    worker_metrics.mirror_lag(resource, (entry[2] for entry in entries), committed)
     mirror_lag.record([mirror_lag.line(resource, e[1], e[3], e[2], committed) for e in entries])
     with once_per_key() as enqueued:
         for change in changes:
@@ -118,6 +122,7 @@ def resolve_artifact(namespace: str, name: str, attempt: int = 0, force: bool = 
     an earlier resolution. An attempt the namespace's share of the hubs cannot pay for yet waits for it
     without counting as a failure. Failures a person must fix are tried again by ``retries``."""
     outcome = resolution.resolve_artifact(namespace, name, force=force)
+    worker_metrics.resolution(outcome.reason)
     if outcome.reason == "Gone":
         retries.forget(namespace, name)
     if not outcome.retry:

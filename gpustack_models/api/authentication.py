@@ -34,6 +34,8 @@ from gpustack_models.kube.errors import Unauthorized
 from gpustack_models.kube.reviews import TokenReviewer
 from gpustack_models.kube.watch import Collection, WatchHandler, watch_forever
 
+from . import api_metrics
+
 log = logging.getLogger(__name__)
 
 AUTH_CONFIGMAP = "/api/v1/namespaces/kube-system/configmaps/extension-apiserver-authentication"
@@ -313,7 +315,12 @@ class ClientCertificateAuthentication(BaseAuthentication):
         return (user, "x509") if user is not None else None
 
 
-_tokens = TokenReviewer(kube.worker, lambda: settings.AUTH_CACHE_TTL, maxsize=settings.AUTH_CACHE_SIZE)
+_tokens = TokenReviewer(
+    kube.worker,
+    lambda: settings.AUTH_CACHE_TTL,
+    maxsize=settings.AUTH_CACHE_SIZE,
+    observe=lambda hit: api_metrics.auth_cache("tokenreview", hit),
+)
 
 
 def review_token(token: str) -> KubeUser | None:

@@ -15,6 +15,7 @@ from gpustack_models import kube
 from gpustack_models.kube.errors import Forbidden, Unauthorized
 from gpustack_models.kube.reviews import TTLCache
 
+from . import api_metrics
 from .authentication import KubeUser
 
 ALWAYS_ALLOWED_PATHS = frozenset({"/healthz", "/livez", "/readyz"})
@@ -77,6 +78,7 @@ def review(user: KubeUser, attributes: ResourceAttributes | NonResourceAttribute
         return True, ""
     key = (user, attributes)
     hit = _cache.get(key)
+    api_metrics.auth_cache("subjectaccessreview", hit is not None)
     if hit is not None:
         return hit
     spec = {"user": user.username, "groups": list(user.groups)}

@@ -26,6 +26,7 @@ from rest_framework.response import Response
 from gpustack_models.kube.errors import BadRequest
 from gpustack_models.models import Artifact, EntryState, SourceKind, StoreEntry
 
+from . import api_metrics
 from .authentication import ClientCertificateAuthentication, TokenReviewAuthentication
 from .views import KubeAPIView
 
@@ -137,12 +138,15 @@ class PlacementView(KubeAPIView):
         review = request.data
         admission = review_request(review)
         response = {"uid": admission["uid"], "allowed": True}
+        outcome = "unchanged"
         try:
             patch = patch_for(admission)
         except Exception:  # a placement we cannot compute must not fail the Pod: admit it unchanged
             log.exception("placement for pod %s/%s failed", admission.get("namespace"), admission.get("name"))
-            patch = []
+            patch, outcome = [], "error"
         if patch:
+            outcome = "patched"
             response["patchType"] = "JSONPatch"
             response["patch"] = base64.b64encode(json.dumps(patch).encode()).decode()
+        api_metrics.placement(outcome)
         return Response({"apiVersion": REVIEW_VERSION, "kind": "AdmissionReview", "response": response})

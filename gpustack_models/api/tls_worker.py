@@ -16,6 +16,7 @@ hooks used here fails there, not in production.
 from __future__ import annotations
 
 import ssl
+import time
 from concurrent.futures import ThreadPoolExecutor
 from functools import wraps
 
@@ -26,6 +27,8 @@ from django.db import close_old_connections, reset_queries
 from django.http import HttpResponse
 from gunicorn.asgi.protocol import ASGIProtocol
 from gunicorn.workers import gasgi
+
+from . import api_metrics
 
 CLOSE_NOTIFY_SECONDS = 0.5  # while stopping: how long a closed connection may flush before it is aborted
 
@@ -132,8 +135,9 @@ def rendered(response):
     return plain
 
 
-def threaded(view):
-    """Serve a sync (DRF) view from the ASGI event loop on a shared pool of threads.
+def threaded(view, route: str = ""):
+    """Serve a sync (DRF) view from the ASGI event loop on a shared pool of threads, counting each answer
+    in the API's metrics under ``route`` (see ``api_metrics.labels``).
 
     Django would run it in a thread of its own made for each request, after hopping to other threads for
     the request signals; one hop to a long-lived pool costs a fraction of that. A watch hands its stream
@@ -142,9 +146,15 @@ def threaded(view):
 
     @wraps(view)
     async def async_view(request, *args, **kwargs):
-        return await sync_to_async(_run_view, thread_sensitive=False, executor=_api_executor())(
-            view, request, *args, **kwargs
-        )
+        started, code = time.perf_counter(), 500
+        try:
+            response = await sync_to_async(_run_view, thread_sensitive=False, executor=_api_executor())(
+                view, request, *args, **kwargs
+            )
+            code = response.status_code
+            return response
+        finally:
+            api_metrics.observe(request, kwargs, route, code, started)
 
     async_view.csrf_exempt = True
     return async_view

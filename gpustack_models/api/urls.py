@@ -2,7 +2,7 @@
 
 from django.urls import path, re_path
 
-from . import discovery, fetch_tickets, health, mounts, openapi, placement, plugin_certs, progress, resources
+from . import discovery, fetch_tickets, health, mounts, openapi, placement, plugin_certs, progress, resources, views
 from .tls_worker import threaded
 
 GROUP = r"apis/worker\.gpustack\.ai"
@@ -13,20 +13,24 @@ urlpatterns = [
     path("healthz", health.health),
     path("livez", health.health),
     path("readyz", health.health),
-    path("apis", threaded(discovery.APIsView.as_view())),
-    re_path(rf"^{GROUP}/?$", threaded(discovery.GroupView.as_view())),
-    re_path(rf"^{GROUP}/v1/?$", threaded(discovery.VersionView.as_view())),
+    path("apis", threaded(discovery.APIsView.as_view(), "/apis")),
+    re_path(rf"^{GROUP}/?$", threaded(discovery.GroupView.as_view(), "/apis/worker.gpustack.ai")),
+    re_path(rf"^{GROUP}/v1/?$", threaded(discovery.VersionView.as_view(), "/apis/worker.gpustack.ai/v1")),
     re_path(
         rf"^{GROUP}/v1/{NAMESPACE}modelartifacts/(?P<name>[^/]+)/progress/?$",
-        threaded(progress.ProgressView.as_view()),
+        threaded(progress.ProgressView.as_view(), "modelartifacts/progress"),
     ),
     re_path(rf"{RESOURCE}(?:/(?P<name>[^/]+))?/?$", threaded(resources.ResourceView.as_view())),
     re_path(rf"{RESOURCE}/(?P<name>[^/]+)/(?P<subresource>[^/]+)/?$", threaded(resources.SubresourceView.as_view())),
-    path("openapi/v2", threaded(openapi.OpenAPIV2View.as_view())),
-    re_path(r"^openapi/v3(?P<rest>/.*)?$", threaded(openapi.OpenAPIV3View.as_view())),
-    path("internal/v1/tickets", threaded(fetch_tickets.TicketView.as_view())),
-    path("internal/v1/placement", threaded(placement.PlacementView.as_view())),
-    path("internal/v1/mounts", threaded(mounts.MountView.as_view())),
-    path("internal/v1/mounts/release", threaded(mounts.ReleaseView.as_view())),
-    path("internal/v1/plugin-certificates", threaded(plugin_certs.PluginCertificateView.as_view())),
+    path("openapi/v2", threaded(openapi.OpenAPIV2View.as_view(), "/openapi/v2")),
+    re_path(r"^openapi/v3(?P<rest>/.*)?$", threaded(openapi.OpenAPIV3View.as_view(), "/openapi/v3")),
+    path("internal/v1/tickets", threaded(fetch_tickets.TicketView.as_view(), "/internal/v1/tickets")),
+    path("internal/v1/placement", threaded(placement.PlacementView.as_view(), "/internal/v1/placement")),
+    path("internal/v1/mounts", threaded(mounts.MountView.as_view(), "/internal/v1/mounts")),
+    path("metrics", threaded(views.MetricsView.as_view(), "/metrics")),
+    path("internal/v1/mounts/release", threaded(mounts.ReleaseView.as_view(), "/internal/v1/mounts/release")),
+    path(
+        "internal/v1/plugin-certificates",
+        threaded(plugin_certs.PluginCertificateView.as_view(), "/internal/v1/plugin-certificates"),
+    ),
 ]

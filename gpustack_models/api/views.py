@@ -8,13 +8,15 @@ says what a request is in Kubernetes terms through ``authorization_attributes``.
 
 from __future__ import annotations
 
+from django.http import HttpResponse
 from rest_framework.views import APIView
 
 from gpustack_models.kube.errors import Forbidden, Unauthorized
 
+from . import api_metrics
 from .authentication import FrontProxyAuthentication, TokenReviewAuthentication
 from .authorization import NonResourceAttributes, SubjectAccessReviewPermission
-from .negotiation import KubeContentNegotiation
+from .negotiation import JSONOnlyNegotiation, KubeContentNegotiation
 from .parsers import OBJECT_PARSERS
 from .renderers import ObjectRenderer
 from .status import exception_handler
@@ -47,3 +49,18 @@ class KubeAPIView(APIView):
 
     def permission_denied(self, request, message=None, code=None):
         raise Unauthorized("Unauthorized") if request.user is None else Forbidden(message or "forbidden")
+
+
+class MetricsView(KubeAPIView):
+    """``GET /metrics`` (``api_metrics``): for authenticated callers allowed ``get`` on the non-resource URL
+    ``/metrics``, as kube components serve theirs."""
+
+    content_negotiation_class = JSONOnlyNegotiation  # errors are Status objects, whatever Accept says
+    http_method_names = ["get", "head"]
+
+    def authorization_attributes(self, request):
+        return NonResourceAttributes("get", "/metrics")
+
+    def get(self, request):
+        body, content_type = api_metrics.exposition()
+        return HttpResponse(body, content_type=content_type)

@@ -66,9 +66,15 @@ class TokenReviewer:
     """``review(token)``: the TokenReview ``status.user`` of an authenticated token, else ``None``."""
 
     def __init__(
-        self, client: Callable, ttl: Callable[[], float] | float, maxsize: int = 4096, audiences: tuple[str, ...] = ()
+        self,
+        client: Callable,
+        ttl: Callable[[], float] | float,
+        maxsize: int = 4096,
+        audiences: tuple[str, ...] = (),
+        observe: Callable[[bool], None] | None = None,
     ):
         self._client = client  # a callable returning the Kube client (created lazily)
+        self._observe = observe  # called with True for an answer from the cache, False for one asked
         self._ttl = ttl
         self.audiences = tuple(audiences)  # the token must be for one of these (none: kube-apiserver's own)
         self._cache = TTLCache(maxsize=maxsize)
@@ -76,6 +82,8 @@ class TokenReviewer:
     def review(self, token: str) -> dict | None:
         key = hashlib.sha256(token.encode()).hexdigest()
         hit = self._cache.get(key)
+        if self._observe is not None:
+            self._observe(hit is not None)
         if hit is not None:
             return hit[0]
         spec = {"token": token}

@@ -72,6 +72,9 @@ class WatchHandler:
     def event(self, type_: str, obj: dict) -> None:
         """One ADDED, MODIFIED or DELETED event."""
 
+    def watching(self, resource_version: str) -> None:
+        """A watch from ``resource_version`` is being opened."""
+
 
 def list_all(client: Kube, collection: Collection, handler: WatchHandler, expired: bool = False) -> str:
     """List ``collection`` in pages into ``handler``; the list's resourceVersion."""
@@ -101,6 +104,7 @@ def list_and_watch(
     """One cycle (see the module's docstring): the resourceVersion to continue from, ``""`` to relist."""
     if not resource_version:
         resource_version = list_all(client, collection, handler, expired)
+    handler.watching(resource_version)
     query = collection.query(
         watch="true",
         resourceVersion=resource_version,

@@ -21,6 +21,7 @@ from gpustack_models import kube
 from gpustack_models.kinds import GROUP, STORAGE_VERSION
 from gpustack_models.kube.watch import Collection, WatchHandler, watch_forever
 
+from . import worker_metrics
 from .coalescing import BatchingSink
 from .mirror import trimmed
 
@@ -36,11 +37,13 @@ class CelerySink:
         from gpustack_models.tasks import mirror_event
 
         mirror_event.delay(resource, kind, obj, arrived=time.time())
+        worker_metrics.INFORMER_BATCHES.labels(resource).inc()
 
     def events(self, resource: str, entries: list[list]) -> None:
         from gpustack_models.tasks import mirror_events
 
         mirror_events.delay(resource, entries)
+        worker_metrics.INFORMER_BATCHES.labels(resource).inc()
 
     def batch(self, resource: str, objects: list[dict]) -> None:
         from gpustack_models.tasks import mirror_batch
@@ -68,6 +71,8 @@ class Informer(WatchHandler):
     sink: object = None  # dispatches to Celery; tests may replace it
     stop: threading.Event = field(default_factory=threading.Event)
     listed_keys: list[dict] = field(default_factory=list)
+    lists: int = 0  # lists completed, watches opened (the metrics count those after the first)
+    watches: int = 0
 
     def __post_init__(self):
         if self.sink is None:
@@ -88,12 +93,21 @@ class Informer(WatchHandler):
 
     def listed(self, resource_version: str, expired: bool) -> None:
         keys, self.listed_keys = self.listed_keys, []
+        self.lists += 1
+        if self.lists > 1:
+            worker_metrics.INFORMER_RELISTS.labels(self.resource).inc()
         self.sink.prune(self.resource, keys, int(resource_version))
         self.sink.record(self.resource, resource_version, expired)
         log.info("%s: listed %d objects at resourceVersion %s", self.resource, len(keys), resource_version)
 
     def event(self, type_: str, obj: dict) -> None:
+        worker_metrics.INFORMER_EVENTS.labels(self.resource, type_).inc()
         self.sink.event(self.resource, type_, trimmed(obj))
+
+    def watching(self, resource_version: str) -> None:
+        self.watches += 1
+        if self.watches > 1:
+            worker_metrics.INFORMER_WATCH_RESTARTS.labels(self.resource).inc()
 
     def run_forever(self) -> None:
         watch_forever(self.kube, self.collection, self, self.stop, name=self.resource)

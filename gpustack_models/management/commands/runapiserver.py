@@ -5,7 +5,7 @@ from pathlib import Path
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
-from gpustack_models import kube
+from gpustack_models import kube, telemetry
 from gpustack_models.api.authentication import AUTH_CONFIGMAP, RequestHeaderConfig
 
 
@@ -34,6 +34,8 @@ class Command(BaseCommand):
             argv += ["--bind", address]
         sys.stdout.flush()
         os.environ["GPUSTACK_SERVER_ROLE"] = "api"
+        # Several worker processes: one scrape of /metrics sums them (a fresh directory per start).
+        telemetry.use_multiprocess("api")
         os.execv(sys.executable, argv)
 
     def write_client_ca(self) -> Path:
@@ -53,6 +55,8 @@ class Command(BaseCommand):
 
 def gunicorn_options(workers: int) -> list[str]:
     return [
+        "--config",
+        "python:gpustack_models.api.gunicorn_conf",  # its hooks: a worker's exit in the metrics
         "--worker-class",
         "gpustack_models.api.tls_worker.TLSASGIWorker",
         "--workers",

@@ -1,0 +1,447 @@
+"""Every role's Prometheus metrics, scraped from the real processes after real work.
+
+The API (the suite's ``runapiserver`` with two gunicorn workers) serves ``/metrics`` on its HTTPS port to
+authenticated callers allowed ``get /metrics`` only; the informers, a Celery worker (prefork, four
+processes) and Celery beat, started here with their own Redis database and ``GPUSTACK_METRICS_PORT``,
+serve it over plain HTTP. Counters are read before and after the work, so what moved is what the test did
+(or at least that: kube-controller-manager also lists and watches the API's resources)."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+import requests
+from kubernetes import client as k8s
+from prometheus_client.parser import text_string_to_metric_families
+
+from gpustack_models.kinds import GROUP
+from gpustack_models.local.cluster import free_port
+from gpustack_models.telemetry import multiprocess_root
+from tests.support import REPO, wait_for
+from tests.support.paths import TEST_STATE
+from tests.support.worker import WorkerAPI, WorkerStack, database_url
+
+V1 = f"/apis/{GROUP}/v1"
+STORAGE = f"/apis/{GROUP}/v1alpha1"
+ROLES = ("informers", "celery", "beat")
+
+
+def samples(text: str) -> dict[tuple[str, frozenset], float]:
+    """Every sample of an exposition, by name and labels."""
+    out = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            out[(sample.name, frozenset(sample.labels.items()))] = sample.value
+    return out
+
+
+def value(scraped: dict, name: str, **labels) -> float:
+    return scraped.get((name, frozenset(labels.items())), 0.0)
+
+
+def matching(scraped: dict, name: str, **labels) -> dict[frozenset, float]:
+    """The samples of ``name`` whose labels include ``labels``."""
+    wanted = set(labels.items())
+    return {key: v for (n, key), v in scraped.items() if n == name and wanted <= key}
+
+
+def own_broker_database() -> str:
+    """A Redis database of the suite's server no other worker reads, emptied."""
+    import redis
+
+    url = os.environ.get("CELERY_BROKER_URL", "")
+    if not url.startswith("redis"):
+        pytest.fail("the suite runs with its Redis broker (make test)")
+    url = re.sub(r"/\d+$", "", url.rstrip("/")) + "/12"
+    redis.Redis.from_url(url).flushdb()
+    return url
+
+
+class Roles(WorkerStack):
+    """The informers, a Celery worker and beat with their metrics ports, on a broker of their own."""
+
+    def __init__(self, launcher, hub, db_url, broker):
+        super().__init__(launcher, hub, db_url)
+        self.broker = broker
+        self.ports = {name: free_port() for name in ROLES}
+
+    def role_env(self, name: str) -> dict:
+        env = self.env()
+        env.update(
+            CELERY_BROKER_URL=self.broker,
+            CELERY_RESULT_BACKEND=self.broker,
+            GPUSTACK_METRICS_PORT=str(self.ports[name]),
+            GPUSTACK_METRICS_ADDRESS="127.0.0.1",
+        )
+        return env
+
+    def start(self, name: str) -> None:
+        celery = [sys.executable, "-m", "celery", "-A", "config"]
+        argv = {
+            "informers": [sys.executable, "manage.py", "runinformers"],
+            "celery": celery + ["worker", "--pool=prefork", "--concurrency=4", "--without-gossip", "--without-mingle"],
+            "beat": celery + ["beat", f"--schedule={TEST_STATE / 'metrics-beat-schedule'}"],
+        }[name]
+        log = open(TEST_STATE / f"metrics-{name}.log", "ab")
+        self.procs[name] = subprocess.Popen(
+            argv, cwd=REPO, env=self.role_env(name), stdout=log, stderr=subprocess.STDOUT
+        )
+
+    def url(self, name: str, path: str = "/metrics") -> str:
+        return f"http://127.0.0.1:{self.ports[name]}{path}"
+
+    def scrape(self, name: str) -> str:
+        assert self.procs[name].poll() is None, f"{name} exited; see {TEST_STATE / f'metrics-{name}.log'}"
+        resp = requests.get(self.url(name), timeout=5)
+        assert resp.status_code == 200, resp.text
+        return resp.text
+
+
+def _answers(roles: Roles, name: str) -> bool:
+    try:
+        return bool(roles.scrape(name))
+    except requests.RequestException:
+        return False
+
+
+@pytest.fixture(scope="module")
+def roles(launcher, hub, django_db_setup, django_db_blocker):
+    with django_db_blocker.unblock():
+        url = database_url()
+    broker = own_broker_database()
+    stack = Roles(launcher, hub, url, broker)
+    for name in ROLES:
+        stack.start(name)
+    try:
+        for name in ROLES:
+            wait_for(lambda n=name: _answers(stack, n), timeout=60, message=f"the {name} metrics port")
+        yield stack
+    finally:
+        for name in ROLES:
+            stack.stop(name)
+
+
+@pytest.fixture(scope="module")
+def tenant_ns(core):
+    name = f"t-{uuid.uuid4().hex[:10]}"
+    core.create_namespace(k8s.V1Namespace(metadata=k8s.V1ObjectMeta(name=name)))
+    yield name
+    core.delete_namespace(name)
+
+
+def admin(worker_api, cluster):
+    """kube-apiserver's front proxy asserting a system:masters user, straight to the worker."""
+    cert = (str(cluster.pki_path("front-proxy-client.crt")), str(cluster.pki_path("front-proxy-client.key")))
+    headers = {"X-Remote-User": "metrics-admin", "X-Remote-Group": "system:masters"}
+    return worker_api.session(cert=cert, headers=headers)
+
+
+def scrape_api(worker_api, cluster) -> str:
+    resp = admin(worker_api, cluster).get(f"{worker_api.url}/metrics", timeout=10)
+    assert resp.status_code == 200, resp.text
+    return resp.text
+
+
+def artifact(name: str, repository: str, version: str = "v1") -> dict:
+    return {
+        "apiVersion": f"{GROUP}/{version}",
+        "kind": "ModelArtifact",
+        "metadata": {"name": name},
+        "spec": {"source": {"huggingFace": {"repository": repository}}},
+    }
+
+
+# --- the API ---------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def metrics_reader(api_client):
+    """carol may ``get /metrics`` through a ClusterRole; nobody else of the tenants may."""
+    rbac = k8s.RbacAuthorizationV1Api(api_client)
+    name = f"metrics-reader-{uuid.uuid4().hex[:6]}"
+    rule = k8s.V1PolicyRule(non_resource_urls=["/metrics"], verbs=["get"])
+    rbac.create_cluster_role(k8s.V1ClusterRole(metadata=k8s.V1ObjectMeta(name=name), rules=[rule]))
+    rbac.create_cluster_role_binding(
+        k8s.V1ClusterRoleBinding(
+            metadata=k8s.V1ObjectMeta(name=name),
+            role_ref=k8s.V1RoleRef(api_group="rbac.authorization.k8s.io", kind="ClusterRole", name=name),
+            subjects=[k8s.RbacV1Subject(kind="User", name="carol", api_group="rbac.authorization.k8s.io")],
+        )
+    )
+    yield "carol"
+    rbac.delete_cluster_role_binding(name)
+    rbac.delete_cluster_role(name)
+
+
+def test_the_api_serves_metrics_only_to_callers_allowed_get_metrics(worker_api, cluster, metrics_reader):
+    url = f"{worker_api.url}/metrics"
+    anonymous = worker_api.session().get(url, timeout=10)
+    assert anonymous.status_code == 401, anonymous.text
+    assert anonymous.json()["kind"] == "Status" and anonymous.json()["code"] == 401
+
+    tenant = worker_api.session(token=cluster.tokens()["alice"]).get(url, timeout=10)
+    assert tenant.status_code == 403, tenant.text
+    assert tenant.json()["kind"] == "Status" and 'cannot get path "/metrics"' in tenant.json()["message"]
+    assert "gpustack_models" not in tenant.text
+
+    forged = worker_api.session(token="not-a-token").get(url, timeout=10)
+    assert forged.status_code == 401, forged.text
+
+    reader = worker_api.session(token=cluster.tokens()[metrics_reader])  # one connection: one worker's caches
+
+    def allowed():  # the ClusterRole reaches the authorizer within moments
+        return reader.get(url, timeout=10)
+
+    wait_for(lambda: allowed().status_code == 200, timeout=30, message="carol's ClusterRole to allow /metrics")
+    answer = allowed()
+    assert answer.headers["Content-Type"].startswith("text/plain")
+    names = {family.name for family in text_string_to_metric_families(answer.text)}
+    for family in (
+        "gpustack_models_api_requests",
+        "gpustack_models_api_request_duration_seconds",
+        "gpustack_models_api_auth_cache_requests",
+    ):
+        assert family in names, sorted(names)
+    scraped = samples(answer.text)
+    # The refusals above were counted too, under the route and their codes.
+    assert value(scraped, "gpustack_models_api_requests_total", verb="get", resource="/metrics", code="401") >= 2
+    assert value(scraped, "gpustack_models_api_requests_total", verb="get", resource="/metrics", code="403") >= 1
+    assert value(scraped, "gpustack_models_api_auth_cache_requests_total", cache="tokenreview", result="miss") >= 1
+    assert value(scraped, "gpustack_models_api_auth_cache_requests_total", cache="tokenreview", result="hit") >= 1
+    assert (
+        value(scraped, "gpustack_models_api_auth_cache_requests_total", cache="subjectaccessreview", result="miss") >= 1
+    )
+
+
+def test_the_api_counts_requests_by_verb_resource_and_code(worker_api, cluster, tenant_ns):
+    before = samples(scrape_api(worker_api, cluster))
+    name = f"counted-{uuid.uuid4().hex[:6]}"
+    base = f"{worker_api.url}{V1}/namespaces/{tenant_ns}/modelartifacts"
+    codes = {}
+    # A fresh connection per request, so both gunicorn workers serve some.
+    codes["create"] = admin(worker_api, cluster).post(base, json=artifact(name, "org/counted"), timeout=10)
+    codes["get"] = admin(worker_api, cluster).get(f"{base}/{name}", timeout=10)
+    codes["missing"] = admin(worker_api, cluster).get(f"{base}/no-such-{name}", timeout=10)
+    codes["list"] = admin(worker_api, cluster).get(base, timeout=10)
+    codes["progress"] = admin(worker_api, cluster).get(f"{base}/{name}/progress", timeout=10)
+    codes["watch"] = admin(worker_api, cluster).get(f"{base}?watch=true&timeoutSeconds=1", timeout=20)
+    codes["unknown"] = admin(worker_api, cluster).get(f"{worker_api.url}{V1}/namespaces/{tenant_ns}/foos", timeout=10)
+    codes["status"] = admin(worker_api, cluster).get(f"{base}/{name}/status", timeout=10)
+    for _ in range(16):
+        assert admin(worker_api, cluster).get(f"{worker_api.url}/apis", timeout=10).status_code == 200
+    codes["delete"] = admin(worker_api, cluster).delete(f"{base}/{name}", timeout=10)
+    expected = {
+        "create": (201, "create", "modelartifacts"),
+        "get": (200, "get", "modelartifacts"),
+        "missing": (404, "get", "modelartifacts"),
+        "list": (200, "list", "modelartifacts"),
+        "progress": (200, "get", "modelartifacts/progress"),
+        "watch": (200, "watch", "modelartifacts"),
+        "unknown": (404, "list", "unknown"),
+        "status": (404, "get", "modelartifacts/status"),
+        "delete": (200, "delete", "modelartifacts"),
+    }
+    for what, (code, _, _) in expected.items():
+        assert codes[what].status_code == code, f"{what}: {codes[what].status_code} {codes[what].text[:300]}"
+    text = scrape_api(worker_api, cluster)
+    after = samples(text)
+    metric = "gpustack_models_api_requests_total"
+    for what, (code, verb, resource) in expected.items():
+        moved = value(after, metric, verb=verb, resource=resource, code=str(code)) - value(
+            before, metric, verb=verb, resource=resource, code=str(code)
+        )
+        assert moved >= 1, f"{what}: {verb} {resource} {code} did not move"
+    apis = value(after, metric, verb="get", resource="/apis", code="200") - value(
+        before, metric, verb="get", resource="/apis", code="200"
+    )
+    assert apis >= 16, apis
+    duration = "gpustack_models_api_request_duration_seconds_count"
+    assert value(after, duration, verb="create", resource="modelartifacts") > value(
+        before, duration, verb="create", resource="modelartifacts"
+    )
+    # Bounded labels: no namespace, no object name.
+    assert tenant_ns not in text and name not in text and "foos" not in text
+
+
+def children(pid: int) -> set[int]:
+    """The live processes whose parent is ``pid``."""
+    found = set()
+    for entry in Path("/proc").iterdir():
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if entry.name.isdigit() and int(fields[1]) == pid and fields[0] not in ("Z", "X"):
+            found.add(int(entry.name))
+    return found
+
+
+@pytest.fixture
+def own_api(launcher, django_db_setup, django_db_blocker):
+    """An API server of this test's own (not registered: only this test calls it), two workers."""
+    with django_db_blocker.unblock():
+        url = database_url()
+    api = WorkerAPI(launcher, free_port(), url)
+    api.start()
+    try:
+        yield api
+    finally:
+        api.stop()
+
+
+def test_one_scrape_of_the_api_sums_its_workers_those_replaced_included(own_api, cluster):
+    def get_apis(times: int) -> None:
+        for _ in range(times):  # a fresh connection each
+            assert admin(own_api, cluster).get(f"{own_api.url}/apis", timeout=10).status_code == 200
+
+    def apis_count() -> float:
+        return value(
+            samples(scrape_api(own_api, cluster)),
+            "gpustack_models_api_requests_total",
+            verb="get",
+            resource="/apis",
+            code="200",
+        )
+
+    directory = multiprocess_root() / f"api-{own_api.proc.pid}"
+    get_apis(10)
+    assert apis_count() == 10
+    served = {int(p.stem.split("_")[1]) for p in directory.glob("counter_*.db")}
+    workers = children(own_api.proc.pid)
+    assert served and served <= workers, (served, workers)
+    for pid in served:  # the workers that counted die; gunicorn starts others
+        os.kill(pid, signal.SIGKILL)
+    wait_for(
+        lambda: len(children(own_api.proc.pid) - served) == 2, timeout=30, message="gunicorn to replace its workers"
+    )
+    get_apis(10)
+    # Nobody else calls this server: exactly the twenty requests, from the dead workers and the new ones.
+    assert apis_count() == 20
+    now = {int(p.stem.split("_")[1]) for p in directory.glob("counter_*.db")}
+    assert served < now, (served, now)
+
+
+# --- the informers, the Celery worker, beat ---------------------------------------------------------------
+
+
+def condition_reason(worker_kube, namespace: str, name: str) -> str | None:
+    obj = worker_kube.get(f"{STORAGE}/namespaces/{namespace}/modelartifacts/{name}")
+    for condition in (obj.get("status") or {}).get("conditions") or []:
+        if condition.get("type") == "Resolved":
+            return condition.get("reason") if condition.get("status") in ("True", "False") else None
+    return None
+
+
+def test_the_worker_roles_count_their_work(roles, hub, worker_kube, tenant_ns):
+    before = {name: samples(roles.scrape(name)) for name in ROLES}
+    repository = f"org/metered-{uuid.uuid4().hex[:6]}"
+    hub.add_hf_repo(repository, {"config.json": b"{}"})
+    good, bad = f"metered-{uuid.uuid4().hex[:6]}", f"missing-{uuid.uuid4().hex[:6]}"
+    worker_kube.create(f"{STORAGE}/namespaces/{tenant_ns}/modelartifacts", artifact(good, repository, "v1alpha1"))
+    worker_kube.create(
+        f"{STORAGE}/namespaces/{tenant_ns}/modelartifacts",
+        artifact(bad, f"org/nowhere-{uuid.uuid4().hex[:6]}", "v1alpha1"),
+    )
+    wait_for(lambda: condition_reason(worker_kube, tenant_ns, good) is not None, timeout=60, message="the resolution")
+    wait_for(lambda: condition_reason(worker_kube, tenant_ns, bad) is not None, timeout=60, message="the failure")
+    reason = condition_reason(worker_kube, tenant_ns, bad)
+    assert condition_reason(worker_kube, tenant_ns, good) == "Resolved"
+
+    def moved(role, name, **labels):
+        return value(samples(roles.scrape(role)), name, **labels) - value(before[role], name, **labels)
+
+    resolve = "gpustack_models.resolve_artifact"
+    wait_for(lambda: moved("celery", "gpustack_models_resolutions_total", outcome="resolved", reason="") >= 1)
+    wait_for(lambda: moved("celery", "gpustack_models_resolutions_total", outcome="failed", reason=reason) >= 1)
+    wait_for(lambda: moved("celery", "gpustack_models_tasks_total", task=resolve, outcome="success") >= 2)
+    wait_for(lambda: moved("celery", "gpustack_models_task_duration_seconds_count", task=resolve) >= 2)
+    # Mirror lag: observed when the informers' batches committed.
+    wait_for(lambda: moved("celery", "gpustack_models_mirror_lag_seconds_count", resource="modelartifacts") >= 2)
+    wait_for(
+        lambda: (
+            moved("celery", "gpustack_models_tasks_total", task="gpustack_models.mirror_events", outcome="success") >= 1
+        )
+    )
+    celery = samples(roles.scrape("celery"))
+    assert matching(celery, "gpustack_models_queue_depth", queue="celery"), "no queue depth for the celery queue"
+
+    informers = "gpustack_models_informer_events_total"
+    wait_for(lambda: moved("informers", informers, resource="modelartifacts", type="ADDED") >= 2)
+    wait_for(lambda: moved("informers", informers, resource="modelartifacts", type="MODIFIED") >= 2)
+    assert moved("informers", "gpustack_models_informer_batches_sent_total", resource="modelartifacts") >= 1
+    assert moved("informers", "gpustack_models_tasks_sent_total", task="gpustack_models.mirror_events") >= 1
+    informer_text = roles.scrape("informers")
+    for family in ("gpustack_models_informer_relists", "gpustack_models_informer_watch_restarts"):
+        assert f"# TYPE {family}_total counter" in informer_text or f"# TYPE {family} counter" in informer_text
+
+    # Beat sends the collection pass every second here.
+    wait_for(lambda: moved("beat", "gpustack_models_tasks_sent_total", task="gpustack_models.collect") >= 2)
+    wait_for(
+        lambda: moved("celery", "gpustack_models_tasks_total", task="gpustack_models.collect", outcome="success") >= 1
+    )
+
+    # Nothing tenant-named or secret in any label.
+    for name in ROLES:
+        text = roles.scrape(name)
+        for secret in (tenant_ns, good, bad, repository):
+            assert secret not in text, f"{secret} in the {name} metrics"
+
+
+def test_the_metrics_port_answers_get_metrics_only_and_a_silent_client_stops_no_scrape(roles):
+    for method, path in (
+        ("GET", "/"),
+        ("GET", "/metrics/x"),
+        ("POST", "/metrics"),
+        ("PUT", "/metrics"),
+        ("GET", "/admin/"),
+    ):
+        resp = requests.request(method, roles.url("celery", path), timeout=5)
+        assert resp.status_code == 404, (method, path, resp.status_code)
+    silent = []
+    try:
+        for _ in range(5):
+            sock = socket.create_connection(("127.0.0.1", roles.ports["celery"]), timeout=5)
+            silent.append(sock)
+        half = socket.create_connection(("127.0.0.1", roles.ports["celery"]), timeout=5)
+        half.sendall(b"GET /metr")  # a request line that never ends
+        silent.append(half)
+        started = time.monotonic()
+        resp = requests.get(roles.url("celery"), timeout=5)
+        assert resp.status_code == 200 and "gpustack_models_tasks_total" in resp.text
+        assert time.monotonic() - started < 2, "a scrape waited for the silent clients"
+    finally:
+        for sock in silent:
+            sock.close()
+
+
+def test_the_api_counts_placement_reviews_by_outcome(worker_api, cluster, tenant_ns, tmp_path):
+    from django.conf import settings
+
+    from tests.test_placement import PATH, client_cert, model_pod, review
+
+    session = worker_api.session(cert=client_cert(cluster, tmp_path, settings.PLACEMENT_CALLER))
+    before = samples(scrape_api(worker_api, cluster))
+    pods = [{"kind": "Pod", "spec": {"containers": []}}, model_pod("p", "not-resolved")]
+    for pod in pods:
+        resp = session.post(f"{worker_api.url}{PATH}", json=review(tenant_ns, pod), timeout=10)
+        assert resp.status_code == 200 and "patch" not in resp.json()["response"], resp.text
+    malformed = session.post(f"{worker_api.url}{PATH}", json={"kind": "Pod"}, timeout=10)
+    assert malformed.status_code == 400, malformed.text
+    after = samples(scrape_api(worker_api, cluster))
+
+    def moved(name, **labels):
+        return value(after, name, **labels) - value(before, name, **labels)
+
+    assert moved("gpustack_models_placement_webhook_calls_total", outcome="unchanged") >= 2
+    requests_total = "gpustack_models_api_requests_total"
+    assert moved(requests_total, verb="post", resource="/internal/v1/placement", code="200") >= 2
+    assert moved(requests_total, verb="post", resource="/internal/v1/placement", code="400") == 1

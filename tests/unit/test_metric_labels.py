@@ -1,0 +1,74 @@
+"""The API's metric labels (Kubernetes verbs, bounded resources) and the metrics port's routing."""
+
+import pytest
+from django.test import RequestFactory
+
+from gpustack_models.api.api_metrics import labels
+from gpustack_models.telemetry import metrics_app
+
+rf = RequestFactory()
+
+
+@pytest.mark.parametrize(
+    ("method", "query", "kwargs", "route", "expected"),
+    [
+        ("get", "", {"plural": "modelartifacts", "namespace": "ns", "name": "a"}, "", ("get", "modelartifacts")),
+        ("get", "", {"plural": "modelartifacts", "namespace": "ns"}, "", ("list", "modelartifacts")),
+        ("get", "watch=true", {"plural": "modelartifacts"}, "", ("watch", "modelartifacts")),
+        ("get", "watch=1", {"plural": "nodemodelstores", "name": "n"}, "", ("watch", "nodemodelstores")),
+        ("get", "watch=false", {"plural": "modelprefetches"}, "", ("list", "modelprefetches")),
+        ("head", "", {"plural": "modelartifacts", "name": "a"}, "", ("get", "modelartifacts")),
+        ("post", "", {"plural": "modelartifacts", "namespace": "ns"}, "", ("create", "modelartifacts")),
+        ("put", "", {"plural": "modelartifacts", "name": "a"}, "", ("update", "modelartifacts")),
+        ("patch", "", {"plural": "modelartifacts", "name": "a"}, "", ("patch", "modelartifacts")),
+        ("delete", "", {"plural": "modelartifacts", "name": "a"}, "", ("delete", "modelartifacts")),
+        ("delete", "", {"plural": "modelartifacts"}, "", ("deletecollection", "modelartifacts")),
+        ("get", "", {"plural": "secrets-of-a-tenant", "name": "x"}, "", ("get", "unknown")),
+        (
+            "get",
+            "",
+            {"plural": "modelartifacts", "name": "a", "subresource": "status"},
+            "",
+            ("get", "modelartifacts/status"),
+        ),
+        (
+            "get",
+            "",
+            {"plural": "modelartifacts", "name": "a", "subresource": "zz"},
+            "",
+            ("get", "modelartifacts/unknown"),
+        ),
+        ("get", "", {"namespace": "ns", "name": "a"}, "modelartifacts/progress", ("get", "modelartifacts/progress")),
+        ("get", "", {}, "/apis", ("get", "/apis")),
+        ("post", "", {}, "/internal/v1/tickets", ("post", "/internal/v1/tickets")),
+    ],
+)
+def test_it_labels_requests_in_kubernetes_terms_without_names(method, query, kwargs, route, expected):
+    request = getattr(rf, method)("/x" + (f"?{query}" if query else ""))
+    assert labels(request, kwargs, route) == expected
+
+
+def test_it_labels_an_unknown_method_other():
+    request = rf.generic("BREW", "/x")
+    assert labels(request, {"plural": "modelartifacts"}, "") == ("other", "modelartifacts")
+    assert labels(request, {}, "/apis") == ("other", "/apis")
+
+
+def test_the_metrics_port_answers_get_metrics_only():
+    from prometheus_client import CollectorRegistry, Counter
+
+    registry = CollectorRegistry()
+    Counter("unit_total", "a counter", registry=registry).inc()
+    app = metrics_app(registry)
+
+    def call(method, path):
+        answer = {}
+        body = b"".join(
+            app({"REQUEST_METHOD": method, "PATH_INFO": path, "QUERY_STRING": ""}, lambda s, h: answer.update(status=s))
+        )
+        return answer["status"], body
+
+    status, body = call("GET", "/metrics")
+    assert status.startswith("200") and b"unit_total 1.0" in body
+    for method, path in (("POST", "/metrics"), ("GET", "/"), ("GET", "/metrics/"), ("DELETE", "/metrics")):
+        assert call(method, path)[0].startswith("404"), (method, path)
