@@ -1,6 +1,6 @@
 """The product's image, built here without a registry: a Debian base assembled by ``debootstrap`` (the slim
 Python 3.11 base the Dockerfile's ``BASE_IMAGE`` names elsewhere), and the Dockerfile built on it by
-``buildah`` (chroot isolation, vfs storage in a directory of the test run's own).
+``buildah`` (chroot isolation, overlay storage in a directory of the test run's own).
 
 The base's root filesystem is cached as a tar outside the repository, keyed by the Debian suite, its
 packages and the build machine's CA bundle (copied in, so that ``pip`` inside the build trusts the same
