@@ -207,6 +207,7 @@ class Watch:
 
 def test_the_informers_close_their_watches_and_lose_no_event_within_10s(launcher, worker_kube, namespace, tmp_path):
     env = dict(os.environ, KUBECONFIG=str(launcher.worker_kubeconfig), GPUSTACK_DATA_DIR=str(tmp_path))
+    env["GPUSTACK_LEADER_INFORMERS_LEASE"] = f"shutdown-{uuid.uuid4().hex[:8]}"  # its own: leader at once
     env.pop("CELERY_BROKER_URL", None)  # the file broker under tmp_path: what the informers sent, read back
     env.pop("CELERY_RESULT_BACKEND", None)
     log = tmp_path / "informers.log"
@@ -318,9 +319,13 @@ def test_a_celery_worker_finishes_short_tasks_hands_long_ones_back_and_stops_wit
                 os.killpg(proc.pid, signal.SIGKILL)
 
 
-def test_celery_beat_stops_within_10s(tmp_path, db_url):
+def test_celery_beat_stops_within_10s(launcher, tmp_path, db_url):
     env = dict(
         os.environ, GPUSTACK_DATA_DIR=str(tmp_path), DATABASE_URL=db_url, GPUSTACK_COLLECTION_INTERVAL_SECONDS="1"
+    )
+    # The worker's identity, for its Lease (its own: leader at once).
+    env.update(
+        KUBECONFIG=str(launcher.worker_kubeconfig), GPUSTACK_LEADER_BEAT_LEASE=f"shutdown-{uuid.uuid4().hex[:8]}"
     )
     env.pop("CELERY_BROKER_URL", None)
     env.pop("CELERY_RESULT_BACKEND", None)
