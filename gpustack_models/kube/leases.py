@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from .client import Kube
-from .errors import Conflict, NotFound, StatusError
+from .errors import Conflict, NotFound
 
 log = logging.getLogger(__name__)
 
@@ -112,9 +112,7 @@ class LeaseElector:
                 return self._try()
             except Conflict:
                 log.debug("lease %s: written by someone else meanwhile; reading it again", self.name)
-            except (StatusError, OSError, ValueError) as exc:
-                log.warning("lease %s: %s", self.name, exc)
-            except Exception as exc:  # the connection's own errors (urllib3): try again next period
+            except Exception as exc:  # an error answer, the connection's own errors: try again next period
                 log.warning("lease %s: %s: %s", self.name, type(exc).__name__, exc)
             return False
 
@@ -140,7 +138,7 @@ class LeaseElector:
             "apiVersion": "coordination.k8s.io/v1",
             "kind": "Lease",
             "metadata": {"name": self.name, "namespace": namespace},
-            "spec": self._next_spec({}, False),
+            "spec": dict(self._next_spec({}, False), leaseTransitions=0),
         }
         created = self.client.create(self.path.rsplit("/", 1)[0], body, timeout=self.timing.renew_deadline)
         self._observe(created)
@@ -165,7 +163,7 @@ class LeaseElector:
             "leaseDurationSeconds": max(1, round(self.timing.lease)),
             "acquireTime": acquired,
             "renewTime": now,
-            "leaseTransitions": transitions if ours or not spec.get("holderIdentity") else transitions + 1,
+            "leaseTransitions": transitions if ours else transitions + 1,
         }
 
     def _announce_holder(self, holder) -> None:
