@@ -215,9 +215,8 @@ def test_a_leader_whose_lease_was_taken_stops_and_exits_non_zero(replicas, worke
     lease = lease_name()
     first = replicas("informers", tmp_path, lease)
     _, first_id = wait_leader(first)
-    current = worker_kube.get(f"{LEASES}/{lease}")
-    current["spec"].update(holderIdentity="usurper", renewTime=micro_time())
-    worker_kube.json("PUT", f"{LEASES}/{lease}", body=current)
+    spec = worker_kube.get(f"{LEASES}/{lease}")["spec"]
+    overwrite(worker_kube, lease, dict(spec, holderIdentity="usurper", renewTime=micro_time()))
     assert first.proc.wait(15) == 1, tail(first.log)
     assert "lost lease" in first.text() and "taken by usurper" in first.text()
 
@@ -241,6 +240,19 @@ def test_a_frozen_leader_that_was_replaced_exits_when_it_resumes(replicas, worke
 # --- attacks on the Lease ------------------------------------------------------------------------------------
 
 
+def overwrite(client, name: str, spec: dict) -> None:
+    """Take the Lease over from its holder, whatever it says (reading again after a 409 Conflict)."""
+    for _ in range(10):
+        current = client.get(f"{LEASES}/{name}")
+        current["spec"] = spec
+        try:
+            client.json("PUT", f"{LEASES}/{name}", body=current)
+            return
+        except kube.Conflict:
+            continue
+    raise AssertionError(f"could not overwrite lease {name}")
+
+
 class Renewer:
     """Someone else holding a Lease and renewing it every second (the test itself)."""
 
@@ -248,7 +260,10 @@ class Renewer:
         self.client, self.name, self.stop = client, name, threading.Event()
         now = micro_time()
         spec = {"holderIdentity": "intruder", "leaseDurationSeconds": int(LEASE), "acquireTime": now, "renewTime": now}
-        client.create(LEASES, {"metadata": {"name": name}, "spec": spec})
+        try:
+            client.create(LEASES, {"metadata": {"name": name}, "spec": spec})
+        except kube.AlreadyExists:
+            overwrite(client, name, spec)
         self.thread = threading.Thread(target=self.run, daemon=True)
         self.thread.start()
 
@@ -371,7 +386,6 @@ def test_beat_stops_sending_while_its_lease_is_taken_and_resumes_when_it_is_free
     beat = replicas("beat", tmp_path, lease, GPUSTACK_MOUNT_CHECK_INTERVAL_SECONDS="1")
     wait_leader(beat)
     wait_for(lambda: beat.count(CHECKS) >= 2, timeout=30, message="beat to send")
-    worker_kube.delete(f"{LEASES}/{lease}")
     intruder = Renewer(worker_kube, lease)
     try:
         wait_for(lambda: "lost lease" in beat.text(), timeout=15, message=f"beat to lose it; {tail(beat.log)}")
