@@ -89,7 +89,7 @@ def replicas(launcher, db_url_env):
     started: list[Replica] = []
 
     def start(role: str, root: Path, lease: str, **extra) -> Replica:
-        env = dict(os.environ, KUBECONFIG=str(launcher.worker_kubeconfig), **db_url_env, **FAST, **extra)
+        env = dict(os.environ, KUBECONFIG=str(launcher.worker_kubeconfig), **db_url_env) | FAST | extra
         env.pop("CELERY_BROKER_URL", None)  # its own file broker: what it sent, read back
         env.pop("CELERY_RESULT_BACKEND", None)
         home = root / f"{role}-{len(started)}"
@@ -174,6 +174,7 @@ def test_one_informers_replica_acts_and_a_standby_relists_after_the_leader_is_ki
     took_over, second_id = wait_leader(second, timeout=20)
     # Not before the record stayed unchanged for the Lease's duration (the leader renewed at most a retry
     # period before its death), and within it plus one try.
+    print(f"informers: the standby led {took_over - killed:.2f} s after the leader was killed")  # shown with -s
     assert LEASE - RETRY - 0.5 <= took_over - killed <= LEASE + 2 * RETRY + 1.0, took_over - killed
     assert holder(worker_kube, lease) == second_id and f"_{second.proc.pid}_" in second_id
     assert worker_kube.get(f"{LEASES}/{lease}")["spec"]["leaseTransitions"] == 1
@@ -204,6 +205,7 @@ def test_sigterm_releases_the_lease_and_a_standby_takes_over_at_once(replicas, w
     assert first.proc.wait(10) == 0, tail(first.log)
     assert "released lease" in first.text()
     took_over, second_id = wait_leader(second, timeout=20)
+    print(f"informers: the standby led {took_over - sent_at:.2f} s after SIGTERM to the leader (15 s Lease)")
     assert took_over - sent_at < 4.0, f"took {took_over - sent_at:.1f} s with a 15 s Lease"
     assert holder(worker_kube, lease) == second_id
     name = f"after-{uuid.uuid4().hex[:6]}"
@@ -365,17 +367,21 @@ def test_one_beat_replica_sends_and_a_standby_takes_over_without_a_burst(replica
     before = first.count(CHECKS)
     time.sleep(8.0)  # eight periods of the mount check
     ran = first.count(CHECKS) - before
+    print(f"beat: {ran} mount checks in 8 s (1 s period) from two replicas")
     assert 6 <= ran <= 10, f"{ran} mount checks in 8 s with a 1 s period"
     assert second.sent() == [], "the standby beat sent tasks"
 
     first.kill()
     killed = time.time()
     took_over, _ = wait_leader(second, timeout=20)
+    print(f"beat: the standby led {took_over - killed:.2f} s after the leader was killed")
     assert took_over - killed <= LEASE + 2 * RETRY + 1.0, took_over - killed
     wait_for(lambda: second.count(CHECKS) >= 4, timeout=30, message=f"the new leader to send; {tail(second.log)}")
     # No burst for the time it stood by (each task had been due for seconds): the first of each task one
     # period after the takeover.
     first_sent = {body.split()[0]: when for when, body in reversed(second.sent())}
+    delays = {task: round(when - took_over, 2) for task, when in first_sent.items()}
+    print(f"beat: the new leader's first task of each kind, seconds after it led: {delays}")
     assert first_sent[CHECKS] - took_over >= 0.8, first_sent
     assert first_sent.get("gpustack_models.check_resolution_secrets", took_over + 2) - took_over >= 1.8, first_sent
     assert set(first_sent) <= {CHECKS, "gpustack_models.check_resolution_secrets"}, first_sent
