@@ -462,6 +462,14 @@ def test_make_run_stops_every_process_it_started_within_10s():
         cluster_ports = set(json.loads((data_dir / "cluster.json").read_text())["ports"].values())
         ports = cluster_ports | {api_port, plugin_port, console_port}
         wait_for(lambda: listening(ports) == ports, timeout=60, message=f"every port to listen ({ports})")
+        # One replica of each: the informers lead at once (a Lease left by a killed run is deleted first).
+        informers_log = data_dir / "logs" / "informers.log"
+        led = wait_for(
+            lambda: re.search(r"became leader of lease \S+ as \S+ after ([\d.]+) s", _text(informers_log)),
+            timeout=60,
+            message="the informers to lead",
+        )
+        assert float(led.group(1)) < 3.0, led.group(0)
         started = descendants(proc.pid)
         groups = {pgid for pgid, _ in started.values()} | {proc.pid}
         assert len(started) >= 12, started  # control plane, API, console, Celery, beat, informers, plugin
@@ -481,6 +489,10 @@ def test_make_run_stops_every_process_it_started_within_10s():
             except ProcessLookupError:
                 pass
         shutil.rmtree(data_dir, ignore_errors=True)
+
+
+def _text(path: Path) -> str:
+    return path.read_text(errors="replace") if path.exists() else ""
 
 
 def _running(proc, log) -> bool:
