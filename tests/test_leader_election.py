@@ -239,6 +239,22 @@ def test_a_frozen_leader_that_was_replaced_exits_when_it_resumes(replicas, worke
     assert holder(worker_kube, lease) == second_id
 
 
+def test_a_leader_that_cannot_reach_kube_apiserver_loses_the_lease_at_the_renew_deadline(worker_kube):
+    from gpustack_models.local.cluster import free_port
+
+    name = lease_name()
+    elector = LeaseElector(worker_kube, settings.NAMESPACE, name, Timing(LEASE, RENEW_DEADLINE, RETRY))
+    assert elector.acquire(threading.Event())
+    elector.client = kube.Kube(worker_kube.configuration)
+    elector.client.host = f"https://127.0.0.1:{free_port()}"  # nothing listens: every renewal fails
+    started = time.monotonic()
+    assert elector.keep(threading.Event()) is True
+    took = time.monotonic() - started
+    assert RENEW_DEADLINE - 0.5 <= took <= RENEW_DEADLINE + 2 * RETRY + 0.5, took
+    assert not elector.leading
+    assert holder(worker_kube, name) == elector.identity  # still named, but expiring: a standby takes it
+
+
 # --- attacks on the Lease ------------------------------------------------------------------------------------
 
 
