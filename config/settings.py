@@ -368,6 +368,24 @@ MIRROR_LAG_FILE = env_str("GPUSTACK_MIRROR_LAG_FILE", "")
 # (0: not served). The API serves its metrics on its own HTTPS port, to authorized callers only.
 METRICS_PORT = env_int("GPUSTACK_METRICS_PORT", 0, minimum=0, maximum=65535)
 METRICS_ADDRESS = env_str("GPUSTACK_METRICS_ADDRESS", "0.0.0.0")
+# --- Leader election (several replicas of the informers and of Celery beat) ------------------------------
+# Only the holder of a coordination.k8s.io Lease in GPUSTACK_NAMESPACE acts; the others stand by (false: every
+# process acts at once, for a single replica that may not read or write Leases).
+LEADER_ELECTION = env_bool("GPUSTACK_LEADER_ELECTION", True)
+# A standby takes over a Lease its holder has not renewed for this many seconds (as this standby observed it).
+LEADER_LEASE_SECONDS = env_float("GPUSTACK_LEADER_LEASE_SECONDS", 15.0, minimum=1.0)
+# A leader that could not renew its Lease for this many seconds stops acting (the informers exit non-zero).
+LEADER_RENEW_DEADLINE_SECONDS = env_float("GPUSTACK_LEADER_RENEW_DEADLINE_SECONDS", 10.0, minimum=0.2)
+# Seconds between a leader's renewals and between a standby's tries.
+LEADER_RETRY_SECONDS = env_float("GPUSTACK_LEADER_RETRY_SECONDS", 2.0, minimum=0.1)
+if not LEADER_LEASE_SECONDS > LEADER_RENEW_DEADLINE_SECONDS > LEADER_RETRY_SECONDS:
+    raise ImproperlyConfigured(
+        "GPUSTACK_LEADER_LEASE_SECONDS > GPUSTACK_LEADER_RENEW_DEADLINE_SECONDS > GPUSTACK_LEADER_RETRY_SECONDS must "
+        f"hold (now {LEADER_LEASE_SECONDS} / {LEADER_RENEW_DEADLINE_SECONDS} / {LEADER_RETRY_SECONDS})"
+    )
+# The Leases' names (two installations sharing a namespace need their own).
+LEADER_INFORMERS_LEASE = env_str("GPUSTACK_LEADER_INFORMERS_LEASE", "gpustack-models-informers")
+LEADER_BEAT_LEASE = env_str("GPUSTACK_LEADER_BEAT_LEASE", "gpustack-models-beat")
 
 # --- The cache's lifecycle --------------------------------------------------------------------------------
 # A digest nothing references on a node leaves that node's spec.models after this many seconds.
@@ -392,6 +410,8 @@ CELERY_BEAT_SCHEDULE = {
     "purge-tombstones-every-10m": {"task": "gpustack_models.purge_tombstones", "schedule": 600.0},
 }
 CELERY_BEAT_SCHEDULE_FILENAME = str(DATA_DIR / "celery" / "beat-schedule")
+# Beat sends its tasks only while it holds the beat Lease (GPUSTACK_LEADER_ELECTION).
+CELERY_BEAT_SCHEDULER = "gpustack_models.worker.beat_leader:LeaderScheduler"
 
 # --- Web -------------------------------------------------------------------------------------------
 # The console behind HTTPS (a TLS-terminating ingress sets X-Forwarded-Proto): cookies only over HTTPS.

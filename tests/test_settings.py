@@ -62,6 +62,11 @@ def test_it_defaults_to_sqlite_and_a_file_broker():
         ("CELERY_BROKER_URL", "kafka://x", "CELERY_BROKER_URL"),
         ("DEBUG", "perhaps", "DEBUG"),
         ("KUBE_REQUEST_TIMEOUT", "soon", "KUBE_REQUEST_TIMEOUT"),
+        ("GPUSTACK_LEADER_ELECTION", "maybe", "GPUSTACK_LEADER_ELECTION"),
+        ("GPUSTACK_LEADER_LEASE_SECONDS", "long", "GPUSTACK_LEADER_LEASE_SECONDS"),
+        # A renew deadline past the Lease's duration would let two leaders act at once.
+        ("GPUSTACK_LEADER_RENEW_DEADLINE_SECONDS", "20", "must hold (now 15.0 / 20.0 / 2.0)"),
+        ("GPUSTACK_LEADER_RETRY_SECONDS", "10", "GPUSTACK_LEADER_RETRY_SECONDS must hold"),
     ],
 )
 def test_it_refuses_a_malformed_variable_at_start(name, value, complaint):

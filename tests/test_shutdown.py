@@ -207,6 +207,7 @@ class Watch:
 
 def test_the_informers_close_their_watches_and_lose_no_event_within_10s(launcher, worker_kube, namespace, tmp_path):
     env = dict(os.environ, KUBECONFIG=str(launcher.worker_kubeconfig), GPUSTACK_DATA_DIR=str(tmp_path))
+    env["GPUSTACK_LEADER_INFORMERS_LEASE"] = f"shutdown-{uuid.uuid4().hex[:8]}"  # its own: leader at once
     env.pop("CELERY_BROKER_URL", None)  # the file broker under tmp_path: what the informers sent, read back
     env.pop("CELERY_RESULT_BACKEND", None)
     log = tmp_path / "informers.log"
@@ -318,9 +319,13 @@ def test_a_celery_worker_finishes_short_tasks_hands_long_ones_back_and_stops_wit
                 os.killpg(proc.pid, signal.SIGKILL)
 
 
-def test_celery_beat_stops_within_10s(tmp_path, db_url):
+def test_celery_beat_stops_within_10s(launcher, tmp_path, db_url):
     env = dict(
         os.environ, GPUSTACK_DATA_DIR=str(tmp_path), DATABASE_URL=db_url, GPUSTACK_COLLECTION_INTERVAL_SECONDS="1"
+    )
+    # The worker's identity, for its Lease (its own: leader at once).
+    env.update(
+        KUBECONFIG=str(launcher.worker_kubeconfig), GPUSTACK_LEADER_BEAT_LEASE=f"shutdown-{uuid.uuid4().hex[:8]}"
     )
     env.pop("CELERY_BROKER_URL", None)
     env.pop("CELERY_RESULT_BACKEND", None)
@@ -457,6 +462,14 @@ def test_make_run_stops_every_process_it_started_within_10s():
         cluster_ports = set(json.loads((data_dir / "cluster.json").read_text())["ports"].values())
         ports = cluster_ports | {api_port, plugin_port, console_port}
         wait_for(lambda: listening(ports) == ports, timeout=60, message=f"every port to listen ({ports})")
+        # One replica of each: the informers lead at once (a Lease left by a killed run is deleted first).
+        informers_log = data_dir / "logs" / "informers.log"
+        led = wait_for(
+            lambda: re.search(r"became leader of lease \S+ as \S+ after ([\d.]+) s", _text(informers_log)),
+            timeout=60,
+            message="the informers to lead",
+        )
+        assert float(led.group(1)) < 3.0, led.group(0)
         started = descendants(proc.pid)
         groups = {pgid for pgid, _ in started.values()} | {proc.pid}
         assert len(started) >= 12, started  # control plane, API, console, Celery, beat, informers, plugin
@@ -476,6 +489,10 @@ def test_make_run_stops_every_process_it_started_within_10s():
             except ProcessLookupError:
                 pass
         shutil.rmtree(data_dir, ignore_errors=True)
+
+
+def _text(path: Path) -> str:
+    return path.read_text(errors="replace") if path.exists() else ""
 
 
 def _running(proc, log) -> bool:

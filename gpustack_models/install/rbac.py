@@ -4,7 +4,8 @@ The worker: full access to the storage CRDs and their status (the mount protecti
 ModelArtifacts included), read on Nodes and its namespace's Pods, ``get`` on Pods everywhere (a mount
 is authorized from its Pod, and ends when the Pod is gone: read by name, never listed or watched), ``get``
 on Secrets and claims (read by name when resolving), ``create`` and ``patch`` on Events (what happened to
-artifacts and node stores), delegated authentication and authorization.
+artifacts and node stores), delegated authentication and authorization, and ``get``, ``create`` and
+``update`` on Leases in its own namespace (leader election of the informers and beat).
 The plugin: read its NodeModelStore, write its status (its own node only: an admission policy), and
 create TokenReviews. Tenants get nothing.
 """
@@ -66,6 +67,8 @@ def worker_objects() -> list[dict]:
             "verbs": ["create"],
             "resourceNames": [settings.WORKER_SERVICE_ACCOUNT],
         },
+        # Leader election of the informers' and beat's replicas (kube.leases): its own namespace's Leases.
+        {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["get", "create", "update"]},
     ]
     return [
         role("ClusterRole", name, rules),

@@ -108,6 +108,14 @@ class Launcher:
                     break
                 time.sleep(0.2)
 
+    def forget_leases(self) -> None:
+        """Delete the informers' and beat's Leases (only ``runlocal``, the one instance of each, may)."""
+        for name in (settings.LEADER_INFORMERS_LEASE, settings.LEADER_BEAT_LEASE):
+            try:
+                self.admin.delete(f"/apis/coordination.k8s.io/v1/namespaces/{settings.NAMESPACE}/leases/{name}")
+            except kube.NotFound:
+                pass
+
     # --- the worker's identity ------------------------------------------------------------------------
     def write_worker_kubeconfig(self) -> Path:
         """A kubeconfig carrying a token of the worker's ServiceAccount."""

@@ -96,6 +96,7 @@ class LocalStack:
         self.spawn("console", [python, "-m", "gunicorn", *console], env)
         celery = ["-A", "config", "worker", "--pool=prefork", "--concurrency=2", "--loglevel=WARNING"]
         self.spawn("celery", [python, "-m", "celery", *celery, "--without-gossip", "--without-mingle"], env)
+        self.launcher.forget_leases()  # a run killed before releasing them must not make this one wait
         self.spawn("beat", [python, "-m", "celery", "-A", "config", "beat", "--loglevel=WARNING"], env)
         self.spawn("informers", [python, "manage.py", "runinformers"], env)
 

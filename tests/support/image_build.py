@@ -83,7 +83,7 @@ class Buildah:
             "--runroot",
             str(self.state / "run"),
             "--storage-driver",
-            "vfs",
+            "overlay",
         ]
         proc = subprocess.run(["buildah", *storage, *args], capture_output=True, text=True, timeout=timeout)
         if check and proc.returncode != 0:

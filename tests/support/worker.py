@@ -190,6 +190,9 @@ class WorkerStack:
             GPUSTACK_SECRET_CHECK_INTERVAL_SECONDS="5",
             # Every mirrored event's arrival and commit, for the lag tests and the mirror benchmark.
             GPUSTACK_MIRROR_LAG_FILE=str(MIRROR_LAG_FILE),
+            # One replica of each: no leader election, so tests that kill the informers or restart
+            # kube-apiserver find them acting at once (tests/test_leader_election.py tests the election).
+            GPUSTACK_LEADER_ELECTION="false",
             NO_PROXY="127.0.0.1,127.0.0.2,localhost",
             no_proxy="127.0.0.1,127.0.0.2,localhost",
             HF_HOME=str(TEST_STATE / "hf-home"),
