@@ -22,6 +22,7 @@ FROM ${BASE_IMAGE}
 ENV PATH=/opt/gpustack-models/bin:$PATH \
     PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
+    DJANGO_SETTINGS_MODULE=config.settings \
     HF_HUB_DISABLE_TELEMETRY=1 \
     GPUSTACK_DATA_DIR=/var/lib/gpustack-models
 COPY --from=build /opt/gpustack-models /opt/gpustack-models

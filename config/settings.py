@@ -425,6 +425,9 @@ if CONSOLE_HTTPS:
     SECURE_HSTS_SECONDS = env_int("GPUSTACK_CONSOLE_HSTS_SECONDS", 3600, minimum=0)
 # HSTS for subdomains and the browsers' preload list are the domain's owner's decisions, not the console's.
 SILENCED_SYSTEM_CHECKS = ["security.W005", "security.W021"]
+if SERVER_ROLE == "api":
+    # The API serves no console page (its URLs have none), so it runs without the console's middleware.
+    SILENCED_SYSTEM_CHECKS += ["admin.E408", "admin.E409", "admin.E410"]
 LANGUAGE_CODE = "en-us"
 TIME_ZONE = "UTC"
 USE_I18N = False

@@ -10,6 +10,8 @@ pytest_plugins = [
     "tests.support.plugins",
     "tests.support.stores",
     "tests.support.kubelet",
+    "tests.support.image_build",
+    "tests.support.helm",
     "tests.fakehub.fixtures",
 ]
 

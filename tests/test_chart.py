@@ -13,10 +13,11 @@ import pytest
 import yaml
 
 from gpustack_models.local.cluster import LocalCluster, Ports
-from tests.support import REPO, TEST_STATE, wait_for
+from tests.support import TEST_STATE, wait_for
+from tests.support.helm import CHART
+from tests.support.helm import run_helm as helm_in_test_state
 from tests.support.kubernetes import kubectl_run
 
-CHART = REPO / "deploy" / "chart" / "gpustack-models"
 NS = "models-system"
 RELEASE = "models"
 CERT_MANAGER = ["--set", "certManager.enabled=true", "--set", "metrics.serviceMonitor.enabled=true"]
@@ -50,13 +51,6 @@ EXPECTED = {
 
 
 @pytest.fixture(scope="module")
-def helm():
-    """The helm binary, built (or reused) by ``deploy/helm/build.sh``."""
-    out = subprocess.run([str(REPO / "deploy" / "helm" / "build.sh")], capture_output=True, text=True, check=True)
-    return out.stdout.strip().splitlines()[-1]
-
-
-@pytest.fixture(scope="module")
 def chart_cluster(cluster):
     """A control plane of the chart's own."""
     state = TEST_STATE / "chart-cluster"
@@ -70,18 +64,7 @@ def chart_cluster(cluster):
 
 
 def run_helm(helm: str, *args: str, lc: LocalCluster | None = None, check: bool = True) -> subprocess.CompletedProcess:
-    env = {
-        "HOME": str(TEST_STATE / "helm-home"),
-        "PATH": "/usr/bin:/bin",
-        "HELM_CACHE_HOME": str(TEST_STATE / "helm-cache"),
-    }
-    cmd = [helm, *args]
-    if lc is not None:
-        cmd += ["--kubeconfig", str(lc.kubeconfig)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
-    if check and proc.returncode != 0:
-        raise AssertionError(f"helm {' '.join(args)} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
-    return proc
+    return helm_in_test_state(helm, *args, kubeconfig=lc.kubeconfig if lc else None, check=check)
 
 
 def render(helm: str, *values: str) -> list[dict]:
@@ -154,7 +137,7 @@ def test_only_the_api_holds_the_plugin_ca_key_and_the_plugin_runs_as_the_design_
     (container,) = plugin["containers"]
     mounts = {m["name"]: m for m in container["volumeMounts"]}
     assert mounts["kubelet"]["mountPropagation"] == "Bidirectional"
-    assert container["securityContext"]["privileged"] is True
+    assert container["securityContext"]["privileged"] is True and container["securityContext"]["runAsUser"] == 0
     assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
     assert container["livenessProbe"]["httpGet"]["path"] == "/livez"
     env = {e["name"]: e for e in container["env"]}

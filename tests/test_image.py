@@ -8,8 +8,7 @@ import secrets
 
 import pytest
 
-from tests.support import REPO, TEST_STATE
-from tests.support.image_build import IMAGE, UNWANTED, Buildah, build_image
+from tests.support.image_build import IMAGE, UNWANTED
 
 PRODUCTION = {
     "SECRET_KEY": secrets.token_urlsafe(50),
@@ -19,13 +18,9 @@ PRODUCTION = {
 }
 
 
-@pytest.fixture(scope="module")
-def buildah():
-    tool = Buildah(TEST_STATE / "buildah")
-    tool.clean()
-    build_image(tool, REPO, TEST_STATE / "image-base")
-    yield tool
-    tool.clean()
+@pytest.fixture
+def buildah(product_image):
+    return product_image
 
 
 def test_the_image_runs_as_a_non_root_user_with_no_healthcheck(buildah):

@@ -63,6 +63,8 @@ CONTROLLERS = (
     "persistentvolume-protection-controller",
     # Deletes Pods bound to a Node that no longer exists, and terminated Pods beyond a threshold.
     "pod-garbage-collector-controller",
+    # The chart's plugin DaemonSet on a real node (a DaemonSet's Pods go only where its selector says).
+    "daemonset-controller",
 )
 # The user kube-apiserver authenticates as when it calls an admission webhook (client certificate
 # ``pki/webhook-client.crt``, no group), so a webhook can tell kube-apiserver from anyone else.

@@ -19,6 +19,8 @@ import tarfile
 import time
 from pathlib import Path
 
+import pytest
+
 log = logging.getLogger(__name__)
 
 SUITE = "bookworm"  # Debian 12: Python 3.11, as the Dockerfile's default base
@@ -120,3 +122,17 @@ def build_image(buildah: Buildah, repo: Path, work: Path) -> None:
     t0 = time.monotonic()
     buildah.build(repo, IMAGE, "--build-arg", f"BASE_IMAGE={BASE_IMAGE}")
     log.warning("image %s built in %.0fs", IMAGE, time.monotonic() - t0)
+
+
+@pytest.fixture(scope="session")
+def product_image():
+    """The image, built once per session; its buildah storage removed at the end."""
+    from .paths import REPO, TEST_STATE
+
+    tool = Buildah(TEST_STATE / "buildah")
+    tool.clean()
+    build_image(tool, REPO, TEST_STATE / "image-base")
+    try:
+        yield tool
+    finally:
+        tool.clean()

@@ -1,0 +1,143 @@
+"""The chart's plugin DaemonSet on the real node: from the image built here (``product_image``), imported
+into the node's containerd, rendered by helm from the chart and run by the DaemonSet controller and the
+kubelet. The plugin gets its serving certificate from the worker, registers its CSI driver with the kubelet
+by itself and serves ``/readyz``.
+
+The local control plane has no kube-proxy and its kube-apiserver listens on loopback only, so the plugin
+runs in the node's network (``plugin.hostNetwork``) and is told where kube-apiserver and the worker are
+(``plugin.env`` and ``plugin.hostAliases``, which a cluster does not need).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+
+import requests
+import yaml
+from django.conf import settings
+
+from gpustack_models.local.cluster import free_port
+from gpustack_models.plugin.csi import DRIVER_NAME
+from tests.support import TEST_STATE, wait_for
+from tests.support.helm import CHART, run_helm
+from tests.support.image_build import IMAGE
+
+SERVICE_HOST = f"gpustack-models-api.{settings.NAMESPACE}.svc"
+
+
+def import_image(buildah, real_node) -> None:
+    archive = TEST_STATE / "gpustack-models-image.tar"
+    archive.unlink(missing_ok=True)
+    buildah("push", IMAGE, f"docker-archive:{archive}:{IMAGE}", timeout=600)
+    real_node.ctr("images", "import", str(archive))
+    archive.unlink()
+
+
+def secrets(launcher) -> list[dict]:
+    """What the chart's certificates would hold, from the test stack's own CAs."""
+    ca, _key = launcher.plugin_ca()
+
+    def secret(name, data):
+        encoded = {k: base64.b64encode(v).decode() for k, v in data.items()}
+        return {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": name}, "data": encoded}
+
+    return [
+        secret("gpustack-models-api-serving", {"ca.crt": (launcher.pki_dir / "ca.crt").read_bytes()}),
+        secret("gpustack-models-plugin-ca", {"tls.crt": ca.read_bytes()}),
+    ]
+
+
+def values(real_node, cluster, worker_api, port: int, peer_port: int) -> dict:
+    repository, tag = IMAGE.rsplit(":", 1)
+    return {
+        "image": {"repository": repository, "tag": tag, "pullPolicy": "Never"},
+        "plugin": {
+            "nodeSelector": {"kubernetes.io/hostname": real_node.name},
+            "tolerations": [real_node.toleration],
+            "kubeletDir": str(real_node.root_dir),
+            "cacheDir": str(real_node.dir / "chart-plugin"),
+            "port": port,
+            "peerPort": peer_port,
+            "hostNetwork": True,
+            "hostAliases": [{"ip": "127.0.0.1", "hostnames": [SERVICE_HOST]}],
+            "env": {
+                "KUBERNETES_SERVICE_HOST": "127.0.0.1",
+                "KUBERNETES_SERVICE_PORT": str(cluster.ports.apiserver),
+                "GPUSTACK_WORKER_URL": f"https://{SERVICE_HOST}:{worker_api.port}",
+            },
+        },
+    }
+
+
+def plugin_pod(real_node) -> dict | None:
+    selector = "app.kubernetes.io/name=gpustack-models-plugin,app.kubernetes.io/instance=node"
+    out = real_node.kubectl("-n", settings.NAMESPACE, "get", "pods", "-l", selector, "-o", "json").stdout
+    items = json.loads(out)["items"]
+    return items[0] if items else None
+
+
+def ready(pod: dict | None) -> bool:
+    conditions = (pod or {}).get("status", {}).get("conditions", [])
+    return any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
+
+
+def wait_ready(real_node) -> dict:
+    """The plugin's Pod once Ready; else a failure carrying its status, its output and the kubelet's."""
+    try:
+        return wait_for(lambda: (p := plugin_pod(real_node)) and ready(p) and p, timeout=240, interval=1,
+                        message="the chart's plugin Pod to be Ready")  # fmt: skip
+    except AssertionError as exc:
+        pod = plugin_pod(real_node) or {}
+        name = pod.get("metadata", {}).get("name")
+        logs = real_node.kubectl("-n", settings.NAMESPACE, "logs", name, check=False).stdout[-4000:] if name else ""
+        status = json.dumps(pod.get("status", {}), indent=1)[-3000:]
+        raise AssertionError(
+            f"{exc}\nstatus: {status}\nlogs:\n{logs}\nkubelet:\n{real_node.tail_log('kubelet')}"
+        ) from None
+
+
+def drivers(real_node) -> list[str]:
+    proc = real_node.kubectl("get", "csinode", real_node.name, "-o", "json", check=False)
+    if proc.returncode != 0:
+        return []
+    return [d["name"] for d in json.loads(proc.stdout)["spec"].get("drivers") or []]
+
+
+def test_the_charts_plugin_daemonset_runs_on_the_real_node_from_the_image_built_here(
+    helm, product_image, real_node, cluster, worker_api, launcher
+):
+    import_image(product_image, real_node)
+    port, peer_port = free_port(), free_port()
+    values_file = TEST_STATE / "chart-node-values.json"
+    values_file.write_text(json.dumps(values(real_node, cluster, worker_api, port, peer_port)))
+    args = ["--namespace", settings.NAMESPACE, "-f", str(values_file), "--show-only", "templates/plugin.yaml"]
+    daemonset = run_helm(helm, "template", "node", str(CHART), *args).stdout
+    assert yaml.safe_load(daemonset)["kind"] == "DaemonSet"
+    ns = ["-n", settings.NAMESPACE]
+    real_node.kubectl(*ns, "apply", "-f", "-", input=yaml.safe_dump_all(secrets(launcher)))
+    real_node.kubectl(*ns, "apply", "-f", "-", input=daemonset)
+    try:
+        pod = wait_ready(real_node)
+        assert pod["spec"]["nodeName"] == real_node.name
+        (status,) = pod["status"]["containerStatuses"]
+        assert status["image"].endswith(IMAGE) and status["restartCount"] == 0, status
+        # Its CSI driver registered with the kubelet (the plugin speaks the registration protocol itself).
+        wait_for(lambda: DRIVER_NAME in drivers(real_node), timeout=60, message="the CSI driver on the CSINode")
+        # /readyz over the certificate the worker issued it for its (the node's) IP, checked with the plugins' CA.
+        ca, _key = launcher.plugin_ca()
+        session = requests.Session()
+        session.trust_env = False
+        answer = session.get(f"https://{pod['status']['podIP']}:{port}/readyz", verify=str(ca), timeout=10)
+        assert answer.status_code == 200, answer.text
+        log = real_node.logs(settings.NAMESPACE, pod["metadata"]["name"])
+        assert f"from the worker for {pod['status']['podIP']}," in log, log[-3000:]
+    finally:
+        real_node.kubectl(
+            *ns, "delete", "daemonset", "gpustack-models-plugin", "--wait=true", "--timeout=90s", check=False
+        )
+        wait_for(lambda: plugin_pod(real_node) is None, timeout=90, message="the chart's plugin Pod to go")
+        wait_for(lambda: DRIVER_NAME not in drivers(real_node), timeout=60, message="the CSI driver to unregister")
+        real_node.kubectl(
+            *ns, "delete", "secret", "gpustack-models-api-serving", "gpustack-models-plugin-ca", check=False
+        )
