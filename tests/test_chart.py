@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from gpustack_models.local.cluster import LocalCluster, Ports
-from tests.support import TEST_STATE, wait_for
+from tests.support import REPO, TEST_STATE, wait_for
 from tests.support.helm import CHART
 from tests.support.helm import run_helm as helm_in_test_state
 from tests.support.kubernetes import kubectl_run
@@ -180,6 +180,25 @@ def test_every_rendered_object_passes_a_server_side_dry_run(helm, chart_cluster)
     applied = [line for line in out.splitlines() if line.strip()]
     assert len(applied) == len([d for d in yaml.safe_load_all(text) if d]), out
     assert all("(server dry run)" in line for line in applied), out
+
+
+def test_the_cert_manager_render_passes_a_server_side_dry_run_with_cert_managers_crds(helm, chart_cluster):
+    """With cert-manager's own CRDs (its Go module, pinned in deploy/cert-manager) the Issuers and Certificates
+    are checked by kube-apiserver too. (The ServiceMonitor's CRD is not in any module the proxy serves: it is
+    checked by the render only.)"""
+    script = REPO / "deploy" / "cert-manager" / "crds.sh"
+    crds = subprocess.run([str(script)], capture_output=True, text=True, check=True).stdout.strip().splitlines()[-1]
+    kubectl(chart_cluster, "apply", "--server-side", "-f", crds)
+    kubectl(chart_cluster, "wait", "--for=condition=Established", "crd", "--all", "--timeout=60s")
+    kubectl(chart_cluster, "create", "namespace", NS, check=False)
+    text = run_helm(
+        helm, "template", RELEASE, str(CHART), "--namespace", NS, "--set", "certManager.enabled=true"
+    ).stdout
+    rendered = [d for d in yaml.safe_load_all(text) if d]
+    assert {d["kind"] for d in rendered} >= {"Certificate", "Issuer", "APIService"}
+    out = kubectl(chart_cluster, "apply", "--dry-run=server", "-f", "-", input=text).stdout
+    applied = [line for line in out.splitlines() if line.strip()]
+    assert len(applied) == len(rendered) and all("(server dry run)" in line for line in applied), out
 
 
 def secret(lc: LocalCluster, name: str) -> dict:
