@@ -158,6 +158,8 @@ def test_cert_manager_renders_certificates_and_injection_instead_of_generated_se
     assert ("Certificate", "gpustack-models-plugin-ca") in names
     assert ("Issuer", "gpustack-models-selfsigned") in names
     assert ("ServiceMonitor", "gpustack-models") in names
+    reader = by_kind(objects, "ClusterRole", "gpustack-models:metrics-reader")
+    assert reader["rules"] == [{"nonResourceURLs": ["/metrics"], "verbs": ["get"]}]
     assert not {("Secret", "gpustack-models-api-serving"), ("Secret", "gpustack-models-plugin-ca")} & names
     apiservice = by_kind(objects, "APIService", "v1.worker.gpustack.ai")
     assert "caBundle" not in apiservice["spec"]
@@ -229,6 +231,20 @@ def test_install_upgrade_and_uninstall(helm, chart_cluster):
         for n in ("gpustack-models-api-serving", "gpustack-models-plugin-ca", "gpustack-models-secret-key")
     )
     assert apiservice["spec"]["caBundle"] == serving["ca.crt"]
+
+    # The chart grants tenants nothing: an authenticated user and a tenant's ServiceAccount may do nothing
+    # with the group's resources, in their namespace or cluster-wide, nor read the chart's Secrets.
+    for who in (["--as=alice", "--as-group=system:authenticated"], ["--as=system:serviceaccount:team-a:default"]):
+        for verb, resource, where in (
+            ("create", "modelartifacts.worker.gpustack.ai", ["-n", "team-a"]),
+            ("list", "modelartifacts.worker.gpustack.ai", ["-A"]),
+            ("get", "nodemodelstores.worker.gpustack.ai", []),
+            ("create", "modelprefetches.worker.gpustack.ai", ["-n", "team-a"]),
+            ("get", "secrets", ["-n", NS]),
+            ("create", "pods", ["-n", NS]),
+        ):
+            answer = kubectl(lc, "auth", "can-i", verb, resource, *where, *who, check=False)
+            assert answer.stdout.strip() == "no", (who, verb, resource, answer.stdout, answer.stderr)
 
     # An object the worker wrote (the admission policy lets only it create) must outlive the release.
     worker = f"system:serviceaccount:{NS}:gpustack-models-worker"

@@ -28,7 +28,7 @@ from gpustack_models.local.cluster import free_port
 from gpustack_models.telemetry import multiprocess_root
 from tests.support import REPO, wait_for
 from tests.support.paths import TEST_STATE
-from tests.support.worker import WorkerAPI, WorkerStack, database_url
+from tests.support.worker import WorkerAPI, WorkerStack, database_url, without_session_stack
 
 V1 = f"/apis/{GROUP}/v1"
 STORAGE = f"/apis/{GROUP}/v1alpha1"
@@ -119,15 +119,16 @@ def roles(launcher, hub, django_db_setup, django_db_blocker):
         url = database_url()
     broker = own_broker_database()
     stack = Roles(launcher, hub, url, broker)
-    for name in ROLES:
-        stack.start(name)
-    try:
+    with without_session_stack():  # these roles alone act on what the module makes
         for name in ROLES:
-            wait_for(lambda n=name: _answers(stack, n), timeout=60, message=f"the {name} metrics port")
-        yield stack
-    finally:
-        for name in ROLES:
-            stack.stop(name)
+            stack.start(name)
+        try:
+            for name in ROLES:
+                wait_for(lambda n=name: _answers(stack, n), timeout=60, message=f"the {name} metrics port")
+            yield stack
+        finally:
+            for name in ROLES:
+                stack.stop(name)
 
 
 @pytest.fixture(scope="module")

@@ -3,6 +3,7 @@ Celery worker and Celery beat), the fake hub they resolve against, and clients w
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -242,11 +243,32 @@ class WorkerStack:
             proc.wait(5)
 
 
+_session_stack: WorkerStack | None = None  # the session's stack once a test started it
+
+
+@contextlib.contextmanager
+def without_session_stack():
+    """Stop the session's worker stack, if running, for a block whose own roles must do all the work (its
+    informers would otherwise see the block's objects and its Celery worker act on them first); start it
+    again after (its informers relist)."""
+    stack = _session_stack
+    running = [name for name in ("informers", "beat", "celery") if stack and name in stack.procs]
+    for name in running:
+        stack.stop(name)
+    try:
+        yield
+    finally:
+        for name in reversed(running):
+            stack.start(name)
+
+
 @pytest.fixture(scope="session")
 def worker_stack(launcher, hub, django_db_setup, django_db_blocker):
+    global _session_stack
     with django_db_blocker.unblock():
         url = database_url()
     stack = WorkerStack(launcher, hub, url)
+    _session_stack = stack
     stack.start("celery")
     stack.start("beat")
     stack.start("informers")
@@ -256,6 +278,7 @@ def worker_stack(launcher, hub, django_db_setup, django_db_blocker):
         stack.stop("informers")
         stack.stop("beat")
         stack.stop("celery")
+        _session_stack = None
 
 
 @pytest.fixture
