@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: run test unit lint bench fuzz venv protos controlplane csi-sanity helm manifests clean
+.PHONY: run test quick unit lint bench fuzz venv protos controlplane csi-sanity helm manifests clean
 
 venv: $(VENV)/.installed protos
 
@@ -46,8 +46,17 @@ lint: venv
 unit: venv
 	$(PY) -m pytest tests/unit -q $(PYTEST_ARGS)
 
-test: venv controlplane csi-sanity helm lint
-	$(PY) -m tests.services -- $(PY) -m pytest $(PYTEST_ARGS)
+# The inner loop: pure functions, the plugin's download engine and the fake hub; no control plane, under a minute.
+quick: venv
+	$(PY) -m pytest tests/unit tests/plugin tests/fakehub -q $(PYTEST_ARGS)
+
+# The whole suite in GPUSTACK_TEST_LANES lanes at once (default 2; tests/lanes.py), lint beside it.
+test: venv controlplane csi-sanity helm
+	@mkdir -p .local
+	@$(MAKE) --no-print-directory lint > .local/lint.log 2>&1 & lint=$$!; \
+	$(PY) -m tests.services -- $(PY) -m tests.lanes -- $(PYTEST_ARGS); status=$$?; \
+	if wait $$lint; then echo "lint passed (.local/lint.log)"; else cat .local/lint.log; echo "lint failed"; status=1; fi; \
+	exit $$status
 
 # Benchmarks at full size, results printed together at the end.
 bench: venv controlplane

@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import json
+from collections import defaultdict
+
 import pytest
+
+from tests.support import lanes
 
 pytest_plugins = [
     "tests.support.cluster",
@@ -31,3 +36,27 @@ def pytest_collection_modifyitems(config, items):
         uses_db = {"worker_stack", "worker_api"} & set(getattr(item, "fixturenames", ()))
         if uses_db and not item.get_closest_marker("django_db"):
             item.add_marker(pytest.mark.django_db)
+    lanes.select(config, items)
+
+
+@pytest.fixture(scope="session")
+def django_db_modify_db_settings(django_db_modify_db_settings_parallel_suffix):
+    """Each lane's own test database (``test_<name>_lane<i>``)."""
+    from pytest_django.fixtures import _set_suffix_to_test_databases
+
+    _set_suffix_to_test_databases(f"lane{lanes.LANE}")
+
+
+_seconds: dict[str, float] = defaultdict(float)
+
+
+def pytest_runtest_logreport(report):
+    """Each file's seconds (set-up, call and tear-down: its fixtures' too), for dealing files to lanes."""
+    _seconds[report.nodeid.split("::", 1)[0]] += report.duration
+
+
+def pytest_sessionfinish(session):
+    if _seconds:
+        out = lanes.state_dir() / "durations.json"
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps({k: round(v, 1) for k, v in sorted(_seconds.items())}, indent=1) + "\n")

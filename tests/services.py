@@ -226,6 +226,8 @@ class Redis:
                 "no",
                 "--loglevel",
                 "warning",
+                "--databases",
+                "64",  # a few for each of the suite's lanes
             ],
             stdout=subprocess.DEVNULL,
         )

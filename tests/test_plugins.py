@@ -76,7 +76,8 @@ class Scenario:
 
     def plugins(self, count, **env):
         env.setdefault("GPUSTACK_PLUGIN_RETRY_BASE", "3")
-        return [self.start_plugin(f"node-{uuid.uuid4().hex[:5]}", next(_addresses), **env) for _ in range(count)]
+        where = [(f"node-{uuid.uuid4().hex[:5]}", next(_addresses)) for _ in range(count)]
+        return self.start_plugin.many(where, **env)
 
     def prefetch(self, nodes, name="warm", artifact="art", ns=None):
         self.kube.create(

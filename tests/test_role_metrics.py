@@ -9,7 +9,6 @@ serve it over plain HTTP. Counters are read before and after the work, so what m
 from __future__ import annotations
 
 import os
-import re
 import signal
 import socket
 import subprocess
@@ -28,7 +27,7 @@ from gpustack_models.local.cluster import free_port
 from gpustack_models.telemetry import multiprocess_root
 from tests.support import REPO, wait_for
 from tests.support.paths import TEST_STATE
-from tests.support.worker import WorkerAPI, WorkerStack, database_url, without_session_stack
+from tests.support.worker import WorkerAPI, WorkerStack, database_url, own_broker, without_session_stack
 
 V1 = f"/apis/{GROUP}/v1"
 STORAGE = f"/apis/{GROUP}/v1alpha1"
@@ -52,18 +51,6 @@ def matching(scraped: dict, name: str, **labels) -> dict[frozenset, float]:
     """The samples of ``name`` whose labels include ``labels``."""
     wanted = set(labels.items())
     return {key: v for (n, key), v in scraped.items() if n == name and wanted <= key}
-
-
-def own_broker_database() -> str:
-    """A Redis database of the suite's server no other worker reads, emptied."""
-    import redis
-
-    url = os.environ.get("CELERY_BROKER_URL", "")
-    if not url.startswith("redis"):
-        pytest.fail("the suite runs with its Redis broker (make test)")
-    url = re.sub(r"/\d+$", "", url.rstrip("/")) + "/12"
-    redis.Redis.from_url(url).flushdb()
-    return url
 
 
 class Roles(WorkerStack):
@@ -117,7 +104,7 @@ def _answers(roles: Roles, name: str) -> bool:
 def roles(launcher, hub, django_db_setup, django_db_blocker):
     with django_db_blocker.unblock():
         url = database_url()
-    broker = own_broker_database()
+    broker = own_broker(2)
     stack = Roles(launcher, hub, url, broker)
     with without_session_stack():  # these roles alone act on what the module makes
         for name in ROLES:

@@ -26,7 +26,7 @@ import requests
 from gpustack_models.kinds import GROUP
 from gpustack_models.local.cluster import free_port
 from tests.support import REPO, wait_for
-from tests.support.worker import WorkerStack, database_url
+from tests.support.worker import WorkerStack, database_url, own_broker
 from tests.test_plugins import Scenario, big_files
 
 # The test database (pytest-django names it only for tests that use it), for the roles started here.
@@ -246,18 +246,6 @@ def own_hub():
         yield fake
 
 
-def own_broker() -> str:
-    """A Redis database of the suite's server no other worker reads, emptied."""
-    import redis
-
-    url = os.environ.get("CELERY_BROKER_URL", "")
-    if not url.startswith("redis"):
-        pytest.fail("the suite runs with its Redis broker (make test)")
-    url = re.sub(r"/\d+$", "", url.rstrip("/")) + "/11"
-    redis.Redis.from_url(url).flushdb()
-    return url
-
-
 def resolved_commit(kube, namespace: str, name: str) -> str | None:
     obj = kube.get(f"{STORAGE}/namespaces/{namespace}/modelartifacts/{name}")
     resolved = (obj.get("status") or {}).get("resolved") or {}
@@ -275,7 +263,7 @@ def test_a_celery_worker_finishes_short_tasks_hands_long_ones_back_and_stops_wit
     create_artifact(worker_kube, namespace, "long", long)
     held = own_hub.faults.delay(f"/api/models/{long}/revision", seconds=120)  # in flight past any grace
     own_hub.faults.delay(f"/api/models/{short}/revision", seconds=3)  # finishes within the grace
-    broker = own_broker()
+    broker = own_broker(1)
     env = dict(WorkerStack(launcher, own_hub, db_url).env(), CELERY_BROKER_URL=broker, CELERY_RESULT_BACKEND=broker)
     env.update(GPUSTACK_HUB_TIMEOUT="300", GPUSTACK_CELERY_SHUTDOWN_GRACE_SECONDS="5")
     argv = [sys.executable, "-m", "celery", "-A", "config", "worker", "--pool=prefork", "--concurrency=2"]

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import re
 import secrets
 import shutil
@@ -98,10 +99,50 @@ def ensure_binaries() -> Path:
     return Path(proc.stdout.strip().splitlines()[-1])
 
 
-def free_port() -> int:
+_handed: set[int] = set()  # ports this process handed out (one may not be bound yet)
+
+
+def local_port_range() -> tuple[int, int] | None:
+    """``GPUSTACK_LOCAL_PORTS=FIRST-LAST``: the only ports ``free_port`` hands out (unset: any the kernel
+    offers), so local stacks side by side on one host (the test suite's lanes) never pick the same port."""
+    value = os.environ.get("GPUSTACK_LOCAL_PORTS", "").strip()
+    if not value:
+        return None
+    try:
+        first, last = (int(part) for part in value.split("-"))
+    except ValueError:
+        raise RuntimeError(f"GPUSTACK_LOCAL_PORTS={value!r}: expected FIRST-LAST, e.g. 20000-21999") from None
+    if not 1024 <= first < last <= 65535:
+        raise RuntimeError(f"GPUSTACK_LOCAL_PORTS={value!r}: expected 1024 <= FIRST < LAST <= 65535")
+    return first, last
+
+
+def _bindable(port: int) -> bool:
     with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def free_port() -> int:
+    """A loopback port nothing listens on: any (the kernel's choice), or one of ``GPUSTACK_LOCAL_PORTS``."""
+    span = local_port_range()
+    if span is None:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            return s.getsockname()[1]
+    first, last = span
+    for _ in range(2):  # the second time round, ports handed out long ago may be free again
+        start = secrets.randbelow(last - first + 1)
+        for offset in range(last - first + 1):
+            port = first + (start + offset) % (last - first + 1)
+            if port not in _handed and _bindable(port):
+                _handed.add(port)
+                return port
+        _handed.clear()
+    raise RuntimeError(f"no free port left in GPUSTACK_LOCAL_PORTS={first}-{last}")
 
 
 def primary_address() -> str:

@@ -34,7 +34,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import time
 from pathlib import Path
@@ -43,7 +42,7 @@ import pytest
 import yaml
 
 from gpustack_models.local import pki
-from gpustack_models.local.cluster import LocalCluster
+from gpustack_models.local.cluster import LocalCluster, free_port
 
 from . import hoststate
 from .images import IMAGES, build_archives
@@ -62,12 +61,6 @@ CGROUP_ROOT = "/gpustack-models-test"
 BRIDGE = "gpustack-test0"
 POD_SUBNET = "198.18.0.0/24"  # the benchmarking range: nothing else on a host uses it
 PACKAGES = ("containerd", "runc", "containernetworking-plugins", "busybox-static")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _die_with_parent():

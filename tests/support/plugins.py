@@ -27,7 +27,8 @@ class PluginProcess:
         self.url = f"https://{address}:{PLUGIN_PORT}"
         self.peer_url = f"https://{address}:{PEER_PORT}"  # its peer endpoints
 
-    def start(self):
+    def launch(self):
+        """Start the process; ``wait_ready`` waits for it to serve."""
         log = open(TEST_STATE / f"plugin-{self.node}.log", "ab")
         self.proc = subprocess.Popen(
             [sys.executable, "manage.py", "runplugin", f"--node={self.node}"],
@@ -36,6 +37,9 @@ class PluginProcess:
             stdout=log,
             stderr=subprocess.STDOUT,
         )
+        return self
+
+    def wait_ready(self):
         session = requests.Session()
         session.trust_env = False
 
@@ -50,8 +54,11 @@ class PluginProcess:
         import urllib3
 
         urllib3.disable_warnings()
-        wait_for(up, timeout=30, message=f"plugin {self.node} to serve")
+        wait_for(up, timeout=30, interval=0.05, message=f"plugin {self.node} to serve")
         return self
+
+    def start(self):
+        return self.launch().wait_ready()
 
     def stop(self, kill=False):
         if self.proc and self.proc.poll() is None:
@@ -61,15 +68,28 @@ class PluginProcess:
 
 @pytest.fixture
 def start_plugin(worker_stack, worker_api, launcher):
-    """Start node plugins: ``start_plugin(node, address, **env)``; all stopped after the test."""
+    """Start node plugins: ``start_plugin(node, address, **env)`` starts one and waits until it serves;
+    ``start_plugin.many([(node, address), ...], **env)`` starts them all at once, then waits for each. All
+    are stopped after the test."""
     started: list[PluginProcess] = []
 
-    def start(node: str, address: str, **env) -> PluginProcess:
+    def make(node: str, address: str, env: dict) -> PluginProcess:
         plugin = PluginProcess(launcher, worker_api, node, address, {k: str(v) for k, v in env.items()})
         started.append(plugin)
-        return plugin.start()
+        return plugin
 
+    def start(node: str, address: str, **env) -> PluginProcess:
+        return make(node, address, env).start()
+
+    def many(where: list[tuple[str, str]], **env) -> list[PluginProcess]:
+        plugins = [make(node, address, env).launch() for node, address in where]
+        return [plugin.wait_ready() for plugin in plugins]
+
+    start.many = many
     yield start
+    for plugin in started:
+        if plugin.proc is not None and plugin.proc.poll() is None:
+            plugin.proc.terminate()  # all at once: each stops within seconds, together rather than in turn
     for plugin in started:
         plugin.stop()
         launcher.unregister_node(plugin.node)

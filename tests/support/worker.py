@@ -11,6 +11,7 @@ import sys
 import pytest
 import requests
 
+from . import lanes
 from .kubernetes import token_http
 from .paths import PEER_PORT, PLUGIN_PORT, REPO, TEST_STATE
 from .waiting import wait_for
@@ -149,6 +150,18 @@ def hub():
 
     with FakeHub() as fake:
         yield fake
+
+
+def own_broker(index: int) -> str:
+    """Redis database ``index`` (1 or more) of the lane, emptied: a broker no other worker of the suite reads."""
+    import redis
+
+    url = os.environ.get("CELERY_BROKER_URL", "")
+    if not url.startswith("redis"):
+        pytest.fail("the suite runs with its Redis broker (make test)")
+    url = lanes.redis_url(url, index)
+    redis.Redis.from_url(url).flushdb()
+    return url
 
 
 def database_url() -> str:
