@@ -220,7 +220,8 @@ class Engine:
     ``removal_delay`` / ``partial_retention``: seconds a published tree / partial work of a digest out
     of ``spec.models`` stays on disk (see the module's docstring). ``node`` and ``peers``: this node's
     name and how it reaches other nodes' plugins, so downloads take what the tickets' peers hold
-    (``fanout``; ``swarm`` its tuning).
+    (``fanout``; ``swarm`` its tuning). ``rate_clock`` / ``rate_sleep``: the monotonic seconds and the wait
+    of the node's rate limiter, for tests.
     """
 
     def __init__(
@@ -243,10 +244,12 @@ class Engine:
         node: str = "",
         peers: PeerAccess | None = None,
         swarm: SwarmSettings | None = None,
+        rate_clock: Callable[[], float] = time.monotonic,
+        rate_sleep: Callable[[float], None] = time.sleep,
     ):
         self.cache = Cache(root, capacity_bytes=capacity_bytes)
         self.settings = settings or DownloadSettings()
-        self.limits = Limits(concurrency, bytes_per_second)
+        self.limits = Limits(concurrency, bytes_per_second, clock=rate_clock, sleep=rate_sleep)
         self._high = float(high_percent)
         self._low = float(low_percent)
         self._check_watermarks(self._high, self._low)

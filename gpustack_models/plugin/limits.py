@@ -7,7 +7,8 @@
   downloads; ``0`` means unlimited. A reader asks for the bytes it is about to read and sleeps until
   they fit in the budget; the budget allows a burst of at most ``burst_seconds`` worth of bytes, so
   an idle node does not build up credit.
-- ``Limits``: the node's connection slots and rate limiter together, as its downloads share them.
+- ``Limits``: the node's connection slots and rate limiter together, as its downloads share them
+  (``clock`` and ``sleep``: the rate limiter's monotonic seconds and its wait, for tests).
 """
 
 from __future__ import annotations
@@ -105,9 +106,9 @@ class RateLimiter:
 class Limits:
     """The node-wide connection slots and rate limiter, shared by every download of the node."""
 
-    def __init__(self, concurrency: int = 8, bytes_per_second: int = 0):
+    def __init__(self, concurrency: int = 8, bytes_per_second: int = 0, *, clock=time.monotonic, sleep=time.sleep):
         self.slots = ConnectionSlots(concurrency)
-        self.rate = RateLimiter(bytes_per_second)
+        self.rate = RateLimiter(bytes_per_second, clock=clock, sleep=sleep)
 
     def set(self, concurrency: int | None = None, bytes_per_second: int | None = None) -> None:
         if concurrency is not None:

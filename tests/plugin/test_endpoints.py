@@ -7,6 +7,7 @@ from __future__ import annotations
 import http.client
 import json
 import logging
+import select
 import socket
 import ssl
 import threading
@@ -20,7 +21,7 @@ from gpustack_models.plugin import Engine, Metrics
 from gpustack_models.plugin.endpoints import serve
 from gpustack_models.plugin.https_server import Limits
 
-from .attackers import SLOW_REQUEST, Attack, SlowClient, client_context, client_hello, closed_by_server, probe
+from .attackers import SLOW_REQUEST, Attack, SlowClient, client_context, client_hello, probe, timed_get
 from .conftest import settings, wait_for
 
 
@@ -110,51 +111,128 @@ def test_it_answers_each_endpoint_over_tls_with_the_settings_certificate_and_kee
     conn.close()
 
 
+class Closes(threading.Thread):
+    """Notes, from a thread of its own, when the server closes each of ``socks`` (what it sends before is
+    read and dropped): ``at``, monotonic seconds each, ``None`` while open."""
+
+    def __init__(self, socks):
+        super().__init__(daemon=True, name="closes")
+        self.socks = list(socks)
+        self.at: list[float | None] = [None] * len(self.socks)
+        for sock in self.socks:
+            sock.setblocking(False)
+        self.start()
+
+    def run(self):
+        while None in self.at:
+            waiting = [s for s, at in zip(self.socks, self.at) if at is None]
+            try:
+                ready = select.select(waiting, [], [], 0.1)[0]
+            except (OSError, ValueError):  # a socket closed by the test: nothing more to note
+                return
+            now = time.monotonic()
+            for sock in ready:
+                if _ended(sock):
+                    self.at[self.socks.index(sock)] = now
+
+    def wait(self, timeout: float) -> list[float]:
+        """The times, once every socket was closed; fails if one is still open after ``timeout`` seconds."""
+        self.join(timeout)
+        assert None not in self.at, f"still open after {timeout:.2f} s: {self.at}"
+        return list(self.at)
+
+
+def _ended(sock) -> bool:
+    try:
+        while sock.recv(65536):
+            pass
+        return True
+    except (BlockingIOError, ssl.SSLWantReadError):
+        return False
+    except OSError:
+        return True
+
+
+def lateness(server, context) -> float:
+    """How late this machine may be, now, to notice a deadline: 0.2 s plus twice the slowest of three
+    ordinary round trips to ``server`` (a connection, its TLS handshake, a request and its answer)."""
+    rounds = [timed_get("127.0.0.1", server.server_address[1], "/livez", context) for _ in range(3)]
+    assert [status for status, _, _ in rounds] == [200] * 3, rounds
+    wait_for(lambda: server.open == 0, timeout=5)  # their connections' threads are done
+    return 0.2 + 2 * max(seconds for _, _, seconds in rounds)
+
+
 def test_it_closes_each_connection_at_its_deadline_however_slowly_it_sends(plugin, served):
-    server = served(limits=Limits(handshake=0.5, request=1.0, idle=1.5))
-    port = server.server_address[1]
-    idle, hello = socket.create_connection(("127.0.0.1", port)), socket.create_connection(("127.0.0.1", port))
+    limits = Limits(handshake=0.5, request=1.0, idle=1.5)
+    server = served(limits=limits)
+    address, context = ("127.0.0.1", server.server_address[1]), client_context(plugin.ca_file)
+    late = lateness(server, context)
+    connected = time.monotonic()
+    idle, hello = socket.create_connection(address), socket.create_connection(address)
     hello.sendall(client_hello())
-    slow_hello = SlowClient(("127.0.0.1", port), client_hello(), tls=False, interval=0.1)
-    slow_request = SlowClient(("127.0.0.1", port), SLOW_REQUEST, tls=True, interval=0.1)
+    closes = Closes([idle, hello])
+    slow_hello = SlowClient(address, client_hello(), tls=False, interval=0.1)
+    slow_request = SlowClient(address, SLOW_REQUEST, tls=True, interval=0.1)
     slow_hello.start(), slow_request.start()
-    time.sleep(0.2)
-    assert not closed_by_server(idle) and not closed_by_server(hello) and server.open == 4
-    time.sleep(0.6)  # past the handshake's deadline
-    assert closed_by_server(idle) and closed_by_server(hello)
-    slow_hello.join(2), slow_request.join(2)
+    wait_for(lambda: server.open == 4, timeout=5)
+    # Closed at the handshake's deadline (from the accept): never before it, and no later than this
+    # machine is late now.
+    for at in closes.wait(limits.handshake + late):
+        assert limits.handshake <= at - connected <= limits.handshake + late, (at - connected, late)
+    slow_hello.join(limits.request + late + 1), slow_request.join(limits.request + late + 1)
     assert slow_hello.cut_after is not None and slow_request.cut_after is not None, "never cut"
-    # Each was sending a byte every 0.1 s when cut: the deadline is for the whole handshake, the whole head.
-    assert 0.4 <= slow_hello.cut_after <= 1.2 and slow_hello.sent >= 3, (slow_hello.cut_after, slow_hello.sent)
-    assert 0.9 <= slow_request.cut_after <= 2.0 and slow_request.sent >= 8, (slow_request.cut_after, slow_request.sent)
+    # Each was sending a byte every 0.1 s when cut (and notices the cut at its next byte): the deadline is
+    # for the whole handshake, the whole head (the first request's counting from the handshake).
+    hello_cut, request_cut = slow_hello.cut_after, slow_request.cut_after
+    assert limits.handshake <= hello_cut <= limits.handshake + late + 0.1 and slow_hello.sent >= 3, (
+        hello_cut, slow_hello.sent, late,
+    )  # fmt: skip
+    assert limits.request <= request_cut <= limits.request + late + 0.1 and slow_request.sent >= 8, (
+        request_cut, slow_request.sent, late,
+    )  # fmt: skip
     # Keep-alive: each request gets its own deadline (three requests span more than one), then idle is closed.
-    conn = http.client.HTTPSConnection("127.0.0.1", port, context=client_context(plugin.ca_file), timeout=5)
-    for _ in range(3):
+    conn = http.client.HTTPSConnection(*address, context=context, timeout=5)
+    first = time.monotonic()
+    for i in range(3):
+        if i:
+            time.sleep(0.6)  # a pause between requests, well within the idle deadline
+        last = time.monotonic()
         assert get(conn, "/livez")[0] == 200
-        time.sleep(0.7)
-    sock = conn.sock
-    time.sleep(1.0)  # 1.7 s idle in all
-    assert closed_by_server(sock)
+    assert last - first > limits.request
+    [at] = Closes([conn.sock]).wait(limits.idle + late)
+    assert limits.idle <= at - last <= limits.idle + late, (at - last, late)
     wait_for(lambda: server.open == 0, timeout=1)  # no thread held
 
 
 def test_it_closes_connections_beyond_the_bound_at_once_and_serves_again_when_they_end(plugin, served, caplog):
-    server = served(limits=Limits(handshake=1.0, connections=4))
+    limits = Limits(handshake=1.0, connections=4)
+    server = served(limits=limits)
     port = server.server_address[1]
+    late = lateness(server, client_context(plugin.ca_file))
+    connected = time.monotonic()
     held = [socket.create_connection(("127.0.0.1", port)) for _ in range(4)]
-    time.sleep(0.2)
+    wait_for(lambda: server.open == 4, timeout=5)
+    closes = Closes(held)  # noted as they happen, beside what follows
     with caplog.at_level(logging.WARNING, logger="gpustack_models.plugin.https_server"):
-        beyond = [socket.create_connection(("127.0.0.1", port), timeout=1) for _ in range(10)]
         started = time.monotonic()
+        beyond = [socket.create_connection(("127.0.0.1", port), timeout=1) for _ in range(10)]
         for sock in beyond:
             assert sock.recv(1) == b""  # closed by the accept loop, which went on accepting
-        assert time.monotonic() - started < 0.5
+        refused = time.monotonic()
+    # At once: all ten in less time than this machine now takes for an ordinary round trip or two.
+    assert refused - started <= late, (refused - started, late)
     assert [r.getMessage() for r in caplog.records] == [
         "4 connections open, the most allowed: closing new ones (from 127.0.0.1, ...)"
     ]
-    assert not any(closed_by_server(sock) for sock in held) and server.open == 4
-    time.sleep(1.0)  # the held ones reach the handshake's deadline
-    assert all(closed_by_server(sock) for sock in held)
+    assert server.open == 4
+    # The held ones are closed at their handshake's deadline, never before it and no later than this
+    # machine is late now; the ones beyond the bound were all closed before that: at once, not at a
+    # deadline of their own (which would come after the held ones', as they connected after them).
+    ends = closes.wait(limits.handshake + late)
+    assert all(limits.handshake <= at - connected <= limits.handshake + late for at in ends), (
+        [at - connected for at in ends], late,
+    )  # fmt: skip
+    assert refused < min(ends), (refused - connected, [at - connected for at in ends])
     wait_for(lambda: server.open == 0, timeout=1)
     answers = probe("127.0.0.1", port, ["/livez"], client_context(plugin.ca_file), rounds=5, pause=0)
     assert [a[1] for a in answers] == [200] * 5
