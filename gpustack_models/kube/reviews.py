@@ -16,12 +16,14 @@ from collections.abc import Callable
 
 class TTLCache:
     """Answers kept for ``ttl`` seconds each and at most ``maxsize`` of them: when full, the expired ones
-    go, else the oldest, so no number of distinct callers or requests makes it grow. Thread-safe."""
+    go, else the oldest, so no number of distinct callers or requests makes it grow. Thread-safe.
+    ``clock``: the monotonic seconds the ``ttl`` counts in (for tests)."""
 
-    def __init__(self, maxsize: int = 4096):
+    def __init__(self, maxsize: int = 4096, clock: Callable[[], float] = time.monotonic):
         if maxsize < 1:
             raise ValueError("maxsize must be at least 1")
         self.maxsize = maxsize
+        self._clock = clock
         self._data: OrderedDict = OrderedDict()  # key -> (value, expires), oldest first
         self._lock = threading.Lock()
 
@@ -33,7 +35,7 @@ class TTLCache:
             entry = self._data.get(key)
             if entry is None:
                 return None
-            if entry[1] < time.monotonic():
+            if entry[1] < self._clock():
                 del self._data[key]
                 return None
             return entry[0]
@@ -41,7 +43,7 @@ class TTLCache:
     def set(self, key, value, ttl: float) -> None:
         if ttl <= 0:
             return
-        now = time.monotonic()
+        now = self._clock()
         with self._lock:
             self._data.pop(key, None)
             if len(self._data) >= self.maxsize:
