@@ -2,7 +2,7 @@
 
 import json
 import subprocess
-import time
+import threading
 import uuid
 
 import pytest
@@ -169,19 +169,26 @@ def test_it_sends_changes_over_watch_as_table_rows(api, namespace, cluster, tmp_
         "--request-timeout=20s",
     ]
     watcher = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    lines = []
+    reader = threading.Thread(target=lambda: [lines.append(line) for line in watcher.stdout], daemon=True)
+    reader.start()
+
+    def names():
+        return [line.split()[0] for line in lines[1:] if line.strip()]
+
     try:
-        time.sleep(2)
+        # The initial row: the list is done, and the watch goes on from its resourceVersion.
+        wait_for(lambda: "watched" in names(), timeout=30, interval=0.05, message="the initial row")
         api("label", "mart", "watched", "-n", namespace, "seen=yes")
         api("apply", "-f", "-", input=artifact_yaml("second", namespace))
-        time.sleep(2)
+        wait_for(lambda: names().count("watched") >= 2 and "second" in names(), timeout=30, interval=0.05,
+                 message="the changes as rows")  # fmt: skip
     finally:
         watcher.terminate()
-        out, err = watcher.communicate(timeout=10)
-    lines = out.splitlines()
-    assert lines[0].split()[:2] == ["NAME", "SOURCE"], (out, err)
-    names = [line.split()[0] for line in lines[1:]]
-    assert names.count("watched") >= 2  # the initial row and the change
-    assert "second" in names
+        watcher.wait(10)
+        reader.join(10)
+        err = watcher.stderr.read()
+    assert lines[0].split()[:2] == ["NAME", "SOURCE"], (lines, err)
     assert not err.strip() or "timeout" in err.lower(), err
 
 

@@ -11,12 +11,17 @@ import uuid
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+import requests
+from prometheus_client.parser import text_string_to_metric_families
 
+from gpustack_models.local.cluster import free_port
 from gpustack_models.models import Artifact, InformerState, Namespace, NodeStore
 from gpustack_models.worker.coalescing import BatchingSink, Coalescer
 from tests.support import wait_for
 from tests.support.paths import REPO, TEST_STATE
 from tests.support.worker import MIRROR_LAG_FILE
+
+from .test_api_authz import make_namespace
 
 
 def art(ns, name, rv, uid="u1", label="x"):
@@ -125,9 +130,15 @@ def test_events_the_broker_refused_are_kept_and_sent_again():
     class Refusing(Sent):
         refusals = 1
 
+        def __init__(self):
+            super().__init__()
+            self.refused, self.refusal = [], threading.Event()
+
         def events(self, resource, entries):
             if self.refusals:
                 self.refusals -= 1
+                self.refused.append(summary(entries))
+                self.refusal.set()
                 raise ConnectionError("broker away")
             super().events(resource, entries)
 
@@ -135,7 +146,9 @@ def test_events_the_broker_refused_are_kept_and_sent_again():
     sink = BatchingSink(sent, seconds=0.05, size=100)
     try:
         sink.event("modelartifacts", "ADDED", art("ns", "a", 1))
-        time.sleep(0.3)  # the timed flush was refused; what arrives meanwhile joins the kept entries
+        assert sent.refusal.wait(5), "the timed flush"
+        assert sent.refused == [[("ADDED", "a", 1, 1)]] and sent.calls == []  # sent alone, and refused
+        # What arrives after the refusal joins the kept entries.
         sink.event("modelartifacts", "MODIFIED", art("ns", "a", 2))
         sink.event("modelartifacts", "ADDED", art("ns", "b", 3))
         wait_for(lambda: sent.calls, timeout=5, interval=0.05, message="the second try")
@@ -283,7 +296,9 @@ def test_a_clean_stop_sends_what_the_informers_buffer(worker_stack, core, namesp
     """Informers holding events for five minutes are stopped with SIGTERM: what they held reaches the
     mirror."""
     worker_stack.stop("informers")
-    env = worker_stack.env() | {"GPUSTACK_INFORMER_BATCH_SECONDS": "300"}
+    port, marker = free_port(), None
+    env = worker_stack.env() | {"GPUSTACK_INFORMER_BATCH_SECONDS": "300", "GPUSTACK_METRICS_PORT": str(port),
+                                "GPUSTACK_METRICS_ADDRESS": "127.0.0.1"}  # fmt: skip
     before = InformerState.objects.filter(resource="namespaces").values_list("relists", flat=True).first() or 0
     log = open(TEST_STATE / "informers-batch-stop.log", "ab")
     proc = subprocess.Popen([sys.executable, "manage.py", "runinformers"], cwd=REPO, env=env, stdout=log,
@@ -292,20 +307,45 @@ def test_a_clean_stop_sends_what_the_informers_buffer(worker_stack, core, namesp
         wait_for(lambda: InformerState.objects.get(resource="namespaces").relists > before, timeout=60,
                  message="the informers to list")  # fmt: skip
         name = f"held-{uuid.uuid4().hex[:6]}"
+        seen, sent = informer_counts(port)
         created = core.patch_namespace(namespace, {"metadata": {"labels": {"held": name}}})
         rv = int(created.metadata.resource_version)
-        time.sleep(1)
-        assert Namespace.objects.get(name=namespace).resource_version < rv  # held in the buffer
+        # A namespace created after the change: the informer handles a resource's events in order, so once
+        # this one's ADDED is seen, the change went through the sink before it.
+        marker = make_namespace(core, "held-marker")
+        wait_for(lambda: informer_counts(port)[0] > seen, timeout=30, message="the informers to see the marker")
+        assert informer_counts(port)[1] == sent  # nothing of the change was sent: held in the buffer
+        assert Namespace.objects.get(name=namespace).resource_version < rv
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(20) == 0
         wait_for(lambda: Namespace.objects.get(name=namespace).resource_version >= rv, timeout=20,
                  message="the held change in the mirror")  # fmt: skip
         assert Namespace.objects.get(name=namespace).body["metadata"]["labels"]["held"] == name
+        assert Namespace.objects.live().filter(name=marker).exists()  # the rest of the buffer went too
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait(5)
+        if marker:
+            core.delete_namespace(marker)
         restart_informers(worker_stack)
+
+
+def informer_counts(port: int) -> tuple[float, float]:
+    """Namespace ADDED events the informers saw, and the batches of namespace events they sent."""
+    session = requests.Session()
+    session.trust_env = False
+    text = session.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
+    seen = sent = 0.0
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.labels.get("resource") != "namespaces":
+                continue
+            if sample.name == "gpustack_models_informer_events_total" and sample.labels.get("type") == "ADDED":
+                seen += sample.value
+            elif sample.name == "gpustack_models_informer_batches_sent_total":
+                sent += sample.value
+    return seen, sent
 
 
 def restart_informers(worker_stack):
