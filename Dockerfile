@@ -11,21 +11,21 @@
 # image copies with the package; the build stops if they are missing.
 ARG BASE_IMAGE=python:3.11-slim-bookworm
 
-FROM ${BASE_IMAGE} AS build
-ENV PIP_DISABLE_PIP_VERSION_CHECK=1 \
-    PIP_NO_CACHE_DIR=1
-COPY requirements.txt /tmp/requirements.txt
-RUN python -m venv /opt/gpustack-models \
-    && /opt/gpustack-models/bin/pip install --no-compile -r /tmp/requirements.txt
-
+# One stage: the requirements' layer is rebuilt only when requirements.txt changes, and a builder's layer
+# cache decides that from the instruction alone (a second stage's COPY --from has to copy the whole virtualenv
+# before its cache can be checked). The installed requirements stay beside the virtualenv.
 FROM ${BASE_IMAGE}
-ENV PATH=/opt/gpustack-models/bin:$PATH \
+ENV PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    PIP_NO_CACHE_DIR=1 \
+    PATH=/opt/gpustack-models/bin:$PATH \
     PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
     DJANGO_SETTINGS_MODULE=config.settings \
     HF_HUB_DISABLE_TELEMETRY=1 \
     GPUSTACK_DATA_DIR=/var/lib/gpustack-models
-COPY --from=build /opt/gpustack-models /opt/gpustack-models
+COPY requirements.txt /opt/gpustack-models/requirements.txt
+RUN python -m venv /opt/gpustack-models \
+    && /opt/gpustack-models/bin/pip install --no-compile -r /opt/gpustack-models/requirements.txt
 WORKDIR /app
 COPY manage.py ./
 COPY config ./config

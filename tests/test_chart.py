@@ -6,8 +6,10 @@ server-side dry run, and ``helm install``, ``upgrade`` and ``uninstall`` against
 from __future__ import annotations
 
 import base64
+import functools
 import json
 import subprocess
+import threading
 
 import pytest
 import yaml
@@ -20,6 +22,7 @@ from tests.support.kubernetes import kubectl_run
 
 NS = "models-system"
 RELEASE = "models"
+LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 CERT_MANAGER = ["--set", "certManager.enabled=true", "--set", "metrics.serviceMonitor.enabled=true"]
 
 # What the chart installs besides its CRDs: every role, the aggregation, the webhook, the CSI driver,
@@ -50,26 +53,68 @@ EXPECTED = {
 }
 
 
-@pytest.fixture(scope="module")
-def chart_cluster(cluster):
-    """A control plane of the chart's own."""
-    state = TEST_STATE / "chart-cluster"
-    LocalCluster(state).wipe()
-    lc = LocalCluster(state, ports=Ports.free(), bin_dir=cluster.bin_dir)
+class ChartCluster:
+    """The chart's control plane, started in a thread of its own while the render tests run (they need none). The
+    thread lives as long as the control plane: its processes stop when the thread that started them ends."""
+
+    def __init__(self, bin_dir):
+        state = TEST_STATE / "chart-cluster"
+        LocalCluster(state).wipe()
+        self.lc = LocalCluster(state, ports=Ports.free(), bin_dir=bin_dir)
+        self.ready, self.done = threading.Event(), threading.Event()
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._run, name="chart-cluster", daemon=True)
+        self.thread.start()
+
+    def _run(self):
+        try:
+            self.lc.start()
+        except BaseException as exc:  # raised again by wait()
+            self.error = exc
+        finally:
+            self.ready.set()
+        self.done.wait()
+        self.lc.stop()
+
+    def wait(self) -> LocalCluster:
+        self.ready.wait()
+        if self.error is not None:
+            raise self.error
+        return self.lc
+
+    def stop(self):
+        self.done.set()
+        self.thread.join()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def chart_cluster_starting(cluster):
+    """Starts the chart's control plane as the module begins."""
+    starting = ChartCluster(cluster.bin_dir)
     try:
-        lc.start()
-        yield lc
+        yield starting
     finally:
-        lc.stop()
+        starting.stop()
+
+
+@pytest.fixture(scope="module")
+def chart_cluster(chart_cluster_starting):
+    """A control plane of the chart's own (the suite's has the local worker's APIService and RBAC)."""
+    return chart_cluster_starting.wait()
 
 
 def run_helm(helm: str, *args: str, lc: LocalCluster | None = None, check: bool = True) -> subprocess.CompletedProcess:
     return helm_in_test_state(helm, *args, kubeconfig=lc.kubeconfig if lc else None, check=check)
 
 
+@functools.cache
+def template(helm: str, *values: str) -> str:
+    """``helm template`` of the release with ``values``: rendered once, the tests only read it."""
+    return run_helm(helm, "template", RELEASE, str(CHART), "--namespace", NS, *values).stdout
+
+
 def render(helm: str, *values: str) -> list[dict]:
-    text = run_helm(helm, "template", RELEASE, str(CHART), "--namespace", NS, *values).stdout
-    return [doc for doc in yaml.safe_load_all(text) if doc]
+    return [doc for doc in yaml.load_all(template(helm, *values), Loader=LOADER) if doc]
 
 
 def by_kind(objects: list[dict], kind: str, name: str) -> dict:
@@ -177,10 +222,10 @@ def kubectl(lc: LocalCluster, *args: str, check: bool = True, input: str | None 
 def test_every_rendered_object_passes_a_server_side_dry_run(helm, chart_cluster):
     kubectl(chart_cluster, "apply", "--server-side", "-f", str(CHART / "crds"))
     kubectl(chart_cluster, "create", "namespace", NS, check=False)
-    text = run_helm(helm, "template", RELEASE, str(CHART), "--namespace", NS).stdout
+    text = template(helm)
     out = kubectl(chart_cluster, "apply", "--dry-run=server", "-f", "-", input=text).stdout
     applied = [line for line in out.splitlines() if line.strip()]
-    assert len(applied) == len([d for d in yaml.safe_load_all(text) if d]), out
+    assert len(applied) == len(render(helm)), out
     assert all("(server dry run)" in line for line in applied), out
 
 
@@ -196,79 +241,113 @@ def test_the_cert_manager_render_passes_a_server_side_dry_run_with_cert_managers
     text = run_helm(
         helm, "template", RELEASE, str(CHART), "--namespace", NS, "--set", "certManager.enabled=true"
     ).stdout
-    rendered = [d for d in yaml.safe_load_all(text) if d]
+    rendered = [d for d in yaml.load_all(text, Loader=LOADER) if d]
     assert {d["kind"] for d in rendered} >= {"Certificate", "Issuer", "APIService"}
     out = kubectl(chart_cluster, "apply", "--dry-run=server", "-f", "-", input=text).stdout
     applied = [line for line in out.splitlines() if line.strip()]
     assert len(applied) == len(rendered) and all("(server dry run)" in line for line in applied), out
 
 
-def secret(lc: LocalCluster, name: str) -> dict:
-    return json.loads(kubectl(lc, "-n", NS, "get", "secret", name, "-o", "json").stdout)["data"]
+def resource(obj: dict) -> str:
+    """``kind.version.group`` as kubectl names a resource (the kind alone in the core group)."""
+    group, _, version = obj["apiVersion"].rpartition("/")
+    return f"{obj['kind'].lower()}.{version}.{group}" if group else obj["kind"].lower()
 
 
-def exists(lc: LocalCluster, kind: str, name: str, namespace: str = NS) -> bool:
-    proc = kubectl(lc, "-n", namespace, "get", kind, name, "-o", "name", check=False)
-    return proc.returncode == 0
+CRDS = {"apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition"}
+STORES = {"apiVersion": "worker.gpustack.ai/v1alpha1", "kind": "NodeModelStore"}
+
+
+def listing(lc: LocalCluster, *resources: str) -> dict[tuple[str, str, str], dict]:
+    """Every object of ``resources`` in every namespace, from one ``kubectl get``, by (kind, name, namespace)
+    (a cluster-scoped object's namespace is the release's, as in ``installed``)."""
+    out = kubectl(lc, "get", ",".join(sorted(set(resources))), "-A", "-o", "json").stdout
+    items = json.loads(out)["items"]
+    return {(o["kind"], o["metadata"]["name"], o["metadata"].get("namespace", NS)): o for o in items}
+
+
+ATTRIBUTES = ("verb", "group", "resource", "namespace")  # an empty one (the core group, all namespaces) omitted
+
+
+def tenant_answers(lc: LocalCluster, who: list[str], checks) -> list[tuple]:
+    """SelfSubjectAccessReviews for ``checks`` (verb, group, resource, namespace) as ``who`` (impersonated, as
+    ``kubectl auth can-i --as`` asks), created together: each check with kube-apiserver's answer."""
+    reviews = [
+        {
+            "apiVersion": "authorization.k8s.io/v1",
+            "kind": "SelfSubjectAccessReview",
+            "spec": {"resourceAttributes": {k: v for k, v in zip(ATTRIBUTES, check, strict=True) if v}},
+        }
+        for check in checks
+    ]
+    text = json.dumps({"apiVersion": "v1", "kind": "List", "items": reviews})
+    out = kubectl(lc, "create", *who, "-f", "-", "-o", "json", input=text).stdout
+    answered, decoder, at = [], json.JSONDecoder(), 0  # one JSON document per review, in order
+    while out[at:].strip():
+        review, at = decoder.raw_decode(out, len(out) - len(out[at:].lstrip()))
+        answered.append(review)
+    assert [a["spec"]["resourceAttributes"] for a in answered] == [r["spec"]["resourceAttributes"] for r in reviews]
+    return [(check, a["status"]) for check, a in zip(checks, answered, strict=True)]
 
 
 def test_install_upgrade_and_uninstall(helm, chart_cluster):
     lc = chart_cluster
     run_helm(helm, "install", RELEASE, str(CHART), "--namespace", NS, "--create-namespace", lc=lc)
     manifest = run_helm(helm, "get", "manifest", RELEASE, "--namespace", NS, lc=lc).stdout
-    objects = [o for o in yaml.safe_load_all(manifest) if o]
+    objects = [o for o in yaml.load_all(manifest, Loader=LOADER) if o]
     installed = {(o["kind"], o["metadata"]["name"], o["metadata"].get("namespace", NS)) for o in objects}
     assert {(kind, name) for kind, name, _ in installed} >= EXPECTED
-    for kind, name, namespace in installed:
-        assert exists(lc, kind, name, namespace), (kind, name, namespace)
-    for crd in ("modelartifacts", "nodemodelstores", "modelprefetches"):
-        assert exists(lc, "crd", f"{crd}.worker.gpustack.ai")
+    resources = {resource(o) for o in objects}
+    found = listing(lc, *resources, resource(CRDS))
+    assert installed <= set(found), installed - set(found)
+    crds = {f"{crd}.worker.gpustack.ai" for crd in ("modelartifacts", "nodemodelstores", "modelprefetches")}
+    assert crds <= {name for kind, name, _ in found if kind == "CustomResourceDefinition"}
 
-    apiservice = json.loads(kubectl(lc, "get", "apiservice", "v1.worker.gpustack.ai", "-o", "json").stdout)
+    apiservice = found[("APIService", "v1.worker.gpustack.ai", NS)]
     assert apiservice["spec"]["service"] == {"namespace": NS, "name": "gpustack-models-api", "port": 443}
     serving, plugin_ca, key = (
-        secret(lc, n)
+        found[("Secret", n, NS)]["data"]
         for n in ("gpustack-models-api-serving", "gpustack-models-plugin-ca", "gpustack-models-secret-key")
     )
     assert apiservice["spec"]["caBundle"] == serving["ca.crt"]
 
     # The chart grants tenants nothing: an authenticated user and a tenant's ServiceAccount may do nothing
     # with the group's resources, in their namespace or cluster-wide, nor read the chart's Secrets.
+    group = "worker.gpustack.ai"
+    checks = [
+        ("create", group, "modelartifacts", "team-a"),
+        ("list", group, "modelartifacts", ""),
+        ("get", group, "nodemodelstores", ""),
+        ("create", group, "modelprefetches", "team-a"),
+        ("get", "", "secrets", NS),
+        ("create", "", "pods", NS),
+    ]
     for who in (["--as=alice", "--as-group=system:authenticated"], ["--as=system:serviceaccount:team-a:default"]):
-        for verb, resource, where in (
-            ("create", "modelartifacts.worker.gpustack.ai", ["-n", "team-a"]),
-            ("list", "modelartifacts.worker.gpustack.ai", ["-A"]),
-            ("get", "nodemodelstores.worker.gpustack.ai", []),
-            ("create", "modelprefetches.worker.gpustack.ai", ["-n", "team-a"]),
-            ("get", "secrets", ["-n", NS]),
-            ("create", "pods", ["-n", NS]),
-        ):
-            answer = kubectl(lc, "auth", "can-i", verb, resource, *where, *who, check=False)
-            assert answer.stdout.strip() == "no", (who, verb, resource, answer.stdout, answer.stderr)
+        for check, status in tenant_answers(lc, who, checks):
+            assert status["allowed"] is False, (who, check, status)
 
     # An object the worker wrote (the admission policy lets only it create) must outlive the release.
     worker = f"system:serviceaccount:{NS}:gpustack-models-worker"
-    store = {
-        "apiVersion": "worker.gpustack.ai/v1alpha1",
-        "kind": "NodeModelStore",
-        "metadata": {"name": "chart-node"},
-        "spec": {"models": []},
-    }
+    store = {**STORES, "metadata": {"name": "chart-node"}, "spec": {"models": []}}
     kubectl(lc, "create", f"--as={worker}", "-f", "-", input=json.dumps(store))
 
     run_helm(helm, "upgrade", RELEASE, str(CHART), "--namespace", NS, "--set", "api.replicas=3", lc=lc)
-    assert secret(lc, "gpustack-models-api-serving") == serving
-    assert secret(lc, "gpustack-models-plugin-ca") == plugin_ca
-    assert secret(lc, "gpustack-models-secret-key") == key
-    apiservice = json.loads(kubectl(lc, "get", "apiservice", "v1.worker.gpustack.ai", "-o", "json").stdout)
-    assert apiservice["spec"]["caBundle"] == serving["ca.crt"]
-    deployment = json.loads(kubectl(lc, "-n", NS, "get", "deployment", "gpustack-models-api", "-o", "json").stdout)
-    assert deployment["spec"]["replicas"] == 3
+    found = listing(lc, "secret", "apiservice.v1.apiregistration.k8s.io", "deployment.v1.apps")
+    assert found[("Secret", "gpustack-models-api-serving", NS)]["data"] == serving
+    assert found[("Secret", "gpustack-models-plugin-ca", NS)]["data"] == plugin_ca
+    assert found[("Secret", "gpustack-models-secret-key", NS)]["data"] == key
+    assert found[("APIService", "v1.worker.gpustack.ai", NS)]["spec"]["caBundle"] == serving["ca.crt"]
+    assert found[("Deployment", "gpustack-models-api", NS)]["spec"]["replicas"] == 3
 
     run_helm(helm, "uninstall", RELEASE, "--namespace", NS, "--wait", "--timeout", "120s", lc=lc)
-    for kind, name, namespace in installed:
-        gone = lambda k=kind, n=name, ns=namespace: not exists(lc, k, n, ns)  # noqa: E731
-        wait_for(gone, timeout=60, message=f"{kind} {name} to go")
-    for crd in ("modelartifacts", "nodemodelstores", "modelprefetches"):
-        assert exists(lc, "crd", f"{crd}.worker.gpustack.ai")
-    assert exists(lc, "nodemodelstores.v1alpha1.worker.gpustack.ai", "chart-node")
+
+    def left():
+        return installed & set(listing(lc, *resources))
+
+    try:
+        wait_for(lambda: not left(), timeout=60, message="the release's objects to go")
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}: {sorted(left())}") from None
+    found = listing(lc, resource(CRDS), resource(STORES))
+    assert crds <= {name for kind, name, _ in found if kind == "CustomResourceDefinition"}
+    assert ("NodeModelStore", "chart-node", NS) in found

@@ -5,6 +5,7 @@ smoke-tested: Django's deployment checks with production settings, every role's 
 from __future__ import annotations
 
 import secrets
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -23,6 +24,12 @@ def buildah(product_image):
     return product_image
 
 
+def run_at_once(buildah, *runs: tuple[list[str], dict[str, str]]):
+    """Containers of the image, one per ``(argv, env)``, run at the same time; their results in order."""
+    with ThreadPoolExecutor(len(runs)) as pool:
+        return list(pool.map(lambda run: buildah.run(IMAGE, *run), runs))
+
+
 def test_the_image_runs_as_a_non_root_user_with_no_healthcheck(buildah):
     config = buildah.config(IMAGE)
     oci = config["OCIv1"]["config"]
@@ -36,9 +43,12 @@ def test_the_image_runs_as_a_non_root_user_with_no_healthcheck(buildah):
 
 def test_the_image_carries_the_product_and_its_runtime_requirements_only(buildah):
     probe = "import os, sys; print(' '.join(p for p in sys.argv[1:] if os.path.exists(p)))"
-    present = buildah.run(IMAGE, ["python", "-c", probe, *UNWANTED], {})
+    present, listed = run_at_once(
+        buildah, (["python", "-c", probe, *UNWANTED], {}), (["pip", "list", "--format=freeze"], {})
+    )
     assert present.returncode == 0 and present.stdout.strip() == "", present.stdout + present.stderr
-    packages = buildah.run(IMAGE, ["pip", "list", "--format=freeze"], {}).stdout.lower().replace("_", "-")
+    assert listed.returncode == 0, listed.stderr
+    packages = listed.stdout.lower().replace("_", "-")
     for runtime in ("django==", "celery==", "gunicorn==", "huggingface-hub==", "modelscope==", "kubernetes=="):
         assert runtime in packages, runtime
     for dev in ("pytest", "ruff", "schemathesis", "hadolint"):
@@ -46,12 +56,7 @@ def test_the_image_carries_the_product_and_its_runtime_requirements_only(buildah
 
 
 def test_the_deployment_checks_pass_with_production_settings(buildah):
-    console = buildah.run(IMAGE, ["python", "manage.py", "check", "--deploy", "--fail-level", "WARNING"], PRODUCTION)
-    assert console.returncode == 0, console.stdout + console.stderr
-    assert "System check identified no issues" in console.stdout
     api = dict(PRODUCTION, GPUSTACK_SERVER_ROLE="api", GPUSTACK_PLUGIN_CA_FILE="/etc/gpustack-models/plugin-ca/tls.crt")
-    checked = buildah.run(IMAGE, ["python", "manage.py", "check"], api)
-    assert checked.returncode == 0, checked.stdout + checked.stderr
     # Every role's entry point loads (the CSI stubs the image copies with the package included).
     roles = [
         "import django; django.setup()",
@@ -61,10 +66,16 @@ def test_the_deployment_checks_pass_with_production_settings(buildah):
         "import gpustack_models.plugin.csi.generated.csi_pb2",
         "import config.celery",
     ]
-    loaded = buildah.run(IMAGE, ["python", "-c", "; ".join(roles)], PRODUCTION)
-    assert loaded.returncode == 0, loaded.stderr[-3000:]
-    # Without a SECRET_KEY the image refuses to start (its built-in key is for checkouts only).
-    refused = buildah.run(
-        IMAGE, ["python", "manage.py", "check"], {k: v for k, v in PRODUCTION.items() if k != "SECRET_KEY"}
+    console, checked, loaded, refused = run_at_once(
+        buildah,
+        (["python", "manage.py", "check", "--deploy", "--fail-level", "WARNING"], PRODUCTION),
+        (["python", "manage.py", "check"], api),
+        (["python", "-c", "; ".join(roles)], PRODUCTION),
+        # Without a SECRET_KEY the image refuses to start (its built-in key is for checkouts only).
+        (["python", "manage.py", "check"], {k: v for k, v in PRODUCTION.items() if k != "SECRET_KEY"}),
     )
+    assert console.returncode == 0, console.stdout + console.stderr
+    assert "System check identified no issues" in console.stdout
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    assert loaded.returncode == 0, loaded.stderr[-3000:]
     assert refused.returncode != 0 and "SECRET_KEY is required" in refused.stderr

@@ -15,6 +15,10 @@ stops acting. On a clean stop it releases the Lease (no holder, a duration of on
 standby takes over at its next try instead of after the Lease's duration.
 
 ``verdict`` is the decision alone (pure, unit-tested); ``LeaseElector`` the reads and writes around it.
+
+Metrics (served on the metrics port of the role that elects): ``gpustack_models_leader_election_tries_total
+{lease, outcome}``, every try by its outcome (``acquired``, ``renewed``, ``held`` by another, ``conflict``,
+``error``), and ``gpustack_models_leader_election_leading{lease}``, 1 while this process holds the Lease.
 """
 
 from __future__ import annotations
@@ -29,6 +33,8 @@ import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
+from prometheus_client import Counter, Gauge
+
 from .client import Kube
 from .errors import Conflict, NotFound
 
@@ -36,6 +42,12 @@ log = logging.getLogger(__name__)
 
 FREE, OURS, EXPIRED, HELD = "free", "ours", "expired", "held"
 JITTER = 0.2  # a standby waits the retry period times 1 to 1.2, so standbys do not try in step
+ACQUIRED, RENEWED = "acquired", "renewed"  # outcomes of a try, beside HELD, "conflict" and "error"
+
+TRIES = Counter(
+    "gpustack_models_leader_election_tries_total", "Tries to take or renew a Lease, by outcome.", ["lease", "outcome"]
+)
+LEADING = Gauge("gpustack_models_leader_election_leading", "1 while this process holds the Lease.", ["lease"])
 
 
 def verdict(spec, identity: str, observed_at: float, now: float, default_duration: float) -> str:
@@ -94,13 +106,23 @@ class LeaseElector:
         self.timing = timing
         self.identity = identity or new_identity()
         self.path = f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases/{name}"
-        self.leading = False
+        self._leading = False
+        LEADING.labels(name).set(0)
         self._observed_spec = None
         self._observed_at = 0.0
         self._last_renewal = 0.0
         self._announced_holder = None
         self._lock = threading.Lock()
         self._closed = False
+
+    @property
+    def leading(self) -> bool:
+        return self._leading
+
+    @leading.setter
+    def leading(self, value: bool) -> None:
+        self._leading = value
+        LEADING.labels(self.name).set(1 if value else 0)
 
     # --- one try ------------------------------------------------------------------------------------
     def try_acquire_or_renew(self) -> bool:
@@ -109,14 +131,18 @@ class LeaseElector:
             if self._closed:
                 return False
             try:
-                return self._try()
+                outcome = self._try()
             except Conflict:
                 log.debug("lease %s: written by someone else meanwhile; reading it again", self.name)
+                outcome = "conflict"
             except Exception as exc:  # an error answer, the connection's own errors: try again next period
                 log.warning("lease %s: %s: %s", self.name, type(exc).__name__, exc)
-            return False
+                outcome = "error"
+            TRIES.labels(self.name, outcome).inc()
+            return outcome in (ACQUIRED, RENEWED)
 
-    def _try(self) -> bool:
+    def _try(self) -> str:
+        """One try's outcome: ``ACQUIRED``, ``RENEWED`` or ``HELD``."""
         try:
             current = self.client.get(self.path, timeout=self.timing.renew_deadline)
         except NotFound:
@@ -125,14 +151,14 @@ class LeaseElector:
         state = verdict(spec, self.identity, self._observed_at, time.monotonic(), self.timing.lease)
         if state == HELD:
             self._announce_holder(spec.get("holderIdentity"))
-            return False
+            return HELD
         current["spec"] = self._next_spec(spec if isinstance(spec, dict) else {}, state == OURS)
         written = self.client.json("PUT", self.path, body=current, timeout=self.timing.renew_deadline)
         self._observe(written)
         self._last_renewal = time.monotonic()
-        return True
+        return RENEWED if state == OURS else ACQUIRED
 
-    def _create(self) -> bool:
+    def _create(self) -> str:
         namespace = self.path.split("/")[5]
         body = {
             "apiVersion": "coordination.k8s.io/v1",
@@ -143,7 +169,7 @@ class LeaseElector:
         created = self.client.create(self.path.rsplit("/", 1)[0], body, timeout=self.timing.renew_deadline)
         self._observe(created)
         self._last_renewal = time.monotonic()
-        return True
+        return ACQUIRED
 
     def _observe(self, lease: dict) -> dict | None:
         """Remember the record read and since when (this process's clock) it has stayed the same."""

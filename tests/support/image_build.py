@@ -1,25 +1,43 @@
 """The product's image, built here without a registry: a Debian base assembled by ``debootstrap`` (the slim
 Python 3.11 base the Dockerfile's ``BASE_IMAGE`` names elsewhere), and the Dockerfile built on it by
-``buildah`` (chroot isolation, overlay storage in a directory of the test run's own).
+``buildah`` (chroot isolation, overlay storage).
 
 The base's root filesystem is cached as a tar outside the repository, keyed by the Debian suite, its
 packages and the build machine's CA bundle (copied in, so that ``pip`` inside the build trusts the same
-TLS roots as the machine, a proxy's included).
+TLS roots as the machine, a proxy's included). Beside it, buildah's storage keeps the Dockerfile's layers
+from one session to the next (``--layers``: a step is reused while its instruction, its parent and the
+content it copies are unchanged), so a warm build redoes only what changed: ``pip install`` only when
+``requirements.txt`` does. Several checkouts share that storage (buildah locks it); each session tags its
+image with a name of its own state directory's (``IMAGE``), and records the images its build used.
+
+The build starts in the background as soon as the session knows one of its tests needs the image
+(``pytest_collection_finish``); ``product_image`` waits for it and raises its failure. Afterwards what no
+recent build used is removed, only while no other session is building (a file lock), and never an image
+that a session's tag or a working container holds.
 """
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import logging
 import os
+import re
 import shutil
+import signal
 import subprocess
 import tarfile
+import tempfile
+import threading
 import time
+import uuid
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+
+from .lanes import REPO, state_dir
 
 log = logging.getLogger(__name__)
 
@@ -27,10 +45,15 @@ SUITE = "bookworm"  # Debian 12: Python 3.11, as the Dockerfile's default base
 MIRROR = "http://deb.debian.org/debian"
 PACKAGES = ("python3", "python3-venv", "python-is-python3", "ca-certificates")
 HOST_CA = Path("/etc/ssl/certs/ca-certificates.crt")
-BASE_IMAGE = f"localhost/gpustack-models-base:{SUITE}"
-IMAGE = "localhost/gpustack-models:test"
+REPOSITORY = "localhost/gpustack-models"
+# This state directory's own tag: sessions of other checkouts (or lanes) build into the same storage at once.
+OWNER = hashlib.sha256(str(state_dir()).encode()).hexdigest()[:12]
+IMAGE = f"{REPOSITORY}:test-{OWNER}"
 # What the image must not carry (the Dockerfile's .dockerignore and its runtime-only requirements).
 UNWANTED = ("tests", "gpustack_models/local", "deploy", ".git")
+KEEP_SECONDS = 14 * 86400  # what no build used for this long is removed (a checkout gone, an old requirements.txt)
+BUILD_STEP = re.compile(r"^(?:\[\d+/\d+\] )?STEP \d+/\d+: (?!FROM )", re.M)  # each instruction but a stage's FROM
+BUILD_ID = re.compile(r"^--> (?:Using cache )?([0-9a-f]{11,64})\s*$", re.M)  # each step's image
 
 
 def cache_dir() -> Path:
@@ -48,10 +71,16 @@ def _key() -> str:
     return digest.hexdigest()[:16]
 
 
+def base_image() -> str:
+    """The base's name in buildah's storage, keyed like its tar."""
+    return f"localhost/gpustack-models-base:{SUITE}-{_key()}"
+
+
 def base_tar() -> Path:
     """The base's root filesystem as a tar: built by debootstrap once, then reused."""
     out = cache_dir() / f"debian-{SUITE}-{_key()}.tar"
     if out.exists():
+        os.utime(out)  # in use: not stale
         return out
     out.parent.mkdir(parents=True, exist_ok=True)
     work = out.parent / f"rootfs-{os.getpid()}"
@@ -73,31 +102,80 @@ def base_tar() -> Path:
 
 
 class Buildah:
-    """buildah with storage of its own (removed by ``clean``)."""
+    """buildah on the shared storage under ``cache_dir()`` (its run state in the machine's temporary directory,
+    which a reboot empties as it does the mounts recorded there)."""
 
-    def __init__(self, state: Path):
-        self.state = Path(state)
+    def __init__(self, root: Path | None = None):
+        self.root = Path(root or cache_dir() / "buildah")
+        tag = hashlib.sha256(str(self.root.resolve()).encode()).hexdigest()[:12]
+        self.runroot = Path(os.environ.get("XDG_RUNTIME_DIR") or tempfile.gettempdir()) / f"gpustack-buildah-{tag}"
+        self.records = self.root / "builds"
+        self.lock_file = self.root / "lock"
+        self.nice = 0
+        self._proc: subprocess.Popen | None = None
+        self._cancelled = False
 
     def __call__(self, *args: str, timeout: float = 1200, check: bool = True) -> subprocess.CompletedProcess:
-        storage = [
-            "--root",
-            str(self.state / "storage"),
-            "--runroot",
-            str(self.state / "run"),
-            "--storage-driver",
-            "overlay",
-        ]
-        proc = subprocess.run(["buildah", *storage, *args], capture_output=True, text=True, timeout=timeout)
+        storage = ["--root", str(self.root / "storage"), "--runroot", str(self.runroot), "--storage-driver", "overlay"]
+        cmd = ["buildah", *storage, *args]
+        if self.nice:
+            cmd = ["nice", "-n", str(self.nice), *cmd]
+        if self._cancelled:
+            raise RuntimeError("the image's build was cancelled")
+        self._proc = proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            out, err = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            out, err = proc.communicate()
+            message = f"buildah {' '.join(args[:3])} still running after {timeout:.0f}s:\n{err[-4000:]}"
+            raise AssertionError(message) from None
+        finally:
+            self._proc = None
+        done = subprocess.CompletedProcess(cmd, proc.returncode, out, err)
         if check and proc.returncode != 0:
-            raise AssertionError(f"buildah {' '.join(args[:3])} failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
-        return proc
+            raise AssertionError(f"buildah {' '.join(args[:3])} failed ({proc.returncode}):\n{err[-4000:]}")
+        return done
 
-    def build(self, context: Path, tag: str, *args: str, containerfile: Path | None = None) -> None:
+    def cancel(self) -> None:
+        """Stop the command running now (buildah removes its build containers on SIGTERM) and refuse more."""
+        self._cancelled = True
+        proc = self._proc
+        if proc is not None and proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+
+    @contextmanager
+    def locked(self, exclusive: bool, wait: bool = True):
+        """A file lock beside the storage: shared by builds, exclusive for pruning. Yields whether it is held."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        with open(self.lock_file, "a") as fh:
+            flags = (fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH) | (0 if wait else fcntl.LOCK_NB)
+            try:
+                fcntl.flock(fh, flags)
+            except BlockingIOError:
+                yield False
+                return
+            yield True
+
+    def build(self, context: Path, tag: str, *args: str, containerfile: Path | None = None, layers=True) -> str:
+        """``buildah bud``, by default keeping each step's image; returns its output (their ids on ``-->`` lines)."""
         extra = ["-f", str(containerfile)] if containerfile else []
-        self("bud", "--isolation", "chroot", "--layers=false", *extra, *args, "-t", tag, str(context))
+        flags = ["--isolation", "chroot", f"--layers={str(layers).lower()}"]
+        return self("bud", *flags, *extra, *args, "-t", tag, str(context)).stdout
+
+    def exists(self, image: str) -> bool:
+        return self("inspect", "--type", "image", "--format", "{{.FromImageID}}", image, check=False).returncode == 0
+
+    def image_id(self, image: str) -> str:
+        return self("inspect", "--type", "image", "--format", "{{.FromImageID}}", image).stdout.strip()
+
+    def images(self) -> list[dict]:
+        """Every image, intermediate ones included, with its full id (no ``sha256:``)."""
+        images = json.loads(self("images", "--all", "--json", "--no-trunc").stdout or "null") or []
+        return [dict(image, id=image["id"].removeprefix("sha256:")) for image in images]
 
     def run(self, image: str, argv: list[str], env: dict[str, str]) -> subprocess.CompletedProcess:
-        container = self("from", image).stdout.strip().splitlines()[-1]
+        container = self("from", "--name", f"{OWNER}-{uuid.uuid4().hex[:8]}", image).stdout.strip().splitlines()[-1]
         try:
             flags = [x for k, v in env.items() for x in ("--env", f"{k}={v}")]
             return self("run", "--isolation", "chroot", *flags, container, "--", *argv, check=False, timeout=300)
@@ -107,32 +185,155 @@ class Buildah:
     def config(self, image: str) -> dict:
         return json.loads(self("inspect", "--type", "image", image).stdout)
 
-    def clean(self) -> None:
-        self("rm", "--all", check=False)
-        self("rmi", "--all", "--force", check=False)
-        shutil.rmtree(self.state, ignore_errors=True)
+    def remove_own_containers(self) -> None:
+        """Working containers an earlier session of this state directory left (killed while running one)."""
+        out = self("containers", "--all", "--json", check=False).stdout
+        containers = json.loads(out or "null") or []
+        names = [c["containername"] for c in containers if c["containername"].startswith(f"{OWNER}-")]
+        if names:
+            self("rm", *names, check=False)
 
 
-def build_image(buildah: Buildah, repo: Path, work: Path) -> None:
-    """The base from its tar, then the Dockerfile on it."""
-    work.mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(base_tar(), work / "base.tar")
-    (work / "Containerfile").write_text('FROM scratch\nADD base.tar /\nCMD ["python3"]\n')
-    buildah.build(work, BASE_IMAGE, containerfile=work / "Containerfile")
+def build_image(buildah: Buildah, repo: Path, work: Path) -> dict:
+    """The base from its tar (once: its name is keyed like the tar), then the Dockerfile on it, with the layers
+    of earlier builds. Returns what the build used, recorded for pruning."""
+    tar = base_tar()
     t0 = time.monotonic()
-    buildah.build(repo, IMAGE, "--build-arg", f"BASE_IMAGE={BASE_IMAGE}")
-    log.warning("image %s built in %.0fs", IMAGE, time.monotonic() - t0)
+    with buildah.locked(exclusive=False):
+        base = base_image()
+        if not buildah.exists(base):
+            work.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(tar, work / "base.tar")
+            (work / "Containerfile").write_text('FROM scratch\nADD base.tar /\nCMD ["python3"]\n')
+            buildah.build(work, base, "--timestamp", "0", containerfile=work / "Containerfile", layers=False)
+            (work / "base.tar").unlink()
+        out = buildah.build(repo, IMAGE, "--build-arg", f"BASE_IMAGE={base}")
+        steps = BUILD_ID.findall(out)
+        known = {img["id"] for img in buildah.images()}
+        used = {full for short in steps for full in known if full.startswith(short)}
+        used |= {buildah.image_id(base), buildah.image_id(IMAGE)}
+        record = {
+            "tag": IMAGE,
+            "images": sorted(used),
+            "cached": out.count("--> Using cache"),
+            "steps": len(BUILD_STEP.findall(out)),
+        }
+        buildah.records.mkdir(parents=True, exist_ok=True)
+        path = buildah.records / f"{OWNER}.json"
+        path.with_suffix(".tmp").write_text(json.dumps(record))
+        os.replace(path.with_suffix(".tmp"), path)
+    record["seconds"] = round(time.monotonic() - t0, 1)
+    log.warning("image %s built in %.0fs (%d of %d steps cached)", IMAGE, record["seconds"], record["cached"],
+                record["steps"])  # fmt: skip
+    return record
+
+
+def prune(buildah: Buildah, now: float | None = None) -> list[str]:
+    """Remove what no build of the last ``KEEP_SECONDS`` used: stale records, their tags and images (a build's
+    record names every step's image, the cached ones too: buildah would remove an image another one was built
+    on), and Debian base tars of another key. Only while no session is building (else skipped: a later session
+    prunes); an image a working container uses is kept (buildah refuses to remove it). Returns what went."""
+    now = time.time() if now is None else now
+    removed: list[str] = []
+    with buildah.locked(exclusive=True, wait=False) as held:
+        if not held:
+            return removed
+        live_tags, live_images = {base_image()}, set()
+        for path in buildah.records.glob("*.json"):
+            if now - path.stat().st_mtime > KEEP_SECONDS:
+                path.unlink(missing_ok=True)
+                continue
+            record = json.loads(path.read_text())
+            live_tags.add(record["tag"])
+            live_images.update(record["images"])
+        ours = (f"{REPOSITORY}:", "localhost/gpustack-models-base:")
+        for image in sorted(buildah.images(), key=lambda i: i.get("created") or 0, reverse=True):
+            names = image.get("names") or []
+            if image["id"] in live_images or any(n in live_tags or not n.startswith(ours) for n in names):
+                continue
+            if buildah("rmi", image["id"], check=False).returncode == 0:
+                removed.append(image["id"])
+        current = f"debian-{SUITE}-{_key()}.tar"
+        for tar in cache_dir().glob(f"debian-{SUITE}-*.tar"):
+            if tar.name != current and now - tar.stat().st_mtime > KEEP_SECONDS:
+                tar.unlink(missing_ok=True)
+                removed.append(tar.name)
+    return removed
+
+
+class Background:
+    """The image's build (and then the pruning) in a thread of its own, started once per session."""
+
+    def __init__(self):
+        self.buildah = Buildah()
+        self.thread: threading.Thread | None = None
+        self.built = threading.Event()
+        self.error: BaseException | None = None
+        self.record: dict = {}
+
+    def start(self, nice: int = 0) -> None:
+        if self.thread is not None:
+            return
+        self.buildah.nice = nice
+        self.thread = threading.Thread(target=self._run, name="product-image-build", daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        try:
+            self.buildah.remove_own_containers()
+            self.record = build_image(self.buildah, REPO, state_dir() / "image-base")
+        except BaseException as exc:  # raised again by wait()
+            self.error = exc
+        finally:
+            self.buildah.nice = 0  # the tests' own commands run at the usual priority
+            self.built.set()
+        if self.error is None:
+            try:
+                pruner = Buildah(self.buildah.root)
+                pruner.nice = 10
+                removed = prune(pruner)
+                if removed:
+                    log.warning("removed %d stale images and tars from the image cache", len(removed))
+            except Exception:
+                log.exception("pruning the image cache failed")
+
+    def wait(self) -> Buildah:
+        self.start()
+        self.built.wait()
+        if self.error is not None:
+            raise self.error
+        return self.buildah
+
+    def finish(self) -> None:
+        """At the session's end: a build still running is stopped, the pruning awaited."""
+        if self.thread is None:
+            return
+        if not self.built.is_set():
+            self.buildah.cancel()
+        self.thread.join(timeout=120)
+
+
+_background = Background()
+
+
+def pytest_collection_finish(session):
+    """Start the build once this session's tests are known (after the lanes took theirs), if one needs the image;
+    at a lower CPU priority, so that it yields to the tests it runs beside."""
+    if session.config.option.collectonly:
+        return
+    if any("product_image" in getattr(item, "fixturenames", ()) for item in session.items):
+        _background.start(nice=10)
+
+
+def pytest_sessionfinish(session):
+    _background.finish()
 
 
 @pytest.fixture(scope="session")
 def product_image():
-    """The image, built once per session; its buildah storage removed at the end."""
-    from .paths import REPO, TEST_STATE
-
-    tool = Buildah(TEST_STATE / "buildah")
-    tool.clean()
-    build_image(tool, REPO, TEST_STATE / "image-base")
+    """The image (built in the background since collection), and buildah on its storage."""
+    tool = _background.wait()
     try:
         yield tool
     finally:
-        tool.clean()
+        tool.remove_own_containers()

@@ -186,6 +186,7 @@ class WorkerStack:
         self.hub = hub
         self.db_url = db_url
         self.procs: dict[str, subprocess.Popen] = {}
+        self.metrics_ports: dict[str, int] = {}  # each role's GPUSTACK_METRICS_PORT, kept across restarts
 
     def env(self) -> dict:
         env = dict(os.environ)
@@ -241,8 +242,14 @@ class WorkerStack:
                 "--loglevel=INFO",
             ],
         }[name]
+        from gpustack_models.local.cluster import free_port
+
+        if name not in self.metrics_ports:  # served as a deployment's roles serve it
+            self.metrics_ports[name] = free_port()
+        env = dict(self.env(), GPUSTACK_METRICS_ADDRESS="127.0.0.1")
+        env["GPUSTACK_METRICS_PORT"] = str(self.metrics_ports[name])
         log = open(TEST_STATE / f"{name}.log", "ab")
-        self.procs[name] = subprocess.Popen(argv, cwd=REPO, env=self.env(), stdout=log, stderr=subprocess.STDOUT)
+        self.procs[name] = subprocess.Popen(argv, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
 
     def stop(self, name: str, kill: bool = False) -> None:
         proc = self.procs.pop(name, None)
