@@ -397,6 +397,9 @@ MOUNT_CHECK_INTERVAL_SECONDS = env_float("GPUSTACK_MOUNT_CHECK_INTERVAL_SECONDS"
 # Bytes one namespace's prefetches may place on one node (0: no limit); a Namespace's annotation
 # worker.gpustack.ai/prefetch-bytes-per-node, set by administrators, overrides it.
 PREFETCH_BYTES_PER_NODE = env_int("GPUSTACK_PREFETCH_BYTES_PER_NODE", 0, minimum=0)
+# The most digests one node's spec.models holds: pinned, then mounted, then the oldest references (the
+# prefetches left out are NodeFull). At most the schema's limit of spec.models (256), the default.
+MODELS_PER_NODE = env_int("GPUSTACK_MODELS_PER_NODE", 256, minimum=1, maximum=256)
 
 CELERY_BEAT_SCHEDULE = {
     "collect-every-interval": {"task": "gpustack_models.collect", "schedule": COLLECTION_INTERVAL_SECONDS},

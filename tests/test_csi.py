@@ -27,6 +27,7 @@ from gpustack_models.plugin.csi.generated import (
     pluginregistration_pb2_grpc,
 )
 from tests.support import REPO, TEST_STATE, wait_for
+from tests.support.stores import epoch
 from tests.test_plugins import STORAGE, Scenario, big_files
 
 Mode = csi_pb2.VolumeCapability.AccessMode
@@ -258,7 +259,9 @@ def test_it_mounts_a_ready_model_read_only_and_unmounts_it(scenario, core, names
     kubelet = Kubelet(plugin)
     target = target_in(targets, uid)
     context = pod_context(namespace, uid=uid, expectedDigest=scenario.digest)
-    time.sleep(1.1)  # lastUsedTime has whole seconds: a use now is a later one
+    # lastUsedTime has whole seconds: a use from the next second on is a later one.
+    wait_for(lambda: time.time() >= epoch(ready["lastUsedTime"]) + 1, timeout=5, interval=0.05,
+             message="a second past the last use")  # fmt: skip
     kubelet.publish("csi-vol-1", target, context)
     assert is_mount_point(target)
     assert tree_bytes(target) == {k: v for k, v in scenario.files.items()}
@@ -337,15 +340,26 @@ def test_it_maps_the_workers_refusals(scenario, core, namespace, targets):
     assert not is_mount_point(target)
 
 
-def test_it_keeps_mounts_and_their_models_across_a_restart(scenario, core, namespace, targets):
-    scenario.artifact()
+def test_it_keeps_mounts_and_their_models_across_a_restart(scenario, hub, core, namespace, targets):
+    """A mounted model outlives a restart of the plugin whose prefetch is gone meanwhile; a model nothing
+    mounts, its prefetch deleted at the same time, is removed by the restarted plugin (removal delay 0)."""
+    other_repo = f"org/spare-{uuid.uuid4().hex[:6]}"
+    hub.add_hf_repo(other_repo, {"config.json": other_repo.encode(), "model.safetensors": b"s" * 4096})
+    mounted = scenario.artifact()
+    spare = scenario.artifact("spare", repo=other_repo)
+    scenario.digest = mounted  # the scenario's entry and tree: the mounted model's
     (plugin,) = scenario.plugins(1, GPUSTACK_PLUGIN_KUBELET_DIR=targets.parent, GPUSTACK_PLUGIN_REMOVAL_DELAY_SECONDS=0)
     scenario.prefetch([plugin])
+    scenario.prefetch([plugin], name="spare", artifact="spare")
     scenario.wait_state(plugin.node, "Ready")
+    spare_tree = plugin.cache / "models" / spare.split(":", 1)[1]
+    wait_for(spare_tree.is_dir, timeout=90, message="the spare model published")
     uid = make_pod(core, namespace, plugin.node)
     target = target_in(targets, uid)
     Kubelet(plugin).publish("csi-vol-1", target, pod_context(namespace, uid=uid))
+    scenario.kube.delete(f"{STORAGE}/namespaces/{namespace}/modelprefetches/spare")  # its grace: 8 s
     plugin.stop()
+    assert spare_tree.is_dir(), "the plugin stopped removed the spare model: only the restarted one may"
     assert is_mount_point(target), "stopping the plugin unmounted a Pod's model"
     scenario.kube.delete(f"{STORAGE}/namespaces/{namespace}/modelprefetches/warm")
     plugin.start()
@@ -353,7 +367,8 @@ def test_it_keeps_mounts_and_their_models_across_a_restart(scenario, core, names
     kubelet.publish("csi-vol-1", target, pod_context(namespace, uid=uid))  # known again: the same volume
     assert (target / "config.json").read_bytes() == scenario.files["config.json"]
     wait_for(lambda: scenario.entry(plugin.node) is not None, timeout=30, message="the restarted plugin's status")
-    time.sleep(5)  # two collection passes of the restarted plugin, its removal delay 0
+    # The restarted plugin's collection removes what left spec.models, and not the mounted model.
+    wait_for(lambda: not spare_tree.exists(), timeout=60, message="the restarted plugin to remove the spare model")
     assert scenario.tree(plugin).is_dir(), "a mounted model was removed"
     kubelet.unpublish("csi-vol-1", target)
     assert not is_mount_point(target)

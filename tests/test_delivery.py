@@ -20,10 +20,11 @@ import pytest
 
 from gpustack_models import kube
 from gpustack_models.kinds import GROUP
+from gpustack_models.models import MountReference
 
 from .support.kubernetes import wait_default_service_account
 from .support.plugins import PluginProcess
-from .support.stores import STORAGE, digests, store
+from .support.stores import STORAGE, digests, reconciled, store, unannotated
 from .support.waiting import wait_for
 
 DRIVER = "model.csi.gpustack.ai"
@@ -124,7 +125,7 @@ def mounts_of(pod_uid: str) -> list[str]:
 
 
 def test_a_pod_gets_its_model_once_ready_read_only_and_lets_it_go(
-    node_plugin, real_node, launcher, worker_kube, tenant, hub
+    node_plugin, real_node, launcher, worker_kube, tenant, hub, mirror_db
 ):
     admin = launcher.admin
     content = os.urandom(3 * 1024 * 1024)
@@ -160,11 +161,20 @@ def test_a_pod_gets_its_model_once_ready_read_only_and_lets_it_go(
     assert len(mounts_of(uid)) == 1
     assert digest in digests(store(worker_kube, real_node.name))
 
-    # The plugin restarts: the mount stays, and so does the reference.
+    # The plugin restarts: the mount stays, and so does the reference: the node's spec.models as the worker
+    # decides it after the restart, and as the restarted plugin has seen it, still holds the digest.
     node_plugin.stop()
     node_plugin.start()
     assert len(mounts_of(uid)) == 1
     assert pod_ready(admin, tenant, "app")
+    try:
+        after = reconciled(admin, worker_kube, real_node.name, observed=True)
+    finally:
+        unannotated(admin, real_node.name)
+    assert {"digest": digest, "pinned": False} in after["spec"]["models"], after["spec"]["models"]
+    assert list(MountReference.objects.filter(node=real_node.name, pod_uid=uid).values_list("digest", flat=True)) == [
+        digest
+    ]
 
     # Deleting the artifact in use waits for its Pod (the protection finalizer).
     worker_kube.delete(f"{STORAGE}/namespaces/{tenant}/modelartifacts/qwen")

@@ -1,6 +1,7 @@
 """The cache's lifecycle with the real worker (Celery worker and beat processes), real plugins and the control
 plane: prefetch by node selector, the collection grace, retention, disk pressure, the per-node cap and the
-status a tenant can act on. The suite's worker runs with an 8 s collection grace checked every second."""
+status a tenant can act on. The suite's worker runs with an 8 s collection grace checked every second and a
+cap of 16 digests per node."""
 
 import time
 import uuid
@@ -9,9 +10,17 @@ import pytest
 
 from gpustack_models.kinds import GROUP
 from tests.support import wait_for
-from tests.support.cluster import fresh_namespace
-from tests.support.stores import store
-from tests.support.worker import COLLECTION_GRACE
+from tests.support.stores import (
+    assert_grace,
+    cap_digests,
+    cap_prefetches,
+    fill_past_the_cap,
+    first_seen,
+    node_full,
+    store,
+    tenants_of,
+)
+from tests.support.worker import COLLECTION_GRACE, MODELS_PER_NODE
 from tests.test_plugins import Scenario, big_files
 
 STORAGE = f"/apis/{GROUP}/v1alpha1"
@@ -28,6 +37,12 @@ def spec_item(kube, node, digest):
         if item["digest"] == digest:
             return item
     return None
+
+
+def collect_item(kube, node, digest):
+    """The spec item of ``digest`` on ``node`` once it has a collectTime."""
+    item = spec_item(kube, node, digest)
+    return item if item and "collectTime" in item else None
 
 
 def prefetch_status(kube, ns, name):
@@ -88,14 +103,17 @@ def test_a_node_selector_follows_the_labels_and_the_unselected_node_loses_its_by
     assert header.split() == ["NAME", "ARTIFACT", "DESIRED", "READY", "DOWNLOADING", "AVAILABLE", "AGE"]
     assert row.split()[:6] == ["warm", "art", "3", "3", "0", "True"]
 
-    label(core, a.node, "cpu")  # and one leaves it: its bytes go after the grace, the others keep theirs
-    left = time.monotonic()
+    # And one leaves it: its bytes go after the grace (and the plugin's removal delay of 1 s), the others
+    # keep theirs.
+    left, left_wall = time.monotonic(), time.time()
+    label(core, a.node, "cpu")
     wait_for(lambda: prefetch_status(worker_kube, life.ns, "warm").get("desiredNodes") == 2, message="2 desired")
-    item = wait_for(lambda: (spec_item(worker_kube, a.node, life.digest) or {}).get("collectTime") and True,
-                    message="a collectTime on the unselected node")  # fmt: skip
-    assert item
-    wait_for(lambda: not life.tree(a).exists(), timeout=COLLECTION_GRACE + 120, message="the tree to be removed")
-    assert time.monotonic() - left >= COLLECTION_GRACE - 1, "removed before the collection grace"
+    item = wait_for(lambda: collect_item(worker_kube, a.node, life.digest), message="a collectTime on the node left")
+    assert_grace(item["collectTime"], left_wall, time.time())
+    seen = first_seen({"left": lambda: spec_item(worker_kube, a.node, life.digest) is None,
+                       "removed": lambda: not life.tree(a).exists()}, timeout=COLLECTION_GRACE + 60)  # fmt: skip
+    assert seen["left"] - left >= COLLECTION_GRACE, "left spec.models before the collection grace"
+    assert seen["removed"] - left >= COLLECTION_GRACE + 1, "the tree removed before the grace and the delay"
     wait_for(lambda: life.entry(a.node) is None, timeout=30, message="the entry to leave the status")
     assert life.tree(b).exists() and life.tree(c).exists()
     assert spec_item(worker_kube, b.node, life.digest) == {"digest": life.digest, "pinned": False}
@@ -118,37 +136,58 @@ def test_a_deleted_prefetch_leaves_after_the_grace_and_a_recreated_one_asks_the_
     wait_condition(worker_kube, life.ns, "warm", "Available", "True")
     assert hub_downloads(hub, mark) == [], "a prefetch recreated within the grace downloaded again"
 
-    # Deleted for good: still in spec.models during the grace, then gone, and the tree and entry after it.
+    # Deleted for good: still in spec.models during the grace, then gone, and the tree (after the plugin's
+    # removal delay of 1 s) and the entry after it.
+    deleted, deleted_wall = time.monotonic(), time.time()
     worker_kube.delete(path)
-    deleted = time.monotonic()
-    wait_for(lambda: (spec_item(worker_kube, plugin.node, life.digest) or {}).get("collectTime"), message="grace")
+    item = wait_for(lambda: collect_item(worker_kube, plugin.node, life.digest), message="grace")
+    assert_grace(item["collectTime"], deleted_wall, time.time())
     entry = wait_for(lambda: (life.entry(plugin.node) or {}).get("collectTime"), message="collectTime in status")
-    assert entry
-    time.sleep(max(0.0, COLLECTION_GRACE - 2 - (time.monotonic() - deleted)))
-    assert spec_item(worker_kube, plugin.node, life.digest) is not None, "left spec.models before the grace"
-    assert life.tree(plugin).exists()
-    wait_for(lambda: spec_item(worker_kube, plugin.node, life.digest) is None, timeout=30, message="left spec")
-    wait_for(lambda: not life.tree(plugin).exists(), timeout=30, message="the tree removed")
+    assert entry == item["collectTime"]
+    seen = first_seen({"left": lambda: spec_item(worker_kube, plugin.node, life.digest) is None,
+                       "removed": lambda: not life.tree(plugin).exists()}, timeout=COLLECTION_GRACE + 60)  # fmt: skip
+    assert seen["left"] - deleted >= COLLECTION_GRACE, "left spec.models before the grace"
+    assert seen["removed"] - deleted >= COLLECTION_GRACE + 1, "the tree removed before the grace and the delay"
     wait_for(lambda: life.entry(plugin.node) is None, timeout=30, message="the entry gone")
     assert hub_downloads(hub, mark) == []
 
 
-def test_retention_lapses_a_prefetch_and_its_content_is_collected(life, worker_kube):
+def target_state(ns, name, node):
+    """(state, lapsed_at) of prefetch ``ns/name`` on ``node``, as the worker's last reconcile of it decided."""
+    from gpustack_models.models import PrefetchTarget
+
+    rows = PrefetchTarget.objects.filter(prefetch__namespace=ns, prefetch__name=name, prefetch__deleted=False)
+    return rows.filter(node=node).values_list("state", "lapsed_at").first()
+
+
+def test_retention_lapses_a_prefetch_and_its_content_is_collected_but_never_a_pinned_one(
+    life, hub, worker_kube, mirror_db
+):
     life.artifact()
     (plugin,) = life.plugins(1, GPUSTACK_PLUGIN_REMOVAL_DELAY_SECONDS=1)
     create_prefetch(worker_kube, life.ns, "brief", "art", nodeNames=[plugin.node],
                     retention={"ttlAfterLastUse": "3s"})  # fmt: skip
     life.wait_state(plugin.node, "Ready", timeout=120)
+    brief = life.tree(plugin)
     lapsed = wait_condition(worker_kube, life.ns, "brief", "Lapsed", "True", timeout=60)
     assert "1 of 1 nodes" in lapsed["message"]
-    wait_for(lambda: not life.tree(plugin).exists(), timeout=COLLECTION_GRACE + 60, message="collected")
-    # A pinned prefetch never lapses.
-    create_prefetch(worker_kube, life.ns, "kept", "art", nodeNames=[plugin.node],
-                    retention={"ttlAfterLastUse": "1s", "pinned": True})  # fmt: skip
+    # While that content waits out its grace: of two prefetches of other content with the same retention,
+    # the unpinned one lapses and the pinned one never does, in the same reconciles.
+    repo = f"org/kept-{uuid.uuid4().hex[:6]}"
+    hub.add_hf_repo(repo, {"config.json": repo.encode(), "model.safetensors": b"k" * 4096})
+    life.artifact("other", repo=repo)
+    for name, pinned in (("kept", True), ("unpinned", False)):
+        create_prefetch(worker_kube, life.ns, name, "other", nodeNames=[plugin.node],
+                        retention={"ttlAfterLastUse": "1s", "pinned": pinned})  # fmt: skip
     life.wait_state(plugin.node, "Ready", timeout=120)
-    time.sleep(4)
+    wait_for(lambda: (target_state(life.ns, "unpinned", plugin.node) or ("",))[0] == "Lapsed", timeout=60,
+             message="the unpinned prefetch to lapse")  # fmt: skip
+    assert target_state(life.ns, "kept", plugin.node) == ("Held", None)
+    wait_condition(worker_kube, life.ns, "unpinned", "Lapsed", "True")
     assert conditions(worker_kube, life.ns, "kept")["Lapsed"]["status"] == "False"
     assert spec_item(worker_kube, plugin.node, life.digest) == {"digest": life.digest, "pinned": True}
+    wait_for(lambda: not brief.exists(), timeout=COLLECTION_GRACE + 60, message="the lapsed content collected")
+    assert life.tree(plugin).exists()
 
 
 def test_pressure_evicts_unreferenced_models_and_never_a_pinned_or_referenced_one(life, hub, worker_kube):
@@ -183,53 +222,36 @@ def test_pressure_evicts_unreferenced_models_and_never_a_pinned_or_referenced_on
     wait_for(low, timeout=30, message="down to the low watermark")
 
 
-def _cap_tenants(core, count):
-    namespaces = []
-    for _ in range(count):
-        gen = fresh_namespace(core)
-        namespaces.append((next(gen), gen))
-    return namespaces
-
-
-def test_300_digests_for_one_node_fill_256_places_and_a_pinned_model_still_lands(
+def test_more_digests_than_the_cap_fill_its_places_and_a_pinned_model_still_lands(
     worker_stack, worker_api, hub, worker_kube, core, launcher, namespace, mirror_db
 ):
-    """30 tenants of 10 artifacts each (distinct digests), all prefetched onto one node: it is asked for 256,
-    the rest say NodeFull, and another tenant's pinned prefetch displaces one of them."""
+    """Two tenants prefetch four distinct digests more than the node's cap (the suite's worker: 16) onto one
+    node: it is asked for the cap's worth, the rest say NodeFull, and another tenant's pinned prefetch
+    displaces the youngest of them."""
     node = f"full-{uuid.uuid4().hex[:6]}"
     launcher.register_node(node, "127.0.3.1")  # a plugin Pod, no plugin process: nothing is downloaded
-    repo = f"org/many-{uuid.uuid4().hex[:6]}"
-    hub.add_hf_repo(repo, {f"f{i:03d}.json": f"{repo} {i}".encode() for i in range(301)})
-    tenants = _cap_tenants(core, 30)
+    count = MODELS_PER_NODE + 4
+    tenants = tenants_of(core, -(-count // 10))
+    namespaces = [ns for ns, _ in tenants]
+    everything = {(namespaces[n // 10], f"p{n}") for n in range(count)}
+
+    def models():
+        return {m["digest"] for m in ((store(worker_kube, node) or {}).get("spec") or {}).get("models") or []}
+
     try:
-        for t, (ns, _) in enumerate(tenants):
-            for i in range(10):
-                n = t * 10 + i
-                worker_kube.create(
-                    f"{STORAGE}/namespaces/{ns}/modelartifacts",
-                    {"apiVersion": f"{GROUP}/v1alpha1", "kind": "ModelArtifact", "metadata": {"name": f"a{n}"},
-                     "spec": {"source": {"huggingFace": {"repository": repo}}, "allowPatterns": [f"f{n:03d}.json"]}},
-                )  # fmt: skip
-                create_prefetch(worker_kube, ns, f"p{n}", f"a{n}", nodeNames=[node])
-        wait_for(lambda: len(((store(worker_kube, node) or {}).get("spec") or {}).get("models") or []) == 256,
-                 timeout=240, interval=1, message="256 digests in spec.models")  # fmt: skip
-
-        def node_full():
-            found = 0
-            for ns, _ in tenants:
-                items = worker_kube.get(f"{STORAGE}/namespaces/{ns}/modelprefetches")["items"]
-                for item in items:
-                    conds = {c["type"]: c for c in (item.get("status") or {}).get("conditions") or []}
-                    found += conds.get("Degraded", {}).get("reason") == "NodeFull"
-            return found == 44 or found
-
-        assert wait_for(lambda: node_full() is True, timeout=120, interval=1, message="44 NodeFull") is True
+        fill_past_the_cap(worker_kube, hub, node, namespaces, count)
+        full = wait_for(lambda: len(nf := node_full(cap_prefetches(worker_kube, namespaces))) == 4 and nf,
+                        timeout=120, interval=1, message="4 NodeFull")  # fmt: skip
+        placed = cap_digests(worker_kube, everything - full)
+        assert len(placed) == MODELS_PER_NODE
+        wait_for(lambda: models() == placed, timeout=30, message="the cap's worth in spec.models")
         # Another tenant's pinned model still lands on the full node.
-        hub.add_hf_repo(f"{repo}-pin", {"config.json": b"pinned"})
+        repo = f"org/pin-{uuid.uuid4().hex[:6]}"
+        hub.add_hf_repo(repo, {"config.json": b"pinned"})
         worker_kube.create(
             f"{STORAGE}/namespaces/{namespace}/modelartifacts",
             {"apiVersion": f"{GROUP}/v1alpha1", "kind": "ModelArtifact", "metadata": {"name": "vip"},
-             "spec": {"source": {"huggingFace": {"repository": f"{repo}-pin"}}}},
+             "spec": {"source": {"huggingFace": {"repository": repo}}}},
         )  # fmt: skip
         create_prefetch(worker_kube, namespace, "vip", "vip", nodeNames=[node], retention={"pinned": True})
         digest = wait_for(
@@ -241,27 +263,34 @@ def test_300_digests_for_one_node_fill_256_places_and_a_pinned_model_still_lands
             timeout=60,
             message="vip resolved",
         )
-        wait_for(lambda: spec_item(worker_kube, node, digest) == {"digest": digest, "pinned": True}, timeout=60,
-                 message="the pinned model placed")  # fmt: skip
-        assert len(store(worker_kube, node)["spec"]["models"]) == 256
-        assert conditions(worker_kube, namespace, "vip")["Degraded"]["status"] == "False"
+        items = wait_for(lambda: len(node_full(items := cap_prefetches(worker_kube, namespaces))) == 5 and items,
+                         timeout=60, interval=1, message="5 NodeFull")  # fmt: skip
+        after = node_full(items)
+        assert full < after, "a prefetch left out came back"
+        (displaced,) = after - full
+        created = [items[key]["metadata"]["creationTimestamp"] for key in everything - after]
+        assert items[displaced]["metadata"]["creationTimestamp"] >= max(created), "not the youngest left out"
+        expected = placed - cap_digests(worker_kube, {displaced}) | {digest}
+        wait_for(lambda: models() == expected, timeout=30, message="the pinned model in place of the youngest")
+        assert spec_item(worker_kube, node, digest) == {"digest": digest, "pinned": True}
+        wait_condition(worker_kube, namespace, "vip", "Degraded", "False")
     finally:
         launcher.unregister_node(node)
         for _, gen in tenants:
             next(gen, None)
-        settled(node, [ns for ns, _ in tenants])
+        settled(node, namespaces)
 
 
 def settled(node, namespaces):
-    """Wait for the worker to digest a large teardown (hundreds of deletions), so the next test's waits
-    measure its own work and not this test's backlog."""
+    """Wait for the worker to digest the teardown, so the next test's waits measure its own work and not
+    this test's backlog."""
     from gpustack_models.models import Holding, Prefetch
 
     def done():
         live = Prefetch.objects.live().filter(namespace__in=namespaces).exists()
         return not live and not Holding.objects.filter(node=node).exists()
 
-    wait_for(done, timeout=180, interval=1, message="the worker to finish the teardown")
+    wait_for(done, timeout=120, interval=1, message="the worker to finish the teardown")
 
 
 def test_status_a_tenant_can_act_on(worker_stack, worker_api, hub, worker_kube, core, launcher, namespace):

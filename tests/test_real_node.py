@@ -8,7 +8,6 @@ import hashlib
 import json
 import subprocess
 import sys
-import time
 import uuid
 from pathlib import Path
 
@@ -154,17 +153,19 @@ def test_deleting_a_running_pod_completes_and_the_node_stays_ready(real_node, no
 
 def test_a_claim_in_use_is_kept_until_its_pod_goes_then_deleted(node_ns, core, kubectl, launcher):
     """pvc-protection: the finalizer holds a claim a scheduled Pod uses, and the controller releases it
-    after (on a Node without a kubelet, so the Pod stays as it is until it is deleted)."""
-    claim = {
-        "apiVersion": "v1",
-        "kind": "PersistentVolumeClaim",
-        "metadata": {"name": "data"},
-        "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Mi"}}},
-    }
-    apply(kubectl, node_ns, claim)
-    assert core.read_namespaced_persistent_volume_claim("data", node_ns).metadata.finalizers == [
-        "kubernetes.io/pvc-protection"
-    ]
+    after (on a Node without a kubelet, so the Pod stays as it is until it is deleted); a claim no Pod uses,
+    deleted at the same time, goes at once."""
+    for name in ("data", "spare"):
+        claim = {
+            "apiVersion": "v1",
+            "kind": "PersistentVolumeClaim",
+            "metadata": {"name": name},
+            "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Mi"}}},
+        }
+        apply(kubectl, node_ns, claim)
+        assert core.read_namespaced_persistent_volume_claim(name, node_ns).metadata.finalizers == [
+            "kubernetes.io/pvc-protection"
+        ]
     user = {
         "apiVersion": "v1",
         "kind": "Pod",
@@ -180,8 +181,10 @@ def test_a_claim_in_use_is_kept_until_its_pod_goes_then_deleted(node_ns, core, k
     launcher.register_node(user["spec"]["nodeName"], "127.0.0.252")
     try:
         apply(kubectl, node_ns, user)
-        kubectl("delete", "pvc", "-n", node_ns, "data", "--wait=false")
-        time.sleep(2)  # the controller has seen the claim's deletion and the Pod that uses it by now
+        kubectl("delete", "pvc", "-n", node_ns, "data", "spare", "--wait=false")
+        # The controller has handled both deletions once the unused claim is gone.
+        wait_for(lambda: gone(lambda: core.read_namespaced_persistent_volume_claim("spare", node_ns)), timeout=30,
+                 message="the unused claim to go")  # fmt: skip
         pending = core.read_namespaced_persistent_volume_claim("data", node_ns)
         assert pending.metadata.deletion_timestamp is not None  # held while the Pod exists
         kubectl("delete", "pod", "-n", node_ns, "user", "--grace-period=0", "--force", "--timeout=30s")

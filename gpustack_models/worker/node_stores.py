@@ -23,7 +23,7 @@ from gpustack_models.kinds import GROUP
 from gpustack_models.kinds.nodemodelstore import MAX_BYTES_PER_SECOND, MAX_DOWNLOAD_CONCURRENCY, MAX_UPLOAD_CONNECTIONS
 from gpustack_models.models import Holding, Node, NodeStore, PluginPod, PrefetchTarget
 
-from .references import MAX_MODELS, Placement, namespace_quotas, node_references, place
+from .references import Placement, models_per_node, namespace_quotas, node_references, place
 from .writes import API, WORKER, store_path
 
 log = logging.getLogger(__name__)
@@ -76,8 +76,8 @@ def _hold(node: str, holding: Holding | None, digest: str, pinned: bool) -> Hold
 
 
 def _trim(node: str, kept: list[Holding]) -> list[Holding]:
-    """At most MAX_MODELS holdings: unreferenced ones whose grace ends first leave early."""
-    extra = len(kept) - MAX_MODELS
+    """At most ``models_per_node()`` holdings: unreferenced ones whose grace ends first leave early."""
+    extra = len(kept) - models_per_node()
     if extra <= 0:
         return kept
     waiting = sorted((h for h in kept if h.collect_time is not None), key=lambda h: h.collect_time)[:extra]

@@ -9,8 +9,9 @@ and limits need: its namespace and the content's size (for the namespace's per-n
 it is pinned or a mount, and when it began.
 
 ``place`` turns a node's references into the digests its ``spec.models`` holds: first each namespace's
-limit (``QuotaExceeded`` past it), then the per-node cap of 256 digests, keeping pinned, then mounted,
-then the oldest references (``NodeFull`` for the rest). Every reference left out is told why through its
+limit (``QuotaExceeded`` past it), then the per-node cap (``GPUSTACK_MODELS_PER_NODE``: 256 digests, the
+schema's limit, unless set lower), keeping pinned, then mounted, then the oldest references (``NodeFull``
+for the rest). Every reference left out is told why through its
 ``PrefetchTarget`` state, which the prefetch's status reports.
 """
 
@@ -36,8 +37,13 @@ from gpustack_models.models import (
 
 log = logging.getLogger(__name__)
 
-MAX_MODELS = 256  # the schema's limit of spec.models
+MAX_MODELS = 256  # the schema's limit of spec.models: GPUSTACK_MODELS_PER_NODE may not exceed it
 _EPOCH = datetime.min.replace(tzinfo=UTC)
+
+
+def models_per_node() -> int:
+    """The per-node cap: ``GPUSTACK_MODELS_PER_NODE`` (at most ``MAX_MODELS``, refused at start past it)."""
+    return settings.MODELS_PER_NODE
 
 
 @dataclass(frozen=True)
@@ -178,10 +184,11 @@ def within_quotas(references: list[Reference], states: dict[int, str], quotas: d
 
 
 def place(
-    references: list[Reference], states: dict[int, str], quotas: dict[str, int], cap: int = MAX_MODELS
+    references: list[Reference], states: dict[int, str], quotas: dict[str, int], cap: int | None = None
 ) -> Placement:
     """The digests a node holds from its references (see the module's docstring); ``quotas``: bytes per
-    namespace (0 or absent: no limit)."""
+    namespace (0 or absent: no limit); ``cap``: the per-node cap (default: ``models_per_node()``)."""
+    cap = models_per_node() if cap is None else cap
     placement = Placement(states=states)
     admitted = within_quotas(references, placement.states, quotas)
     for ref in sorted(admitted, key=_priority):

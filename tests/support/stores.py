@@ -1,18 +1,24 @@
 """Fixtures and helpers for NodeModelStore scenarios: fresh plugin nodes, a resolved artifact, prefetches
-and entries written as a plugin would."""
+and entries written as a plugin would, a reconcile of a store on demand, and a ``collectTime`` checked
+against the moment its reference ended."""
 
 from __future__ import annotations
 
 import itertools
+import math
+import time
 import uuid
+from datetime import UTC, datetime
 
 import pytest
 
 from gpustack_models import kube
 from gpustack_models.kinds import GROUP
 
+from .cluster import fresh_namespace
 from .kubernetes import kube_update
 from .waiting import wait_for
+from .worker import COLLECTION_GRACE
 
 STORAGE = f"/apis/{GROUP}/v1alpha1"
 _ips = itertools.count(20)
@@ -87,3 +93,118 @@ def entry(digest, state, downloaded=0, size=1000, reason=None):
         out["reason"] = reason
         out["retryTime"] = "2030-01-01T00:00:00Z"
     return out
+
+
+CONCURRENCY_ANNOTATION = f"{GROUP}/download-concurrency"
+
+
+def reconciled(admin, worker_kube, node, *, observed=False):
+    """The store of ``node`` as the worker decides it after this call: a new value of the Node's
+    download-concurrency annotation (9 or 10, never a limit below the default) makes the worker reconcile
+    the store, and the first spec carrying it is returned (with ``observed``: once the node's plugin has
+    seen that spec). ``unannotated`` removes the annotation."""
+    current = (((store(worker_kube, node) or {}).get("spec") or {}).get("download") or {}).get("concurrency")
+    value = 10 if current == 9 else 9
+    patch = {"metadata": {"annotations": {CONCURRENCY_ANNOTATION: str(value)}}}
+    admin.json("PATCH", f"/api/v1/nodes/{node}", body=patch, content_type="application/merge-patch+json")
+
+    def decided():
+        obj = store(worker_kube, node) or {}
+        if ((obj.get("spec") or {}).get("download") or {}).get("concurrency") != value:
+            return None
+        if observed and (obj.get("status") or {}).get("observedGeneration") != obj["metadata"]["generation"]:
+            return None
+        return obj
+
+    seen = " seen by its plugin" if observed else ""
+    return wait_for(decided, timeout=30, message=f"a reconcile of {node}'s store{seen}")
+
+
+def unannotated(admin, node):
+    patch = {"metadata": {"annotations": {CONCURRENCY_ANNOTATION: None}}}
+    admin.json("PATCH", f"/api/v1/nodes/{node}", body=patch, content_type="application/merge-patch+json")
+
+
+def epoch(timestamp: str) -> float:
+    """An RFC 3339 timestamp of the API (whole seconds, UTC) as seconds since the epoch."""
+    return datetime.fromisoformat(timestamp.replace("Z", "+00:00")).timestamp()
+
+
+def assert_grace(collect_time: str, ended_after: float, seen_by: float):
+    """``collect_time`` is the collection grace after a reference that ended after ``ended_after`` and before
+    ``seen_by`` (wall clock, ``time.time()``); the API writes whole seconds."""
+    at = epoch(collect_time)
+    ended = [datetime.fromtimestamp(t, UTC).strftime("%H:%M:%S.%f") for t in (ended_after, seen_by)]
+    assert math.floor(ended_after + COLLECTION_GRACE) <= at <= seen_by + COLLECTION_GRACE, (
+        f"collectTime {collect_time} is not {COLLECTION_GRACE} s after the reference ended (between {ended[0]} "
+        f"and {ended[1]})"
+    )
+
+
+def first_seen(checks: dict, timeout: float, interval: float = 0.2) -> dict[str, float]:
+    """Poll every check of ``checks`` (name -> predicate) until each has held once; when each was first seen
+    to hold (``time.monotonic()``). For lower bounds: a moment is seen at or after it happens."""
+    seen: dict[str, float] = {}
+    deadline = time.monotonic() + timeout
+    while len(seen) < len(checks):
+        for name, check in checks.items():
+            if name not in seen and check():
+                seen[name] = time.monotonic()
+        if time.monotonic() > deadline:
+            missing = sorted(set(checks) - set(seen))
+            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {', '.join(missing)}")
+        if len(seen) < len(checks):
+            time.sleep(interval)
+    return seen
+
+
+def tenants_of(core, count):
+    """``count`` fresh namespaces: (name, the generator that deletes it when advanced)."""
+    made = []
+    for _ in range(count):
+        gen = fresh_namespace(core)
+        made.append((next(gen), gen))
+    return made
+
+
+def cap_prefetches(kube_client, namespaces) -> dict[tuple[str, str], dict]:
+    """Every prefetch of ``namespaces`` by (namespace, name)."""
+    found = {}
+    for ns in namespaces:
+        for item in kube_client.get(f"{STORAGE}/namespaces/{ns}/modelprefetches")["items"]:
+            found[ns, item["metadata"]["name"]] = item
+    return found
+
+
+def node_full(prefetches: dict[tuple[str, str], dict]) -> set[tuple[str, str]]:
+    """The prefetches whose Degraded reason is NodeFull."""
+    found = set()
+    for key, item in prefetches.items():
+        conds = {c["type"]: c for c in (item.get("status") or {}).get("conditions") or []}
+        if conds.get("Degraded", {}).get("reason") == "NodeFull":
+            found.add(key)
+    return found
+
+
+def cap_digests(kube_client, keys) -> set[str]:
+    """The digests of the artifacts that the prefetches ``keys`` ((namespace, "p<n>")) name ("a<n>")."""
+    out = set()
+    for ns, name in keys:
+        art = kube_client.get(f"{STORAGE}/namespaces/{ns}/modelartifacts/a{name[1:]}")
+        out.add(art["status"]["resolved"]["manifestDigest"])
+    return out
+
+
+def fill_past_the_cap(kube_client, hub, node, namespaces, count) -> None:
+    """``count`` artifacts of distinct digests, ten per namespace (a namespace's burst of resolutions),
+    each prefetched onto ``node`` by ``p<n>``."""
+    repo = f"org/cap-{uuid.uuid4().hex[:6]}"
+    hub.add_hf_repo(repo, {f"f{i:03d}.json": f"{repo} {i}".encode() for i in range(count)})
+    for n in range(count):
+        ns = namespaces[n // 10]
+        kube_client.create(
+            f"{STORAGE}/namespaces/{ns}/modelartifacts",
+            {"apiVersion": f"{GROUP}/v1alpha1", "kind": "ModelArtifact", "metadata": {"name": f"a{n}"},
+             "spec": {"source": {"huggingFace": {"repository": repo}}, "allowPatterns": [f"f{n:03d}.json"]}},
+        )  # fmt: skip
+        prefetch(kube_client, ns, f"p{n}", f"a{n}", [node])

@@ -176,6 +176,7 @@ def database_url() -> str:
 
 MIRROR_LAG_FILE = TEST_STATE / "mirror-lag.jsonl"
 COLLECTION_GRACE = 8  # seconds: GPUSTACK_COLLECTION_GRACE_SECONDS of the suite's worker
+MODELS_PER_NODE = 16  # GPUSTACK_MODELS_PER_NODE of the suite's worker: the per-node cap within tens of digests
 
 
 class WorkerStack:
@@ -202,6 +203,7 @@ class WorkerStack:
             GPUSTACK_COLLECTION_INTERVAL_SECONDS="1",
             GPUSTACK_MOUNT_CHECK_INTERVAL_SECONDS="3",
             GPUSTACK_COLLECTION_GRACE_SECONDS=str(COLLECTION_GRACE),
+            GPUSTACK_MODELS_PER_NODE=str(MODELS_PER_NODE),
             GPUSTACK_SECRET_CHECK_INTERVAL_SECONDS="5",
             # Every mirrored event's arrival and commit, for the lag tests and the mirror benchmark.
             GPUSTACK_MIRROR_LAG_FILE=str(MIRROR_LAG_FILE),
