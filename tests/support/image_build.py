@@ -52,6 +52,7 @@ IMAGE = f"{REPOSITORY}:test-{OWNER}"
 # What the image must not carry (the Dockerfile's .dockerignore and its runtime-only requirements).
 UNWANTED = ("tests", "gpustack_models/local", "deploy", ".git")
 KEEP_SECONDS = 14 * 86400  # what no build used for this long is removed (a checkout gone, an old requirements.txt)
+RUN_CONTAINER = re.compile(r"^[0-9a-f]{12}-[0-9a-f]{8}$")  # OWNER-<random>: a container of Buildah.run
 BUILD_STEP = re.compile(r"^(?:\[\d+/\d+\] )?STEP \d+/\d+: (?!FROM )", re.M)  # each instruction but a stage's FROM
 BUILD_ID = re.compile(r"^--> (?:Using cache )?([0-9a-f]{11,64})\s*$", re.M)  # each step's image
 
@@ -160,7 +161,7 @@ class Buildah:
     def build(self, context: Path, tag: str, *args: str, containerfile: Path | None = None, layers=True) -> str:
         """``buildah bud``, by default keeping each step's image; returns its output (their ids on ``-->`` lines)."""
         extra = ["-f", str(containerfile)] if containerfile else []
-        flags = ["--isolation", "chroot", f"--layers={str(layers).lower()}"]
+        flags = ["--isolation", "chroot", f"--layers={str(layers).lower()}", "--force-rm"]  # a failed step's too
         return self("bud", *flags, *extra, *args, "-t", tag, str(context)).stdout
 
     def exists(self, image: str) -> bool:
@@ -175,7 +176,8 @@ class Buildah:
         return [dict(image, id=image["id"].removeprefix("sha256:")) for image in images]
 
     def run(self, image: str, argv: list[str], env: dict[str, str]) -> subprocess.CompletedProcess:
-        container = self("from", "--name", f"{OWNER}-{uuid.uuid4().hex[:8]}", image).stdout.strip().splitlines()[-1]
+        name = f"{OWNER}-{uuid.uuid4().hex[:8]}"  # RUN_CONTAINER: a session's, which pruning leaves
+        container = self("from", "--name", name, image).stdout.strip().splitlines()[-1]
         try:
             flags = [x for k, v in env.items() for x in ("--env", f"{k}={v}")]
             return self("run", "--isolation", "chroot", *flags, container, "--", *argv, check=False, timeout=300)
@@ -185,11 +187,13 @@ class Buildah:
     def config(self, image: str) -> dict:
         return json.loads(self("inspect", "--type", "image", image).stdout)
 
+    def containers(self) -> list[str]:
+        out = self("containers", "--all", "--json", check=False).stdout
+        return [c["containername"] for c in json.loads(out or "null") or []]
+
     def remove_own_containers(self) -> None:
         """Working containers an earlier session of this state directory left (killed while running one)."""
-        out = self("containers", "--all", "--json", check=False).stdout
-        containers = json.loads(out or "null") or []
-        names = [c["containername"] for c in containers if c["containername"].startswith(f"{OWNER}-")]
+        names = [name for name in self.containers() if name.startswith(f"{OWNER}-")]
         if names:
             self("rm", *names, check=False)
 
@@ -238,6 +242,10 @@ def prune(buildah: Buildah, now: float | None = None) -> list[str]:
     with buildah.locked(exclusive=True, wait=False) as held:
         if not held:
             return removed
+        # No build runs now: a build's container left over (a killed build) would keep its image.
+        leftovers = [name for name in buildah.containers() if not RUN_CONTAINER.match(name)]
+        if leftovers:
+            buildah("rm", *leftovers, check=False)
         live_tags, live_images = {base_image()}, set()
         for path in buildah.records.glob("*.json"):
             if now - path.stat().st_mtime > KEEP_SECONDS:
