@@ -299,13 +299,16 @@ def test_a_clean_stop_sends_what_the_informers_buffer(worker_stack, core, namesp
     port, marker = free_port(), None
     env = worker_stack.env() | {"GPUSTACK_INFORMER_BATCH_SECONDS": "300", "GPUSTACK_METRICS_PORT": str(port),
                                 "GPUSTACK_METRICS_ADDRESS": "127.0.0.1"}  # fmt: skip
-    before = InformerState.objects.filter(resource="namespaces").values_list("relists", flat=True).first() or 0
+
+    def relists():
+        return InformerState.objects.filter(resource="namespaces").values_list("relists", flat=True).first() or 0
+
+    before = relists()
     log = open(TEST_STATE / "informers-batch-stop.log", "ab")
     proc = subprocess.Popen([sys.executable, "manage.py", "runinformers"], cwd=REPO, env=env, stdout=log,
                             stderr=subprocess.STDOUT)  # fmt: skip
     try:
-        wait_for(lambda: InformerState.objects.get(resource="namespaces").relists > before, timeout=60,
-                 message="the informers to list")  # fmt: skip
+        wait_for(lambda: relists() > before, timeout=60, message="the informers to list")
         name = f"held-{uuid.uuid4().hex[:6]}"
         seen, sent = informer_counts(port)
         created = core.patch_namespace(namespace, {"metadata": {"labels": {"held": name}}})
