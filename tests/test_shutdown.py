@@ -291,6 +291,7 @@ def test_the_informers_close_their_watches_and_lose_no_event_within_10s(launcher
     env.pop("CELERY_RESULT_BACKEND", None)
     port, metrics = metrics_port()
     env.update(GPUSTACK_METRICS_PORT=str(port), GPUSTACK_METRICS_ADDRESS="127.0.0.1")
+    env["GPUSTACK_INFORMER_BATCH_SECONDS"] = "60"  # the events it sees stay buffered until the stop sends them
     log = tmp_path / "informers.log"
     proc = spawn([sys.executable, "manage.py", "runinformers"], env, log)
     try:
@@ -305,7 +306,7 @@ def test_the_informers_close_their_watches_and_lose_no_event_within_10s(launcher
         names = [f"seen-{i}-{uuid.uuid4().hex[:6]}" for i in range(5)]
         for name in names:
             create_artifact(worker_kube, namespace, name, "org/nowhere")
-        # The events reached the informer (its watch is open): stopped now, what it buffered must still go.
+        # The events reached the informer (its watch is open) and wait in its buffer: the stop must send them.
         wait_for(
             lambda: sample(metrics, "gpustack_models_informer_events_total", **added) >= before + len(names),
             timeout=30,
