@@ -35,8 +35,11 @@ def test_node_publish_volume_of_a_ready_model(
         kubelet.unpublish(f"csi-bench-{i}", target)
         unpublish.append((time.perf_counter() - t0) * 1000)
         assert not is_mount_point(target)
+    p50, p90 = statistics.median(publish), sorted(publish)[int(count * 0.9) - 1]
+    assert len(publish) == len(unpublish) == count and min(publish) > 0 and min(unpublish) > 0
+    assert p50 <= p90, (p50, p90)
     record(
-        f"NodePublishVolume of a Ready model ({count} volumes): p50 {statistics.median(publish):.1f} ms "
-        f"(target <= 50 ms), p90 {sorted(publish)[int(count * 0.9) - 1]:.1f} ms; "
+        f"NodePublishVolume of a Ready model ({count} volumes): p50 {p50:.1f} ms "
+        f"(target <= 50 ms), p90 {p90:.1f} ms; "
         f"NodeUnpublishVolume p50 {statistics.median(unpublish):.1f} ms"
     )

@@ -46,6 +46,7 @@ def test_bench_second_artifact_linked_vs_downloaded(fakehub, tmp_path, bench_sca
         cold.close()
     assert stats["linked_bytes"] == count * size and stats["network_bytes"] == size
     assert stored == (count + 2) * size
+    assert linked_seconds > 0 and cold_seconds > 0
     record(
         f"second artifact of {q8.size / 1e6:.0f} MB, {count} of its {count + 1} files on the node in another tree:"
         f" Ready in {linked_seconds * 1000:.0f} ms linked ({stats['network_bytes'] / 1e6:.1f} MB fetched) vs"

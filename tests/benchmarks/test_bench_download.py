@@ -8,9 +8,12 @@ def test_bench_download_throughput(bench_scale, record):
     full = bench_scale == "full"
     result = run([256, 64, 8], 16_000_000, repeat=2, smoke=not full)
     size_mb = result["bytes"] / 1e6
+    assert result["bytes"] > 0
     parts = []
     for name in ("unthrottled", "throttled"):
         r = result[name]
+        assert len(r["engine_seconds"]) == len(r["hf_seconds"]) == result["repeat"], r
+        assert r["ratio"] > 0 and r["hf_mb_s_without_startup"] > 0, r
         parts.append(
             f"{name}: plugin {r['engine_mb_s']} MB/s vs hf {r['hf_mb_s_without_startup']} MB/s "
             f"(ratio {r['ratio']}, {r['ratio_vs_hf_wall']} against hf's wall time)"

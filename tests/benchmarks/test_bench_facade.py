@@ -60,6 +60,8 @@ def test_bench_facade_overhead(worker_api, cluster, admin_http, storage_http, co
             elapsed, resp = timed(admin_http, storage, {"Accept": TABLE})
             assert len(resp.json()["rows"]) == count
             list_crd.append(elapsed)
+        assert len(get_v1) == len(get_crd) == gets and len(list_v1) == len(list_crd) == lists
+        assert min(get_v1 + get_crd + list_v1 + list_crd) > 0
         added = p50(get_v1) - p50(get_crd)
         ratio = p50(list_v1) / p50(list_crd)
         record(

@@ -113,6 +113,7 @@ def test_bench_lifecycle(worker_stack, mirror_db, bench_scale, record):
     parts, passes = [], []
     for nodes, per_node in sizes:
         p50, pass_ms, due = measure(f"lc{uuid.uuid4().hex[:6]}", nodes, per_node, samples)
+        assert p50 > 0 and pass_ms > 0 and due >= nodes, (p50, pass_ms, due)
         parts.append(f"{nodes * per_node:,} prefetches over {nodes:,} nodes: p50 {p50:.1f} ms")
         passes.append(f"{nodes:,} nodes ({due} due): {pass_ms:.0f} ms")
     record("node spec.models decision, " + "; ".join(parts) + " (target p50 <= 50 ms, flat in the total)")

@@ -56,6 +56,7 @@ def measure(launcher, namespace, names, rate, seconds, procs):
         rows = dict(Artifact.objects.filter(namespace=namespace).values_list("name", "resource_version"))
         return all(rows.get(name, 0) >= rv for name, rv in newest.items())
 
+    assert len(load.writes) == int(rate * seconds) and load.achieved > 0, (len(load.writes), load.achieved)
     wait_for(caught_up, timeout=300, interval=0.5, message="the mirror to catch up")
     lags = wait_for(
         lambda: (
@@ -66,6 +67,8 @@ def measure(launcher, namespace, names, rate, seconds, procs):
         timeout=30,
         message="a lag line for every change",
     )
+    # Every change accounted for once, each lag a commit after its arrival.
+    assert lags.events == len(load.writes) and 0 <= lags.p50_ms <= lags.p99_ms, lags
     return load, lags
 
 
@@ -144,6 +147,7 @@ def feed(worker_stack, namespace, template, names, rate, seconds, first_rv, env)
         check=True,
     )  # fmt: skip
     fed = json.loads(out.stdout.strip().splitlines()[-1])
+    assert fed["events"] == int(rate * seconds) and fed["achieved"] > 0, fed
     lags = wait_for(
         lambda: (
             (found := mirror_load.lags(MIRROR_LAG_FILE, offset, f"{namespace}/s-", since)).events >= fed["events"]
@@ -153,6 +157,7 @@ def feed(worker_stack, namespace, template, names, rate, seconds, first_rv, env)
         interval=0.5,
         message="a lag line for every fed event",
     )
+    assert lags.events == fed["events"] and 0 <= lags.p50_ms <= lags.p99_ms, (lags, fed)
     return fed["achieved"], lags
 
 

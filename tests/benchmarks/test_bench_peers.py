@@ -48,7 +48,7 @@ def test_bench_peer_serving(bench_scale, record, scenario, hub, launcher):
     hub_mb_s = size / (time.monotonic() - started) / 1e6
     assert from_hub.status_code == 200 and len(from_hub.content) == size
     one, four = read_ranges(peer, token, size, 1), read_ranges(peer, token, size, 4)
-    assert one > 0 and four > 0
+    assert one > 0 and four > 0 and hub_mb_s > 0
     record(
         f"peer serving of a {size / 1e6:.0f} MB file (TLS, node-wide limits off): one connection {one:.1f} MB/s,"
         f" four ranges {four:.1f} MB/s; the fake hub over plain HTTP {hub_mb_s:.1f} MB/s"

@@ -50,6 +50,7 @@ def test_pod_create_with_and_without_the_placement_webhook(
     finally:
         webhook["metadata"] = {"name": webhook["metadata"]["name"], "labels": webhook["metadata"].get("labels", {})}
         admin.create(WEBHOOKS, webhook)
+    assert len(with_hook) == len(without) == count and min(with_hook + without) > 0
     p50_with, p50_without = statistics.median(with_hook), statistics.median(without)
     record(
         f"pod create with a model volume ({count} Pods): p50 {p50_with:.1f} ms with the placement webhook, "

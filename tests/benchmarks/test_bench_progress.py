@@ -65,10 +65,12 @@ def test_bench_progress(
                     assert body["live"] == live and body["downloading"] == downloading, body
                     if i >= 3:  # the first calls open the connections to the plugins
                         samples.append(elapsed)
+                assert len(samples) == calls and min(samples) > 0
                 results.append((nodes, holding, downloading, statistics.median(samples) * 1000))
             finally:
                 run_fill(env, "clear", prefix)
         silent = silent_plugin(fakes, addresses, env, digest, url, admin_http, live)
+    assert len(results) == len(scenarios) and silent > 0
     parts = [f"{n:,} nodes, {h:,} holding, {d} downloading: p50 {p50:.0f} ms" for n, h, d, p50 in results]
     record(f"progress ({live} live plugins answering in 5 ms): " + "; ".join(parts) + " (target p50 <= 100 ms)")
     record(f"progress with a plugin that never answers: {silent:.2f} s, that node not live (target <= 13 s)")

@@ -109,6 +109,7 @@ def test_bench_full_relist_and_memory(
     wait_for(mirrored, timeout=900 if full else 120, interval=0.5, message="the relist to reach the mirror")
     relist = time.monotonic() - relist_started
     informer_memory = memory(informers)
+    assert relist > 0 and created > 0 and 0 < informer_memory["VmRSS"] <= informer_memory["VmHWM"], informer_memory
     record(
         f"relist: {artifacts} artifacts and {nodes} nodes mirrored {relist:.1f} s after runinformers started "
         f"(created in {created:.1f} s); informers RSS {informer_memory['VmRSS'] / MB:.0f} MB, "
@@ -128,10 +129,12 @@ def _api_memory(worker_api, admin_http, namespace: str, artifacts: int, record) 
         assert answer.status_code == 200, answer.text[:500]
         assert len(answer.json()["items"]) == artifacts
     listed = (time.monotonic() - started) / (2 * len(workers))
+    assert listed > 0
     progress = admin_http.get(f"{url}/s-00000/progress", timeout=60)
     assert progress.status_code == 200, progress.text[:500]
     for pid in workers:
         now = memory(pid)
+        assert before[pid] > 0 and 0 < now["VmRSS"] <= now["VmHWM"], (before[pid], now)
         record(
             f"api worker {pid}: RSS {now['VmRSS'] / MB:.0f} MB after listing {artifacts} artifacts "
             f"(was {before[pid] / MB:.0f} MB; peak {now['VmHWM'] / MB:.0f} MB; list {listed:.2f} s) (target <= 300)"
