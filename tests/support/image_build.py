@@ -7,13 +7,13 @@ packages and the build machine's CA bundle (copied in, so that ``pip`` inside th
 TLS roots as the machine, a proxy's included). Beside it, buildah's storage keeps the Dockerfile's layers
 from one session to the next (``--layers``: a step is reused while its instruction, its parent and the
 content it copies are unchanged), so a warm build redoes only what changed: ``pip install`` only when
-``requirements.txt`` does. Several checkouts share that storage (buildah locks it); each session tags its
-image with a name of its own state directory's (``IMAGE``), and records the images its build used.
+``requirements.txt`` does. Several checkouts share that storage (buildah locks it); each state directory
+tags its image with a name of its own (``IMAGE``) and records the images its last build used.
 
 The build starts in the background as soon as the session knows one of its tests needs the image
 (``pytest_collection_finish``); ``product_image`` waits for it and raises its failure. Afterwards what no
-recent build used is removed, only while no other session is building (a file lock), and never an image
-that a session's tag or a working container holds.
+record of the last 14 days names is removed (earlier builds of a checkout, checkouts gone), only while no
+session is building (a file lock), never an image a working container holds.
 """
 
 from __future__ import annotations
