@@ -222,6 +222,17 @@ def _offers_no_write(page):
     assert page.locator("input[name=_save], select[name=action]").count() == 0
 
 
+def _changelist(page, url, model, verbose, query=""):
+    """The text of each row of ``model``'s list page (searched for ``query``), once its heading is checked
+    and no write is offered: an error page or a redirect to the login page fails here."""
+    page.goto(f"{url}/admin/gpustack_models/{model}/" + (f"?q={query}" if query else ""))
+    assert page.url.split("?")[0] == f"{url}/admin/gpustack_models/{model}/", page.url
+    assert page.title() == f"Select {verbose} to view | GPUStack models"
+    assert page.locator("#content h1").all_inner_texts() == [f"Select {verbose} to view"]
+    _offers_no_write(page)
+    return page.locator("#result_list tbody tr").all_inner_texts()
+
+
 def _db(query):
     """``query``'s answer, read in a thread of its own (the browser's driver runs an event loop in this one)."""
     from concurrent.futures import ThreadPoolExecutor
@@ -248,11 +259,15 @@ def test_its_pages_show_the_cluster_live_and_offer_no_write(
 ):
     from playwright.sync_api import sync_playwright
 
-    from gpustack_models.models import NodeStore, PluginPod
+    from gpustack_models.models import InformerState, NodeStore, PluginPod
+    from gpustack_models.worker.mirror import KINDS
 
     url, password = console
     artifact, digest = resolved
     a, b, c = nodes
+    made = worker_kube.get(f"{STORAGE}/namespaces/{namespace}/modelartifacts/{artifact}")
+    repository = made["spec"]["source"]["huggingFace"]["repository"]
+    files = made["status"]["resolved"]["fileCount"]
     for name in nodes:
         wait_for(lambda name=name: store(worker_kube, name), timeout=30, message=f"the store of {name}")
     prefetch(worker_kube, namespace, "warm-live", artifact, [a, b])
@@ -330,9 +345,23 @@ def test_its_pages_show_the_cluster_live_and_offer_no_write(
         assert "Resolved" in page.inner_text("#conditions")
         _offers_no_write(page)
         _shot(page, "artifact")
-        for model in ("artifact", "nodestore", "prefetch", "node", "manifest", "informerstate"):
-            page.goto(f"{url}/admin/gpustack_models/{model}/")
-            _offers_no_write(page)
+        # Every list page shows what this test made (and what the informers hold), and offers no write.
+        (row,) = _changelist(page, url, "artifact", "artifact", namespace)
+        assert row.split("\t")[:4] == [artifact, namespace, f"huggingFace:{repository}", "Resolved"], row
+        # The node stores' counts (models, ready, downloading, failed) as the test wrote them: a Ready, c Failed.
+        for node, counts in ((a, ["1", "1", "0", "0"]), (b, ["0", "0", "0", "0"]), (c, ["1", "0", "0", "1"])):
+            (row,) = _changelist(page, url, "nodestore", "node store", node)
+            assert row.split("\t")[0] == node and row.split("\t")[3:] == counts, row
+            (row,) = _changelist(page, url, "node", "node", node)
+            assert row.split("\t")[0] == node and row.split("\t")[1].endswith(" (ready)"), row
+        (row,) = _changelist(page, url, "prefetch", "prefetch", namespace)
+        assert row.split("\t")[:3] == ["warm-live", namespace, artifact], row
+        (row,) = _changelist(page, url, "manifest", "manifest", digest)
+        assert row.split("\t")[:2] == [digest, str(files)], row
+        resources = _db(lambda: sorted(InformerState.objects.values_list("resource", flat=True)))
+        assert set(KINDS) <= set(resources)
+        rows = _changelist(page, url, "informerstate", "informer state")
+        assert sorted(r.split("\t")[0] for r in rows) == resources, rows
         page.goto(f"{url}/admin/gpustack_models/prefetch/?q=warm-live")
         page.click("#result_list a >> text=warm-live")
         _offers_no_write(page)
@@ -363,7 +392,7 @@ def test_it_shows_a_real_download_move_and_a_real_failure(
     from playwright.sync_api import sync_playwright
 
     from gpustack_models.models import NodeStore
-    from tests.test_plugins import Scenario, big_files
+    from tests.test_plugins import MiB, Scenario, big_files
 
     url, password = console
     moving = Scenario(hub, worker_kube, admin_http, cluster, namespace, start_plugin)
@@ -372,7 +401,11 @@ def test_it_shows_a_real_download_move_and_a_real_failure(
     broken.artifact(name="broken")
     (downloader,) = moving.plugins(1, GPUSTACK_PLUGIN_PROGRESS_INTERVAL=1)
     (failing,) = broken.plugins(1, GPUSTACK_PLUGIN_RETRY_BASE=3600)
-    hub.faults.throttle(moving.weights, 500_000)  # ~17 s for 8 MiB: several progress writes
+    # The dashboard's rate is read while the hub sends 500 KB/s (the throttle is lifted once it is seen); the
+    # bar's values while the download is held at 3 MiB, then at 6 MiB of its 8.
+    throttle = hub.faults.throttle(moving.weights, 500_000)
+    early = hub.faults.pause(moving.weights, after_bytes=3 * MiB)
+    later = hub.faults.pause(moving.weights, after_bytes=6 * MiB)
     hub.faults.corrupt(broken.weights, times=None)
     try:
         with sync_playwright() as p:
@@ -402,15 +435,21 @@ def test_it_shows_a_real_download_move_and_a_real_failure(
             assert shown <= 600_000  # no faster than the hub sends (bytes are reported a chunk at a time)
             assert "Downloads in flight" in board.inner_text("#tile-downloads")
             _shot(board, "dashboard-download")
+            throttle.release()
 
             # The tenant's page: the bar moves from 0 toward 100 %, then Ready, without the page reloading.
+            def between():
+                return [v for v in _percents(page.evaluate("window.seen")) if 0 < v < 100]
+
+            early.wait_held(timeout=60)
+            shown_first = max(wait_for(between, timeout=30, interval=0.5, message="the bar between 0 and 100 %"))
+            early.release()
+            later.wait_held(timeout=30)
             wait_for(
-                lambda: len({v for v in _percents(page.evaluate("window.seen")) if 0 < v < 100}) >= 2,
-                timeout=60,
-                interval=0.5,
-                message="the bar at two values between 0 and 100 %",
+                lambda: max(between()) > shown_first, timeout=30, interval=0.5, message="the bar at a second value"
             )
             _shot(page, "tenant-download")
+            later.release()
             wait_for(
                 lambda: page.evaluate("window.seen.slice(-1)[0]") == "Ready", timeout=60, interval=0.5, message="Ready"
             )
@@ -423,10 +462,13 @@ def test_it_shows_a_real_download_move_and_a_real_failure(
             _shot(page, "tenant-ready")
 
             # The failing node's page: its capacity bar, the failure's reason and its retry time, an hour away.
+            before = time.time()
             broken.prefetch([failing], name="warm-broken", artifact="broken")  # after: its bytes stay out of the rate
             failed = broken.wait_state(failing.node, "Failed", reason="IntegrityMismatch")
+            after = time.time()
             retry = datetime.fromisoformat(failed["retryTime"].replace("Z", "+00:00"))
-            assert retry.timestamp() > time.time() + 600
+            # The retry base of an hour (also the backoff's cap) after the failure, to the second.
+            assert int(before) + 3600 <= retry.timestamp() <= after + 3600, (before, failed["retryTime"], after)
             mirrored = NodeStore.objects.filter(name=failing.node, entries__reason="IntegrityMismatch")
             pk = wait_for(lambda: _db(lambda: mirrored.values_list("pk", flat=True).first()), message="mirrored")
             page.goto(f"{url}/admin/gpustack_models/nodestore/{pk}/change/")

@@ -22,6 +22,7 @@ from tests.support.cluster import fresh_namespace
 STORAGE = f"/apis/{GROUP}/v1alpha1"
 PLUGIN_AUDIENCE = "gpustack-models-plugin"
 _addresses = (f"127.0.1.{i}" for i in itertools.count(10))
+MiB = 1024 * 1024
 
 
 def big_files(seed: str, mb: int = 3) -> dict[str, bytes]:
@@ -127,22 +128,26 @@ def test_it_downloads_to_three_nodes_with_live_progress(scenario, hub, kubectl, 
     from kubernetes import client as k8s
 
     scenario.artifact(files=big_files(scenario.repo, mb=8))
-    plugins = scenario.plugins(3)
-    hub.faults.throttle(scenario.weights, 600_000)  # ~14 s: slow enough to watch (bytes land a MiB at a time)
+    # Each node from the hub alone (no bytes from each other), so the hub holds every download at 2 MiB,
+    # then at 5 MiB, until the test lets it go on: the three downloads are watched mid-way.
+    plugins = scenario.plugins(3, GPUSTACK_PLUGIN_FANOUT="false")
+    early = hub.faults.pause(scenario.weights, after_bytes=2 * MiB)
+    later = hub.faults.pause(scenario.weights, after_bytes=5 * MiB)
     scenario.prefetch(plugins)
+    early.wait_held(3, timeout=60)
     for p in plugins:
         scenario.wait_state(p.node, "Downloading", timeout=60)
-    first = wait_for(
-        lambda: (pr := scenario.progress())["downloading"] == 3 and pr["live"] == 3 and pr,
-        timeout=30,
-        message="three live downloads",
-    )
+
+    def live(at):  # three downloads read live, each ``at`` bytes into the weights
+        pr = scenario.progress()
+        return pr["downloading"] == 3 and pr["live"] == 3 and pr["downloadingBytes"] >= 3 * at and pr
+
+    first = wait_for(lambda: live(2 * MiB), timeout=30, message="three live downloads at 2 MiB")
     assert "downloadingPercent" in first
-    second = wait_for(
-        lambda: (pr := scenario.progress())["downloadingBytes"] > first["downloadingBytes"] and pr["live"] == 3 and pr,
-        timeout=30,
-        message="live bytes to move between two answers",
-    )
+    early.release()
+    later.wait_held(3, timeout=30)
+    second = wait_for(lambda: live(5 * MiB), timeout=30, message="live bytes to move between two answers")
+    assert first["downloadingBytes"] < 3 * 5 * MiB <= second["downloadingBytes"]
     text = json.dumps(second)
     for p in plugins:
         assert p.node not in text and p.address not in text  # no node in the answer
@@ -153,7 +158,7 @@ def test_it_downloads_to_three_nodes_with_live_progress(scenario, hub, kubectl, 
         scenario.artifact(name="twin", ns=other)
         twin = scenario.progress("twin", ns=other)
         assert (twin["ready"], twin["downloading"], twin["manifestDigest"]) == (0, 3, scenario.digest)
-        hub.faults.clear()
+        later.release()
         for p in plugins:
             scenario.wait_state(p.node, "Ready", timeout=120)
         # progress reads the mirror, a moment behind the stores' status the waits above read
@@ -210,11 +215,12 @@ def test_it_resumes_after_a_dropped_connection_and_a_kill(scenario, hub, launche
     size = len(scenario.files["model.safetensors"])
     (plugin,) = scenario.plugins(1)
     hub.faults.drop(scenario.weights, after_bytes=1_500_000)
-    # Slow enough that the file is far from finished when a checkpoint passes 4 MB: under the whole suite's
-    # load a checkpoint's fsync can take seconds, and at 500 KB/s one run saw the file finish first.
-    hub.faults.throttle(scenario.weights, 250_000)
+    # The resumed request held 4.5 MB into its body (about 6 MB into the file) until the plugin is killed:
+    # the file is far from finished when a checkpoint passes 4 MB, however long the checkpoint's fsync takes.
+    held = hub.faults.pause(scenario.weights, after_bytes=4_500_000)
     scenario.prefetch([plugin])
     scenario.wait_state(plugin.node, "Downloading")
+    held.wait_held(timeout=60)
     wait_for(
         lambda: live_bytes(plugin, launcher, scenario.digest) >= 4_000_000,
         timeout=60,
@@ -265,6 +271,7 @@ def test_it_backs_off_hub_errors_across_a_restart_then_succeeds(scenario, hub):
     retry_at = datetime.fromisoformat(failed["retryTime"].replace("Z", "+00:00")).timestamp()
     written = int(scenario.kube.get(f"{STORAGE}/nodemodelstores/{plugin.node}")["metadata"]["resourceVersion"])
     plugin.stop()
+    audited = len(scenario.cluster.audit_events())
     plugin.start()
 
     def rewritten():  # the restarted plugin writes its status from disk: a newer write than the failure's
@@ -274,7 +281,10 @@ def test_it_backs_off_hub_errors_across_a_restart_then_succeeds(scenario, hub):
 
     again = wait_for(rewritten, timeout=30, message="the restarted plugin's status write")
     assert again["retryTime"] == failed["retryTime"] and again["reason"] == "SourceUnavailable"
-    assert time.time() < retry_at, "the restart took longer than the backoff: nothing was checked"
+    # The restarted plugin was up before retryTime (its first status write, as kube-apiserver received it):
+    # else the check below, that it asked the hub nothing before then, could not fail.
+    up = min(_received(e) for e in status_writes(scenario.cluster, plugin.node, since=audited))
+    assert up < retry_at, f"the restart took longer than the backoff ({up - retry_at:.1f} s): nothing was checked"
     hub.faults.clear()
     scenario.wait_state(plugin.node, "Ready", timeout=90)
     downloads = [
@@ -284,6 +294,24 @@ def test_it_backs_off_hub_errors_across_a_restart_then_succeeds(scenario, hub):
     early = [r.target for r in downloads if r.started < retry_at]
     assert early == [], f"asked the hub before retryTime {failed['retryTime']}: {early}"
     assert scenario.entry(plugin.node).get("retryTime") is None
+
+
+def status_writes(cluster, node, since=0):
+    """The audit events of the node plugin's writes of ``node``'s store status, from the ``since``-th event."""
+    return [
+        e
+        for e in cluster.audit_events()[since:]
+        if e.get("objectRef", {}).get("resource") == "nodemodelstores"
+        and e["objectRef"].get("subresource") == "status"
+        and e["objectRef"].get("name") == node
+        and e["verb"] in ("patch", "update")
+        and e["stage"] == "ResponseComplete"
+        and "gpustack-models-plugin" in e["user"]["username"]
+    ]
+
+
+def _received(event) -> float:
+    return datetime.fromisoformat(event["requestReceivedTimestamp"].replace("Z", "+00:00")).timestamp()
 
 
 def test_it_refuses_to_start_past_the_high_watermark(scenario, hub):
@@ -318,10 +346,12 @@ def test_it_restores_a_deleted_store_from_disk_and_collects_after_the_grace(scen
         timeout=30,
         message="the digest to leave spec.models",
     )
-    left = time.monotonic()
+    record = plugin.cache / "state" / f"{scenario.digest.split(':', 1)[1]}.json"
+    absent = wait_for(lambda: (read_json(record) or {}).get("absentSince"), timeout=30, message="the absence noted")
     wait_for(lambda: not scenario.tree(plugin).exists(), timeout=30, interval=0.1, message="removal after the delay")
-    # The delay is the contract: the plugin saw the digest leave after `left`, so it waited at least this long.
-    assert time.monotonic() - left >= 6 - 0.2, "removed before the removal delay"
+    gone = time.time()
+    # The delay is the contract: removed no sooner than 6 s after the plugin noted the digest's absence.
+    assert gone >= absent + 6, f"removed {gone - absent:.2f} s after the digest left spec.models"
     wait_for(lambda: scenario.entry(plugin.node) is None, timeout=15, message="the entry to leave the status")
 
 
@@ -442,23 +472,35 @@ def launcher_token(plugin):
 def test_it_writes_progress_on_thresholds_and_progress_writes_nothing(scenario, hub, cluster):
     scenario.artifact(files=big_files(scenario.repo, mb=4))
     (plugin,) = scenario.plugins(1, GPUSTACK_PLUGIN_PROGRESS_INTERVAL=3)
-    hub.faults.throttle(scenario.weights, 250_000)  # ~16 s: several progress intervals
+    first = hub.faults.pause(scenario.weights, after_bytes=1 * MiB)
+    then = hub.faults.pause(scenario.weights, after_bytes=2 * MiB)
     scenario.prefetch([plugin])
+
+    def downloading(at):
+        e = scenario.entry(plugin.node)
+        return e and e["state"] == "Downloading" and e.get("downloadedBytes", 0) >= at and e
+
+    first.wait_held(timeout=60)
+    wait_for(lambda: downloading(1 * MiB), timeout=30, message="the status at 1 MiB")
+    first.release()  # 25 % more, then held again: only a progress write can show it, after the interval
+    then.wait_held(timeout=30)
+    wait_for(lambda: downloading(2 * MiB), timeout=30, message="a progress write at 2 MiB")
+    then.release()
     scenario.wait_state(plugin.node, "Ready", timeout=120)
-    writes = [
-        e
-        for e in cluster.audit_events()
-        if e.get("objectRef", {}).get("resource") == "nodemodelstores"
-        and e["objectRef"].get("subresource") == "status"
-        and e["objectRef"].get("name") == plugin.node
-        and e["verb"] in ("patch", "update")
-        and e["stage"] == "ResponseComplete"
-        and "gpustack-models-plugin" in e["user"]["username"]
-    ]
+    writes = status_writes(cluster, plugin.node)
     # The writes of a state (the store's first status, Downloading, Ready) and at least one progress write
     # while downloading; at most 20 of those (one per 5 % step).
     assert 4 <= len(writes) <= 3 + 20, len(writes)
-    # progress reads and writes nothing.
+
+    # progress reads and writes nothing: once the worker has written what the Ready entry changes (the
+    # artifact's node counts and the prefetch's), the audit log holds no write of the worker's while it answers.
+    def settled():
+        art = scenario.kube.get(f"{STORAGE}/namespaces/{scenario.ns}/modelartifacts/art").get("status") or {}
+        warm = scenario.kube.get(f"{STORAGE}/namespaces/{scenario.ns}/modelprefetches/warm").get("status") or {}
+        counts = [(art.get("nodes") or {}).get(k) for k in ("ready", "downloading", "failed")]
+        return counts == [1, 0, 0] and [warm.get("readyNodes"), warm.get("downloadingNodes")] == [1, 0]
+
+    wait_for(settled, timeout=30, message="the artifact's and the prefetch's counts of the Ready node")
     mark = len(cluster.audit_events())
     for _ in range(5):
         scenario.progress()
@@ -478,7 +520,7 @@ def test_it_writes_progress_on_thresholds_and_progress_writes_nothing(scenario, 
         and e.get("objectRef", {}).get("apiGroup") == GROUP
         and "gpustack-models-worker" in e["user"]["username"]
     ]
-    assert progress_writes == []
+    assert progress_writes == [], [(e["verb"], e["objectRef"], e["user"]["username"]) for e in progress_writes]
 
 
 def test_it_reads_at_most_64_plugins_live_and_skips_a_silent_one(scenario, launcher, worker_kube):

@@ -137,12 +137,19 @@ def _transfers(peer, token, count):
     return threads, results
 
 
-def _finish(threads, results, weights, rate):
+def _finish(threads, results, weights, rate) -> float:
+    """Check the transfers' bytes and times under ``rate``; the longest time."""
     for thread in threads:
         thread.join(30)
-    for resp, seconds in results.values():
+    seconds = sorted(s for _, s in results.values())
+    for resp, _ in results.values():
         assert resp.status_code == 200 and resp.content == weights
-        assert seconds >= len(weights) * len(results) / rate * 0.8, seconds  # they share the rate
+    # The peer server takes each chunk (1/20 s of the rate) from the node's limiter before sending it, with at
+    # most 50 ms of credit: every byte of every transfer but the last chunk went out at the rate.
+    total = len(weights) * len(results)
+    assert seconds[-1] >= (total - rate // 20) / rate - 0.05, seconds
+    assert seconds[0] >= total / rate * 0.8, seconds  # each held to its share, not to the whole rate
+    return seconds[-1]
 
 
 def test_a_plugin_enforces_the_limits_its_nodes_annotations_set_while_it_runs(scenario, launcher, core):
@@ -162,7 +169,7 @@ def test_a_plugin_enforces_the_limits_its_nodes_annotations_set_while_it_runs(sc
     busy = peer.file("tokenizer.json", token)
     assert status_of(busy) == (503, "ServiceUnavailable") and busy.headers["Retry-After"] == "1"
     assert "1 peer transfers are in flight" in busy.json()["message"]
-    _finish(threads, results, weights, rate)
+    held = _finish(threads, results, weights, rate)
 
     limit_uploads(core, scenario.kube, a, connections=2, bytes_per_second=rate)  # raised while it runs
     threads, results = _transfers(peer, token, 2)
@@ -172,5 +179,6 @@ def test_a_plugin_enforces_the_limits_its_nodes_annotations_set_while_it_runs(sc
     limit_uploads(core, scenario.kube, a, connections=None, bytes_per_second=None)  # the worker's defaults
     started = time.monotonic()
     whole = peer.file(WEIGHTS, token)
+    unlimited = time.monotonic() - started
     assert whole.status_code == 200 and whole.content == weights
-    assert time.monotonic() - started < len(weights) / rate * 0.8  # no longer held to the rate
+    assert unlimited < held * 0.8, (unlimited, held)  # no longer held to the rate: the same transfer, held above

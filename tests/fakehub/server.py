@@ -12,6 +12,8 @@ Repositories are generated in memory (or point at files on disk, for benchmarks)
         hub.set_private("org/model"); hub.delete_repo("org/xet")          # a repository goes away
         hub.files("org/model", commit)                                     # the exact bytes served
         hub.faults.drop("model.safetensors", after_bytes=1 << 20)          # once, mid-file
+        held = hub.faults.pause("model.safetensors", after_bytes=1 << 20)  # 1 MiB, then held...
+        held.wait_held(); held.release()                                   # ...until the test lets it go
         hub.requests                                                       # what the clients asked
 
 ``hub.url`` is both the Hugging Face endpoint and ``MODELSCOPE_ENDPOINT``.
@@ -289,7 +291,7 @@ class RecordedRequest:
 class Fault:
     """One fault knob. ``times=None`` means every matching request; ``hits`` counts applications."""
 
-    kind: str  # fail, hang, delay, refuse, drop, stall, corrupt, throttle
+    kind: str  # fail, hang, delay, refuse, drop, stall, pause, corrupt, throttle
     match: str | re.Pattern | None
     times: int | None
     method: str | None = None
@@ -303,7 +305,9 @@ class Fault:
     code: int | str | None = None
     message: str | None = None
     hits: int = 0
-    released: threading.Event = field(default_factory=threading.Event)  # ends a delay early
+    released: threading.Event = field(default_factory=threading.Event)  # ends a delay, a throttle or a pause early
+    held: int = 0  # a pause: the bodies it holds now
+    _held_changed: threading.Condition = field(default_factory=threading.Condition, repr=False)
 
     def release(self) -> None:
         self.released.set()
@@ -312,8 +316,31 @@ class Fault:
     def exhausted(self) -> bool:
         return self.times is not None and self.hits >= self.times
 
+    def wait_held(self, count: int = 1, timeout: float = 30.0) -> int:
+        """A pause: wait until it holds at least ``count`` bodies at once; return how many it holds, or
+        raise ``TimeoutError`` after ``timeout`` seconds."""
+        with self._held_changed:
+            if not self._held_changed.wait_for(lambda: self.held >= count, timeout):
+                raise TimeoutError(f"{self.held} of {count} bodies held by the pause on {self.match!r}")
+            return self.held
+
+    def _hold(self) -> None:
+        """A pause: hold the calling body until released (``clear()`` and the hub's ``stop()`` release it
+        too) or for ``seconds``."""
+        with self._held_changed:
+            self.held += 1
+            self._held_changed.notify_all()
+        try:
+            self.released.wait(self.seconds)
+        finally:
+            with self._held_changed:
+                self.held -= 1
+                self._held_changed.notify_all()
+
     def matches(self, listener: str, method: str, target: str) -> bool:
         if self.exhausted:
+            return False
+        if self.kind == "pause" and self.released.is_set():
             return False
         if self.listener is not None and self.listener != listener:
             return False
@@ -335,7 +362,7 @@ class Faults:
     narrow it further.
 
     ``fail``, ``hang`` and ``delay`` apply to any matching request, ``refuse`` to matching requests to the
-    ModelScope API. ``drop``, ``stall``, ``corrupt`` and ``throttle`` apply only to answers carrying
+    ModelScope API. ``drop``, ``stall``, ``pause``, ``corrupt`` and ``throttle`` apply only to answers carrying
     file bytes (200/206 of a download, on the hub or the CDN), so a ``HEAD`` or a 302 on the way does
     not use them up. An LFS download of ``name`` matches on both: the CDN URL carries ``?filename=name``.
     """
@@ -412,6 +439,24 @@ class Faults:
         (default: until the hub stops), then close the connection."""
         return self._add(Fault("stall", match, times, method, listener, seconds=seconds, after_bytes=after_bytes))
 
+    def pause(
+        self,
+        match=None,
+        after_bytes: int = 0,
+        *,
+        seconds: float | None = None,
+        times: int | None = None,
+        method=None,
+        listener=None,
+    ) -> Fault:
+        """Send the headers and ``after_bytes`` body bytes of each file body it matches, then hold the body
+        until ``release()`` of the returned fault (or for ``seconds``; ``clear()`` and the hub's ``stop()``
+        release it too), then send the rest as usual: a download caught mid-way for as long as the test
+        needs it there, without a rate to wait on. ``held`` counts the bodies held now; ``wait_held(n)``
+        waits until ``n`` are held at once. Several pauses of one body hold it at each point in turn; a
+        released pause matches nothing more."""
+        return self._add(Fault("pause", match, times, method, listener, seconds=seconds, after_bytes=after_bytes))
+
     def corrupt(
         self, match=None, *, offset: int | None = None, times: int | None = 1, method=None, listener=None
     ) -> Fault:
@@ -422,14 +467,23 @@ class Faults:
     def throttle(
         self, match=None, bytes_per_second: int = 1024 * 1024, *, times: int | None = None, method=None, listener=None
     ) -> Fault:
-        """Send file bodies at no more than ``bytes_per_second`` per connection."""
+        """Send file bodies at no more than ``bytes_per_second`` per connection (until ``release()`` of the
+        returned fault: the bodies it throttles go on at full speed)."""
         if bytes_per_second <= 0:
             raise ValueError("bytes_per_second must be positive")
         return self._add(Fault("throttle", match, times, method, listener, bytes_per_second=bytes_per_second))
 
     def clear(self) -> None:
+        """Remove every fault; the bodies a pause holds go on."""
         with self._lock:
-            self._faults.clear()
+            faults, self._faults = self._faults, []
+        self._release_pauses(faults)
+
+    @staticmethod
+    def _release_pauses(faults: Iterable[Fault]) -> None:
+        for fault in faults:
+            if fault.kind == "pause":
+                fault.release()
 
     def __iter__(self) -> Iterator[Fault]:
         with self._lock:
@@ -442,6 +496,14 @@ class Faults:
                     fault.hits += 1
                     return fault
         return None
+
+    def _take_all(self, kind: str, listener: str, method: str, target: str) -> list[Fault]:
+        """Every fault of ``kind`` matching the request (each counts one hit)."""
+        with self._lock:
+            taken = [f for f in self._faults if f.kind == kind and f.matches(listener, method, target)]
+            for fault in taken:
+                fault.hits += 1
+        return taken
 
 
 # --------------------------------------------------------------------------------------------------
@@ -662,7 +724,8 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         cut = faults._take(("drop", "stall"), listener, self._method, target)
         corrupt = faults._take(("corrupt",), listener, self._method, target)
         throttle = faults._take(("throttle",), listener, self._method, target)
-        applied = [f.kind for f in (cut, corrupt, throttle) if f is not None]
+        pauses = sorted(faults._take_all("pause", listener, self._method, target), key=lambda f: f.after_bytes)
+        applied = [f.kind for f in (cut, corrupt, throttle) if f is not None] + (["pause"] if pauses else [])
         if applied:
             self._rec.fault = ",".join(applied)
         self.end_headers()
@@ -684,24 +747,31 @@ class _Handler(http.server.BaseHTTPRequestHandler):
                 mutable = bytearray(chunk)
                 mutable[corrupt_at - sent] ^= 0xFF
                 chunk = bytes(mutable)
-            if cut is not None and sent + len(chunk) > cut.after_bytes:
-                piece = chunk[: max(0, cut.after_bytes - sent)]
+            while chunk:
+                piece, cutting, holding = chunk, False, None
+                if cut is not None and sent + len(piece) > cut.after_bytes:
+                    piece, cutting = piece[: max(0, cut.after_bytes - sent)], True
+                if pauses and sent + len(piece) > pauses[0].after_bytes:
+                    holding = pauses.pop(0)
+                    piece, cutting = piece[: max(0, holding.after_bytes - sent)], False
                 if piece:
                     self._rec.bytes_sent += len(piece)
                     self.wfile.write(piece)
                     hub._count_body(len(piece))
-                if cut.kind == "stall":
-                    self.server.hub._stopping.wait(cut.seconds)
-                self._abort()
-                raise _Respond
-            self._rec.bytes_sent += len(chunk)
-            self.wfile.write(chunk)
-            hub._count_body(len(chunk))
-            sent += len(chunk)
-            if throttle is not None:
-                ahead = sent / throttle.bytes_per_second - (time.monotonic() - t0)
-                if ahead > 0:
-                    time.sleep(ahead)
+                    sent += len(piece)
+                    chunk = chunk[len(piece) :]
+                if holding is not None:
+                    holding._hold()
+                    continue
+                if cutting:
+                    if cut.kind == "stall":
+                        self.server.hub._stopping.wait(cut.seconds)
+                    self._abort()
+                    raise _Respond
+                if throttle is not None and not throttle.released.is_set():
+                    ahead = sent / throttle.bytes_per_second - (time.monotonic() - t0)
+                    if ahead > 0:
+                        time.sleep(ahead)
         raise _Respond
 
     # ---------------------------------------------------------------- routing
@@ -1189,6 +1259,7 @@ class FakeHub:
                 conn.shutdown(socket.SHUT_RDWR)
             except OSError:
                 pass
+        Faults._release_pauses(self.faults)  # their bodies end on the connections just shut
         for server in self._servers:
             server.server_close()
         for thread in self._threads:

@@ -14,6 +14,7 @@ from urllib.parse import urlsplit
 
 import pytest
 import requests
+import urllib3
 
 from tests.fakehub import FakeHub, git_blob_sha1, lfs_pointer
 
@@ -341,11 +342,11 @@ def test_it_snapshot_downloads_with_huggingface_hub_and_the_hf_cli(fakehub, tmp_
 def test_it_fails_matching_requests_a_limited_number_of_times(fakehub):
     fakehub.add_hf_repo("org/model", {"config.json": b"{}"})
     fault = fakehub.faults.fail("/tree/", 503, times=1)
-    started = time.monotonic()
     entries = list(hf_api(fakehub).list_repo_tree("org/model"))  # the client retries once, after 1 s
     assert [e.path for e in entries] == ["config.json"] and fault.hits == 1 and fault.exhausted
-    assert time.monotonic() - started >= 1
-    assert [(r.status, r.fault) for r in fakehub.requests_matching("/tree/")] == [(503, "fail"), (200, None)]
+    failed, retried = fakehub.requests_matching("/tree/")
+    assert [(r.status, r.fault) for r in (failed, retried)] == [(503, "fail"), (200, None)]
+    assert retried.started - (failed.started + failed.duration) >= 1  # as the hub saw them
 
     fakehub.faults.fail("config.json", 429, retry_after=7, times=2, method="GET")
     s = http()
@@ -400,6 +401,87 @@ def test_it_throttles_file_bodies_per_connection(fakehub):
     assert [r.fault for r in fakehub.requests_matching(".bin")] == [None, "throttle"]
 
 
+def test_it_pauses_bodies_mid_file_until_released(fakehub):
+    fakehub.lfs_threshold = 10**9  # served by the hub itself, no redirect
+    data = blob(600_000, 7)
+    fakehub.add_hf_repo("org/model", {"w.bin": data, "other.bin": data[:1000]})
+    url = f"{fakehub.url}/org/model/resolve/main/w.bin"
+    first = fakehub.faults.pause("w.bin", after_bytes=100_000)
+    second = fakehub.faults.pause("w.bin", after_bytes=400_000)
+    s = http()
+    with s.get(url, stream=True) as held:
+        assert held.status_code == 200 and held.headers["Content-Length"] == str(len(data))
+        assert held.raw.read(100_000) == data[:100_000]
+        assert first.wait_held(timeout=10) == 1
+        (record,) = fakehub.requests_matching("w.bin")
+        assert (record.bytes_sent, record.fault, second.held) == (100_000, "pause", 0)
+        assert s.get(f"{fakehub.url}/org/model/resolve/main/other.bin").content == data[:1000]  # others go on
+        first.release()
+        assert second.wait_held(timeout=10) == 1 and first.held == 0
+        assert record.bytes_sent == 400_000
+        assert held.raw.read(300_000) == data[100_000:400_000]
+        second.release()
+        assert held.raw.read() == data[400_000:]
+    assert (first.hits, second.hits, first.held, second.held) == (1, 1, 0, 0)
+    assert s.get(url).content == data  # a released pause matches nothing more
+    assert [r.fault for r in fakehub.requests_matching("w.bin")] == ["pause", None]
+
+    # Each body on its own: a range is held ``after_bytes`` into it, two at once until the one release.
+    ranges = fakehub.faults.pause("w.bin", after_bytes=50_000)
+    with (
+        s.get(url, headers={"Range": "bytes=100000-"}, stream=True) as one,
+        s.get(url, headers={"Range": "bytes=300000-399999"}, stream=True) as two,
+    ):
+        assert ranges.wait_held(2, timeout=10) == 2
+        sent = {r.range: r.bytes_sent for r in fakehub.requests_matching("w.bin")[-2:]}
+        assert sent == {"bytes=100000-": 50_000, "bytes=300000-399999": 50_000}
+        ranges.release()
+        assert one.raw.read() == data[100_000:] and two.raw.read() == data[300_000:400_000]
+
+    # For a bounded time: the body goes on by itself.
+    fakehub.faults.pause("w.bin", after_bytes=0, seconds=0.3, times=1)
+    assert s.get(url).content == data
+    bounded = fakehub.requests_matching("w.bin")[-1]
+    assert bounded.fault == "pause" and bounded.duration >= 0.3
+
+    # Clearing the faults lets a held body go on; a pause that a drop comes before never holds.
+    fault = fakehub.faults.pause("w.bin", after_bytes=1000)
+    with s.get(url, stream=True) as held:
+        fault.wait_held(timeout=10)
+        fakehub.faults.clear()
+        assert held.raw.read() == data
+    fakehub.faults.drop("w.bin", after_bytes=5000)
+    later = fakehub.faults.pause("w.bin", after_bytes=6000)
+    with pytest.raises(requests.exceptions.ChunkedEncodingError):
+        s.get(url)
+    assert (later.hits, later.held, fakehub.requests_matching("w.bin")[-1].bytes_sent) == (1, 0, 5000)
+
+
+def test_a_stopping_hub_releases_its_pauses_and_a_released_throttle_goes_full_speed(tmp_path):
+    data = blob(200_000, 8)
+    with FakeHub() as hub:
+        hub.lfs_threshold = 10**9
+        hub.add_hf_repo("org/model", {"w.bin": data})
+        url = f"{hub.url}/org/model/resolve/main/w.bin"
+        throttle = hub.faults.throttle("w.bin", bytes_per_second=20_000)  # 10 s for the whole body
+        pause = hub.faults.pause("w.bin", after_bytes=10_000)
+        with http().get(url, stream=True) as held:
+            pause.wait_held(timeout=10)
+            throttle.release()
+            pause.release()
+            assert held.raw.read() == data
+        (record,) = hub.requests_matching("w.bin")
+        # Throttled all along, the rest would have taken 9.5 s more.
+        assert record.fault == "throttle,pause" and record.duration < (len(data) - 10_000) / 20_000 / 4
+        stuck = hub.faults.pause("w.bin", after_bytes=1000)
+        with http().get(url, stream=True) as held:
+            stuck.wait_held(timeout=10)
+            hub.stop()
+            assert stuck.released.is_set()
+            with pytest.raises(urllib3.exceptions.ProtocolError):  # the body ends where the hub stopped
+                held.raw.read()
+
+
 def test_it_corrupts_one_byte_once(fakehub, tmp_path):
     from huggingface_hub import hf_hub_download
 
@@ -425,10 +507,10 @@ def test_it_hangs_until_the_client_gives_up(fakehub):
     fakehub.add_hf_repo("org/model", {"config.json": b"{}"})
     fakehub.faults.hang("config.json", times=1)
     s = http()
-    started = time.monotonic()
     with pytest.raises(requests.exceptions.ReadTimeout):
         s.get(f"{fakehub.url}/org/model/resolve/main/config.json", timeout=0.5)
-    assert time.monotonic() - started < 3
+    (hung,) = fakehub.requests_matching("config.json")
+    assert (hung.fault, hung.status, hung.duration) == ("hang", 0, 0.0)  # still hanging when the client gave up
     assert http().get(f"{fakehub.url}/org/model/resolve/main/config.json", timeout=5).content == b"{}"
 
     fakehub.faults.hang(re.compile(r"/api/models/"), seconds=1.0)
