@@ -11,7 +11,21 @@ import uuid
 
 import pytest
 import requests
+from django.utils import timezone
 
+from gpustack_models.api.fetch_tickets import peer_sources
+from gpustack_models.models import (
+    Artifact,
+    EntryState,
+    Holding,
+    MountReference,
+    NodeStore,
+    PluginPod,
+    Prefetch,
+    PrefetchTarget,
+    StoreEntry,
+    TargetState,
+)
 from gpustack_models.plugin.peers import file_url, tree_url
 from tests.support import PEER_PORT, wait_for
 from tests.support.kubernetes import wait_default_service_account
@@ -266,3 +280,71 @@ def test_it_tells_and_serves_the_ranges_of_a_download_in_progress(scenario, hub,
     assert peer.tree(token).json()["state"] == "Ready"
     assert peer.file(WEIGHTS, token).content == weights
     assert metric(a, "gpustack_models_plugin_peer_served_bytes_total", peer=b.node) == 1_000_000 + len(weights)
+
+
+@pytest.mark.django_db(transaction=False)
+def test_a_ticket_counts_the_nodes_still_joining_beside_the_asking_one(settings):
+    """``joining``: the other nodes to start on the digest (a live prefetch targets them, a Pod's volume
+    mounts it there, it is placed there) that the ticket cannot list yet (no placement yet, or no Ready
+    plugin Pod yet), each once; never one left out, lapsed, reporting the digest Ready or Failed, left out
+    by the peers' cap, or the asking node."""
+    settings.PLUGIN_PEER_PORT, settings.TICKET_PEERS_MAX, settings.PEER_DOWNLOADING_ALLOWED = PEER_PORT, 16, True
+    tag = uuid.uuid4().hex[:8]
+    digest, ns = f"sha256:{uuid.uuid4().hex * 2}", f"j-{tag}"
+    roles = ("me", "placed", "pending", "held", "mounted", "full", "lapsed", "failed", "unready", "other", "ready")
+    me, placed, pending, held, mounted, full, lapsed, failed, unready, other, ready = (f"{tag}-{r}" for r in roles)
+    Artifact.objects.create(namespace=ns, name="art", digest=digest, source="huggingFace", resource_version=1)
+    Artifact.objects.create(namespace=ns, name="other", digest=f"sha256:{'0' * 64}", resource_version=1)
+    warm = Prefetch.objects.create(namespace=ns, name="warm", artifact_name="art", resource_version=1)
+    elsewhere = Prefetch.objects.create(namespace=ns, name="else", artifact_name="other", resource_version=1)
+    for node, state in [
+        (me, TargetState.PENDING),
+        (placed, TargetState.HELD),
+        (pending, TargetState.PENDING),
+        (held, TargetState.HELD),  # the reconcile placed it: its Holding is written below, later
+        (full, TargetState.NODE_FULL),
+        (failed, TargetState.HELD),
+        (ready, TargetState.HELD),
+        (unready, TargetState.PENDING),
+    ]:
+        PrefetchTarget.objects.create(prefetch=warm, node=node, state=state)
+    PrefetchTarget.objects.create(prefetch=warm, node=lapsed, state=TargetState.HELD, lapsed_at=timezone.now())
+    PrefetchTarget.objects.create(prefetch=elsewhere, node=other, state=TargetState.PENDING)
+    MountReference.objects.create(
+        node=mounted, volume_id=f"v-{tag}", pod_namespace=ns, pod_name="p", pod_uid=tag, artifact="art",
+        digest=digest, last_seen=timezone.now(),
+    )  # fmt: skip
+    Holding.objects.create(node=placed, digest=digest)
+    for node, state in [(failed, EntryState.FAILED), (ready, EntryState.READY)]:
+        store = NodeStore.objects.create(name=node, resource_version=1)
+        StoreEntry.objects.create(store=store, node=node, digest=digest, state=state)
+    for i, node in enumerate(roles):
+        node = f"{tag}-{node}"
+        PluginPod.objects.create(
+            namespace="gpustack-system", name=f"plugin-{node}", node=node, pod_ip=f"10.9.0.{i + 1}",
+            ready=node not in (unready, failed), resource_version=1,
+        )  # fmt: skip
+
+    def listed():
+        peers, joining = peer_sources(me, digest)
+        return [p["node"] for p in peers], joining
+
+    assert listed() == ([ready, placed], 4)  # pending, held, mounted and unready are to start
+    Holding.objects.create(node=held, digest=digest)  # the reconciles go on
+    Holding.objects.create(node=pending, digest=digest)
+    Holding.objects.create(node=unready, digest=digest)
+    peers, joining = listed()
+    assert (peers[0], set(peers[1:]), joining) == (ready, {placed, held, pending}, 2)  # mounted; unready's plugin
+    Holding.objects.create(node=mounted, digest=digest)
+    PluginPod.objects.filter(node=unready).update(ready=True)
+    assert listed()[1] == 0  # every node starting beside it is listed
+    settings.TICKET_PEERS_MAX = 2
+    peers, joining = listed()
+    assert (len(peers), peers[0], joining) == (2, ready, 0)  # the cap leaves some out: waiting would not help
+
+    # Nodes that would never be listed are nobody to wait for either.
+    Holding.objects.filter(node=mounted).delete()
+    PluginPod.objects.filter(node=mounted).update(ready=False)
+    assert listed()[1] == 1
+    settings.PEER_DOWNLOADING_ALLOWED = False
+    assert listed() == ([ready], 0)

@@ -24,13 +24,22 @@ It also lists the other nodes' plugins that hold the digest (``peers``, whose en
 then, when ``GPUSTACK_PEER_DOWNLOADING_ALLOWED``, those Downloading it and those it is placed on that
 report nothing of it yet (listed as Downloading: they hold nothing yet, but they will); never the asking
 node; only nodes with a Ready plugin Pod (reached at its Pod IP and ``GPUSTACK_PLUGIN_PEER_PORT``); shuffled within each
-state so that the load spreads; at most ``GPUSTACK_TICKET_PEERS_MAX``. No peer port (0): no peers. The
-answer::
+state so that the load spreads; at most ``GPUSTACK_TICKET_PEERS_MAX``. No peer port (0): no peers.
+
+``joining`` counts the other nodes that are to start downloading the digest but are not among the candidates
+for ``peers`` yet: a live prefetch of an artifact with this digest targets them (its target neither lapsed
+nor left out), a Pod's volume there mounts it, it is placed there or they report it Downloading, and they
+have no Ready plugin Pod yet or no reconcile has placed it there yet. A plugin that finds no Ready peer
+waits a moment for them before asking the hub (``gpustack_models.plugin.swarm``), and only then: nodes
+that report the digest Ready or Failed are not starting, and a node alone, or whose ticket could list every
+node starting beside it (the ``GPUSTACK_TICKET_PEERS_MAX`` cap aside), has nobody to wait for. 0 also when
+Downloading nodes are never listed (no peer port, or ``GPUSTACK_PEER_DOWNLOADING_ALLOWED`` off). The answer::
 
     {"digest", "files": [...], "proxy",
      "source", "endpoint", "repository", "commit", "token",   # the first source, as single-source readers expect
      "sources": [{"source", "endpoint", "repository", "commit", "token"}, ...],   # all of them, in order
-     "peers": [{"node", "url": "https://<Pod IP>:<peer port>", "state": "Ready"|"Downloading"}, ...]}
+     "peers": [{"node", "url": "https://<Pod IP>:<peer port>", "state": "Ready"|"Downloading"}, ...],
+     "joining": <number of nodes>}
 """
 
 from __future__ import annotations
@@ -50,7 +59,20 @@ from gpustack_models import kube
 from gpustack_models.kinds import GROUP, STORAGE_VERSION
 from gpustack_models.kube.errors import BadRequest, Conflict, Forbidden, NotFound, Unauthorized
 from gpustack_models.kube.identity import NODE_NAME_EXTRA, plugin_user
-from gpustack_models.models import EntryState, Holding, Manifest, PluginPod, Prefetch, Resolution, StoreEntry
+from gpustack_models.models import (
+    Artifact,
+    EntryState,
+    Holding,
+    Manifest,
+    MountReference,
+    PluginPod,
+    Prefetch,
+    PrefetchTarget,
+    Resolution,
+    SourceKind,
+    StoreEntry,
+    TargetState,
+)
 
 from .authentication import TokenReviewAuthentication
 from .views import KubeAPIView
@@ -87,23 +109,25 @@ class TicketView(KubeAPIView):
         if not rows or manifest is None:
             raise Conflict(f"no resolved artifact provides {digest} yet")
         sources = offered_sources(ordered(rows, wanting_namespaces(node, rows)))
+        peers, joining = peer_sources(node, digest)
         ticket = {
             "digest": digest,
             **sources[0],
             "files": manifest.files,
             "proxy": settings.HUB_PROXY or None,
             "sources": sources,
-            "peers": peer_sources(node, digest),
+            "peers": peers,
+            "joining": joining,
         }
         return Response(ticket)
 
 
-def peer_sources(node: str, digest: str) -> list[dict]:
-    """The ticket's ``peers`` (see the module's docstring)."""
+def peer_sources(node: str, digest: str) -> tuple[list[dict], int]:
+    """The ticket's ``peers`` and ``joining`` (see the module's docstring)."""
     port, cap = settings.PLUGIN_PEER_PORT, settings.TICKET_PEERS_MAX
     if not port or cap <= 0:
-        return []
-    by_state = _holders(node, digest)
+        return [], 0
+    by_state, settled, placed = _holders(node, digest)
     nodes = {n for group in by_state.values() for n in group}
     pods = PluginPod.objects.live().filter(node__in=nodes, ready=True).exclude(pod_ip="")
     addresses = {pod_node: ip for pod_node, ip in pods.values_list("node", "pod_ip") if _is_ip(ip)}
@@ -112,24 +136,55 @@ def peer_sources(node: str, digest: str) -> list[dict]:
         group = [n for n in group if n in addresses]
         random.shuffle(group)
         out += [{"node": n, "url": _peer_url(addresses[n], port), "state": str(state)} for n in group]
-    return out[:cap]
+    if not settings.PEER_DOWNLOADING_ALLOWED:
+        return out[:cap], 0  # nodes starting beside the asking one are never listed: nobody to wait for
+    starting = (_wanting(node, digest) | placed | set(by_state[EntryState.DOWNLOADING])) - settled
+    return out[:cap], len(starting - addresses.keys())
 
 
-def _holders(node: str, digest: str) -> dict[str, list[str]]:
+def _holders(node: str, digest: str) -> tuple[dict[str, list[str]], set[str], set[str]]:
     """The other nodes by state of the digest: Ready, then (when allowed) Downloading, which counts the
     nodes it was placed on that report nothing of it yet (they start beside the asking node: knowing
-    each other from the first ticket, they share the hub's work from the first byte)."""
+    each other from the first ticket, they share the hub's work from the first byte); the other nodes
+    that report it Ready or Failed (none of them is starting); those it is placed on."""
     states = [EntryState.READY] + ([EntryState.DOWNLOADING] if settings.PEER_DOWNLOADING_ALLOWED else [])
     by_state: dict[str, list[str]] = {state: [] for state in states}
-    reported = set()
+    reported, settled = set(), set()
     for other, state in StoreEntry.objects.filter(digest=digest).exclude(node=node).values_list("node", "state"):
         reported.add(other)
         if state in by_state:
             by_state[state].append(other)
+        if state != EntryState.DOWNLOADING:
+            settled.add(other)
+    placed = set(
+        Holding.objects.filter(digest=digest, collect_time__isnull=True)
+        .exclude(node=node)
+        .values_list("node", flat=True)
+    )
     if settings.PEER_DOWNLOADING_ALLOWED:
-        placed = Holding.objects.filter(digest=digest, collect_time__isnull=True).exclude(node=node)
-        by_state[EntryState.DOWNLOADING] += [n for n in placed.values_list("node", flat=True) if n not in reported]
-    return by_state
+        by_state[EntryState.DOWNLOADING] += [n for n in placed if n not in reported]
+    return by_state, settled, placed
+
+
+def _wanting(node: str, digest: str) -> set[str]:
+    """The other nodes something asks to hold ``digest``, placed there or not yet: the targets of live
+    prefetches of an artifact with this digest that no reconcile left out or lapsed, and the nodes of
+    Pods' volumes that mount it."""
+    keys = set(
+        Artifact.objects.live().filter(digest=digest).exclude(source=SourceKind.CLAIM).values_list("namespace", "name")
+    )
+    if not keys:
+        return set()
+    namespaces, names = {ns for ns, _ in keys}, {name for _, name in keys}
+    prefetches = Prefetch.objects.live().filter(namespace__in=namespaces, artifact_name__in=names)
+    ids = [pk for pk, ns, name in prefetches.values_list("pk", "namespace", "artifact_name") if (ns, name) in keys]
+    targeted = PrefetchTarget.objects.filter(
+        prefetch_id__in=ids, lapsed_at__isnull=True, state__in=[TargetState.PENDING, TargetState.HELD]
+    ).exclude(node=node)
+    mounted = MountReference.objects.filter(pod_namespace__in=namespaces, artifact__in=names, digest=digest).exclude(
+        node=node
+    )
+    return set(targeted.values_list("node", flat=True)) | set(mounted.values_list("node", flat=True))
 
 
 def _is_ip(value: str) -> bool:

@@ -138,12 +138,7 @@ class Plugin:
         ticket asked for again to learn of new peers; ``None`` when fan-out is off or we have no token."""
         if not self.settings.fanout or self.peer_token is None:
             return None
-        return PeerAccess(token=self.peer_token, ca_file=self.settings.peer_ca_file or None, refresh=self.ticket_peers)
-
-    def ticket_peers(self, digest: str):
-        """The peers the worker lists for ``digest`` now (``None`` without a ticket)."""
-        ticket = self.fetch_ticket(digest)
-        return ticket.peers if ticket is not None else None
+        return PeerAccess(token=self.peer_token, ca_file=self.settings.peer_ca_file or None, refresh=self.fetch_ticket)
 
     # --- events ----------------------------------------------------------------------------------------
     def _changed(self, digest, entry) -> None:

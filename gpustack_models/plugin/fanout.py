@@ -63,9 +63,7 @@ class FanOut:
             fine=bool(peers),
         )
         self.board.set_peers(peers)
-        if not any(p.state == "Ready" for p in peers) and self.access.refresh is not None:
-            # Nobody holds it yet: the nodes placed beside us may not all be listed; ask the hub nothing
-            # until the ticket was asked again, so each node's share is computed over all of them.
+        if self._settling(self.ticket.joining, peers):
             self.board.settle(self.settings.peer_settle)
         self.client = PeerClient(self.ticket.hex, self.access, d.settings.stall_timeout, d.limits.rate, d._frontier)
         self._poller = threading.Thread(target=self._poll, name=f"peers-{self.ticket.hex[:8]}", daemon=True)
@@ -97,16 +95,27 @@ class FanOut:
     def banned(self) -> list[str]:
         return self.board.banned() if self.board is not None else []
 
+    def _settling(self, joining: int | None, peers) -> bool:
+        """Wait for nodes starting beside us before asking the hub: nobody holds the digest yet (no Ready
+        peer) and the worker knows of nodes starting on it that the ticket cannot list yet (``joining``; a
+        worker that does not say may have some). Each node's share of the hub's bytes is then computed over
+        all of them. A node alone, or one whose ticket lists every node starting beside it, has nobody to
+        wait for."""
+        if self.access.refresh is None or any(p.state == "Ready" for p in peers):
+            return False
+        return joining is None or joining > 0
+
     # ---------------------------------------------------------------- the poller
 
     def _poll(self) -> None:
         settings = self.settings
-        held = self.board.hold_until > time.monotonic()
-        refresh_at = time.monotonic() + (settings.peer_settle / 2 if held else settings.peer_refresh)
+        refresh_at = time.monotonic() + (settings.peer_poll if self.board.held() else settings.peer_refresh)
         while not self._done.wait(min(settings.peer_poll, max(0.05, refresh_at - time.monotonic()))):
             if self.access.refresh is not None and time.monotonic() >= refresh_at:
-                refresh_at = time.monotonic() + settings.peer_refresh
                 self._refresh()
+                # While the hub waits for nodes still joining, the ticket is asked again at every poll.
+                held = self.board.held()
+                refresh_at = time.monotonic() + (settings.peer_poll if held else settings.peer_refresh)
             for state in self.board.candidates():
                 if self._done.is_set():
                     return
@@ -120,12 +129,16 @@ class FanOut:
 
     def _refresh(self) -> None:
         try:
-            peers = self.access.refresh(self.ticket.digest)
+            ticket = self.access.refresh(self.ticket.digest)
         except Exception as exc:  # the worker unreachable a moment: keep the peers known
             log.info("%s: the ticket's peers could not be read again: %s", self.ticket.digest[:19], exc)
             return
-        if peers is not None:
-            self.board.set_peers(usable_peers(peers))
+        if ticket is None:
+            return
+        peers = usable_peers(ticket.peers)
+        self.board.set_peers(peers)
+        if self.board.held() and not self._settling(ticket.joining, peers):
+            self.board.release()  # every node that wants the digest is listed now
 
     # ---------------------------------------------------------------- workers
 

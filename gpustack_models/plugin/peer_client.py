@@ -29,7 +29,7 @@ from .frontier import HashFrontier
 from .limits import RateLimiter
 from .peers import PREFIX
 from .swarm import Segment
-from .ticket import PeerSource, origin
+from .ticket import FetchTicket, PeerSource, origin
 from .transport import ConnectionPool, HttpError, Response
 
 _CONTENT_RANGE = re.compile(r"bytes\s+(\d+)-(\d+)/(\d+|\*)")
@@ -39,11 +39,12 @@ _MAX_TREE_BYTES = 8 * 1024 * 1024
 @dataclass(frozen=True)
 class PeerAccess:
     """How this node reaches its peers: ``token()`` the bearer token it presents, ``ca_file`` the CA
-    of the peers' serving certificates, ``refresh(digest)`` the ticket's current peers (or ``None``)."""
+    of the peers' serving certificates, ``refresh(digest)`` the ticket asked for again, for its current
+    peers and ``joining`` (or ``None``)."""
 
     token: Callable[[], str]
     ca_file: str | None = None
-    refresh: Callable[[str], tuple[PeerSource, ...]] | None = None
+    refresh: Callable[[str], FetchTicket | None] | None = None
 
 
 class PeerError(Exception):

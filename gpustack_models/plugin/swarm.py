@@ -21,11 +21,14 @@ what:
   its segments move to the next node in each segment's hash order, so its share is fetched once,
   not by everyone. At least two hub requests run whenever owned segments wait, so a node always
   moves its share forward while it takes the rest from peers. The ticket's peer list is asked for
-  again every ``peer_refresh`` seconds, so nodes that started with no peer soon know each other
-  (a ticket with no Ready peer asks the hub nothing for ``peer_settle`` seconds, its peer list asked
-  for again halfway, so that the nodes placed together all count in each segment's owner; then a node asks the hub for
-  its surest share first, the segments where its own hash ranks highest, which stay its own however
-  many nodes it has not heard of yet).
+  again every ``peer_refresh`` seconds, so nodes that started with no peer soon know each other.
+  Nodes placed together may not all be listed in each other's first ticket (the worker places a digest
+  on one node at a time): a ticket with no Ready peer whose worker knows of nodes still joining
+  (``FetchTicket.joining``) asks the hub nothing for ``peer_settle`` seconds, or until the ticket,
+  asked for again every ``peer_poll`` seconds meanwhile, lists them all, so that the nodes placed
+  together all count in each segment's owner; then a node asks the hub for its surest share first, the
+  segments where its own hash ranks highest, which stay its own however many nodes it has not heard of
+  yet. A node alone, or whose ticket lists every node that wants the digest, does not wait.
 - **Stragglers.** When nothing else can be started and a peer's segment in flight has taken four
   times what the fastest peer's rate promises (and at least ``straggle_seconds``), the segment's tail is
   cut off (at the middle of what remains, never below the bytes being written) and handed to
@@ -69,7 +72,7 @@ class SwarmSettings:
     peer_wait: float = 120.0  # seconds a segment waits for a peer before this node asks the hub anyway
     peer_stall: float = 15.0  # a Downloading peer whose ranges did not grow for this long owns nothing
     peer_refresh: float = 2.0  # seconds between asks for the ticket's peer list
-    peer_settle: float = 2.0  # a ticket without a Ready peer: no hub request for this long (peers starting beside us)
+    peer_settle: float = 2.0  # nodes still joining, none Ready: no hub request for at most this long
     peer_poll: float = 0.5  # seconds between tree answers asked of each Downloading peer
     straggle_seconds: float = 2.0  # a segment in flight is never a straggler sooner
     hub_floor: int = 2  # hub requests kept running while owned segments wait
@@ -335,10 +338,21 @@ class Board:
     # ---------------------------------------------------------------- taking work
 
     def settle(self, seconds: float) -> None:
-        """Ask the hub nothing for ``seconds`` unless peers show up meanwhile: nodes that start
-        together learn of each other before each asks the hub for the start of every file."""
+        """Ask the hub nothing for ``seconds`` (or until ``release``): nodes that start together learn
+        of each other before each asks the hub for the start of every file."""
         with self.cond:
             self.hold_until = time.monotonic() + seconds
+
+    def held(self) -> bool:
+        """The hub is asked nothing yet (``settle``)."""
+        with self.cond:
+            return time.monotonic() < self.hold_until
+
+    def release(self) -> None:
+        """End the ``settle`` now: the nodes it waited for are known."""
+        with self.cond:
+            self.hold_until = 0.0
+            self.cond.notify_all()
 
     def take(self) -> tuple[Segment, str] | None:
         """The next segment and its source; ``None``: wait; raises ``Finished`` when nothing is left."""

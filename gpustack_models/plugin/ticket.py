@@ -20,7 +20,9 @@ next one takes over.
 
 A ticket also lists *peers* (``PeerSource``): other nodes' plugins holding the digest ``Ready`` or
 downloading it, whose peer endpoints (``peers``) serve the manifest's bytes; the worker lists them in
-``peers`` (``[{"node", "url", "state"}]``), ``Ready`` ones first.
+``peers`` (``[{"node", "url", "state"}]``), ``Ready`` ones first; and ``joining``, how many more nodes
+are to start on the digest that the peers cannot list yet (it is placed there, or their plugin is Ready, a
+moment from now; ``None``: the worker did not say).
 
 Tokens are secrets: never written to disk and never in a ``repr`` or a message.
 """
@@ -245,6 +247,7 @@ class FetchTicket:
     ca_bundle: str | None = None
     fallbacks: tuple[HubSource, ...] = ()
     peers: tuple[PeerSource, ...] = ()
+    joining: int | None = None
 
     def __post_init__(self):
         object.__setattr__(self, "files", tuple(self.files))
@@ -373,6 +376,7 @@ class FetchTicket:
             "caBundle": self.ca_bundle,
             "sources": [hub.to_dict(include_token=include_token) for hub in self.sources],
             "peers": [peer.to_dict() for peer in self.peers],
+            **({"joining": self.joining} if self.joining is not None else {}),
         }
 
     @classmethod
@@ -397,9 +401,15 @@ class FetchTicket:
                 ca_bundle=data.get("caBundle") or data.get("ca_bundle") or None,
                 fallbacks=listed[1:],
                 peers=[PeerSource.from_dict(item) for item in data.get("peers") or ()],
+                joining=_count(data.get("joining")),
             )
         except (KeyError, TypeError, ValueError, InvalidPath, AttributeError) as exc:
             raise DownloadFailed(INVALID_REQUEST, f"invalid fetch ticket: {type(exc).__name__}: {exc}") from None
+
+
+def _count(value: Any) -> int | None:
+    """A count the ticket may give (``joining``): a non-negative integer, else ``None`` (not said)."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
 
 
 def _invalid(message: str) -> DownloadFailed:

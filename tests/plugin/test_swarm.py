@@ -18,7 +18,7 @@ from gpustack_models.plugin.ticket import PeerSource, usable_peers
 from gpustack_models.sources.manifest import ManifestFile
 from tests.fakehub import FakeHub
 
-from .conftest import FAST, KiB, MiB, random_bytes, ticket_for, tree_files
+from .conftest import FAST, KiB, MiB, random_bytes, ticket_for, tree_files, wait_for
 
 TOKEN = "peer-token-for-tests"
 FILES = {
@@ -286,13 +286,18 @@ def test_a_lone_download_takes_the_hubs_parts_until_a_peer_shows_up_then_the_res
     late.serve_peer(origin.hex, FILES, token=TOKEN)
     fakehub.total_rate = 1 * MiB  # about five seconds for the model from the hub alone
     listed: list[PeerSource] = []
-    access = PeerAccess(token=lambda: TOKEN, ca_file=pki_files[0], refresh=lambda digest: tuple(listed))
-    swarm = SwarmSettings(peer_refresh=0.2, peer_poll=0.1, peer_settle=0.2)
+    alone = dataclasses.replace(origin, joining=0)  # no other node wants it yet: nobody to wait for
+
+    def refresh(digest):
+        return dataclasses.replace(alone, peers=tuple(listed))
+
+    access = PeerAccess(token=lambda: TOKEN, ca_file=pki_files[0], refresh=refresh)
+    swarm = SwarmSettings(peer_refresh=0.2, peer_poll=0.1)
     engine = make_engine(settings=DownloadSettings(**FAST), node="me", peers=access, swarm=swarm)
 
-    engine.ensure(origin)  # no peer in the ticket
-    time.sleep(1.0)
-    assert 0 < served(fakehub) < sum(len(b) for b in FILES.values()) / 3  # the hub's parts, under way
+    engine.ensure(alone)  # no peer in the ticket
+    wait_for(lambda: served(fakehub) > 0, timeout=10)
+    assert served(fakehub) < sum(len(b) for b in FILES.values()) / 3  # the hub's parts, under way
     listed.append(PeerSource("late", late.url, "Ready"))
     entry = engine.wait(origin.digest, timeout=60)
 
@@ -300,3 +305,40 @@ def test_a_lone_download_takes_the_hubs_parts_until_a_peer_shows_up_then_the_res
     assert tree_files(engine.path(origin.digest)) == FILES
     size = sum(len(b) for b in FILES.values())
     assert served(fakehub) < size / 2 and late.body_bytes > size / 2
+
+
+def test_a_node_alone_asks_the_hub_at_once(fakehub, origin, pki_files, make_engine):
+    alone = dataclasses.replace(origin, joining=0)
+    access = PeerAccess(token=lambda: TOKEN, ca_file=pki_files[0], refresh=lambda digest: alone)
+    swarm = SwarmSettings(peer_settle=60.0)  # a wait for peers would outlast the test
+    engine = make_engine(settings=DownloadSettings(**FAST), node="me", peers=access, swarm=swarm)
+
+    engine.ensure(alone)
+    entry = engine.wait(origin.digest, timeout=30)
+
+    assert entry.state == READY and entry.source == "Hub", entry
+    assert served(fakehub) == sum(len(b) for b in FILES.values())
+
+
+@pytest.mark.parametrize("joining", [1, None], ids=["nodes-joining", "worker-does-not-say"])
+def test_the_hub_waits_for_nodes_still_joining_and_not_once_none_is(joining, fakehub, origin, pki_files, make_engine):
+    said = {"joining": joining}
+    asked = []
+
+    def refresh(digest):
+        asked.append(time.monotonic())
+        return dataclasses.replace(origin, joining=said["joining"])
+
+    access = PeerAccess(token=lambda: TOKEN, ca_file=pki_files[0], refresh=refresh)
+    swarm = SwarmSettings(peer_settle=60.0, peer_poll=0.1, peer_refresh=5.0)
+    engine = make_engine(settings=DownloadSettings(**FAST), node="me", peers=access, swarm=swarm)
+
+    engine.ensure(dataclasses.replace(origin, joining=joining))
+    wait_for(lambda: len(asked) >= 5, timeout=10)  # the ticket asked for again at every poll meanwhile
+    assert served(fakehub) == 0 and not [r for r in fakehub.requests if r.method == "GET"]
+    assert engine.entry(origin.digest).state == "Downloading"
+    said["joining"] = 0  # the last one was placed (or left out): nobody left to wait for
+    entry = engine.wait(origin.digest, timeout=30)  # long before the settle's 60 s
+
+    assert entry.state == READY and entry.source == "Hub", entry
+    assert served(fakehub) == sum(len(b) for b in FILES.values())
