@@ -12,7 +12,9 @@ import time
 import pytest
 import requests
 
+from gpustack_models.kinds import GROUP
 from tests.support import TEST_STATE, wait_for
+from tests.support.uploads import annotate, plugin_metric
 from tests.test_plugins import Scenario
 
 MiB = 1024 * 1024
@@ -76,11 +78,11 @@ def all_ready(scenario, plugins, timeout):
 
 
 def test_eight_nodes_take_about_one_copy_from_a_throttled_hub(fan, hub):
-    files = model(fan.repo, 24)
+    files = model(fan.repo, 12)
     size = size_of(files)
     fan.artifact(files=files)
     plugins = fan.plugins(8)
-    hub.total_rate = 3 * MiB  # the hub alone would need 8 copies: about a minute
+    hub.total_rate = 3 * MiB  # the hub alone would need 8 copies: about half a minute
     hub.reset_body_bytes()
     started = time.monotonic()
     fan.prefetch(plugins)
@@ -88,7 +90,8 @@ def test_eight_nodes_take_about_one_copy_from_a_throttled_hub(fan, hub):
     elapsed = time.monotonic() - started
 
     assert all(identical(fan, p) for p in plugins)
-    # Nodes placed together know each other from their first ticket: the hub serves about one copy.
+    # Nodes placed together know each other from their first ticket, or wait for the worker to place the
+    # digest on the others before asking the hub (``joining``): the hub serves about one copy.
     assert hub.body_bytes <= 1.1 * size, f"the hub served {hub.body_bytes / size:.2f} copies"
     assert elapsed < 8 * size / hub.total_rate / 2  # well under what eight copies from the hub take
     sources = [fan.entry(p.node)["source"] for p in plugins]
@@ -99,7 +102,38 @@ def test_eight_nodes_take_about_one_copy_from_a_throttled_hub(fan, hub):
     assert any("bytes by source: hub" in log_of(p) and ", peers " in log_of(p) for p in plugins)
 
 
-def test_a_killed_peer_and_a_corrupted_peer_stop_nobody(fan, hub):
+def served_bytes(plugin) -> float:
+    """What the plugin's peer endpoints served, to every node."""
+    s = requests.Session()
+    s.trust_env = False
+    text = s.get(f"{plugin.url}/metrics", verify=False, timeout=5).text
+    pattern = r'gpustack_models_plugin_peer_served_bytes_total\{peer="[^"]*"\} (\S+)'
+    return sum(float(v) for v in re.findall(pattern, text))
+
+
+def download_of(plugin, digest: str) -> dict:
+    """What the plugin's log says of its download of ``digest``: each time a file was thrown away after
+    failing its hash (``failures``: its path, the bytes the download still needed then and when, in
+    order), the bytes fetched in all and those from the hub (``None`` until it finished)."""
+    text, short = log_of(plugin), re.escape(digest[:19])
+    failure = (
+        rf"^(\S+ \S+) WARNING \S+: {short}: (\S+) failed its hash with bytes from .*? \((\d+) bytes left to fetch\)$"
+    )
+    failures = [(path, int(left), logged) for logged, path, left in re.findall(failure, text, re.M)]
+    done = re.search(rf"download {short} ready: (\d+) bytes fetched .* bytes by source: hub (\d+)", text)
+    return {
+        "failures": failures,
+        "fetched": int(done.group(1)) if done else None,
+        "hub": int(done.group(2)) if done else None,
+    }
+
+
+def logged_at(logged: str) -> float:
+    """A log line's time (local, to the millisecond, as ``logging`` writes it) in seconds since the epoch."""
+    return time.mktime(time.strptime(logged[:19], "%Y-%m-%d %H:%M:%S")) + int(logged[20:23]) / 1000
+
+
+def test_a_killed_peer_and_a_corrupted_peer_stop_nobody(fan, hub, core):
     files = model(fan.repo, 16)
     size = size_of(files)
     fan.artifact(files=files)
@@ -107,7 +141,8 @@ def test_a_killed_peer_and_a_corrupted_peer_stop_nobody(fan, hub):
     fan.prefetch([seed], name="seed")
     fan.wait_state(seed.node, "Ready", timeout=60)
     # The seed's copy goes bad on its disk: it serves one flipped byte in the smaller shard.
-    shard = fan.tree(seed) / "model-00002-of-00002.safetensors"
+    bad = "model-00002-of-00002.safetensors"
+    shard = fan.tree(seed) / bad
     shard.chmod(0o644)
     with shard.open("r+b") as f:
         f.seek(1000)
@@ -116,26 +151,58 @@ def test_a_killed_peer_and_a_corrupted_peer_stop_nobody(fan, hub):
         f.write(bytes([byte[0] ^ 0xFF]))
 
     others = fan.plugins(6)
-    hub.total_rate = 2 * MiB
-    hub.reset_body_bytes()
-    fan.prefetch(others, name="rest")
     victim = others[0]
+    # The victim downloads at 2 MB/s (its Node's annotation): several seconds, so it is still downloading
+    # when it has served other nodes and is killed.
+    annotate(core, victim.node, {f"{GROUP}/download-bytes-per-second": "2000000"})
     wait_for(
-        lambda: (e := fan.entry(victim.node)) and e["state"] == "Downloading" and e.get("downloadedBytes", 0) > 0,
+        lambda: plugin_metric(victim, "gpustack_models_plugin_download_rate_limit_bytes_per_second") == 2_000_000,
         timeout=30,
-        message="the victim to be mid-transfer",
+        message="the victim's download rate limit",
     )
+    hub.reset_body_bytes()
+    since = len(hub.requests)
+    fan.prefetch(others, name="rest")
+    # Killed once it has served other nodes: they lose a source they were using.
+    wait_for(lambda: served_bytes(victim) > 0, timeout=60, interval=0.05, message="the victim to serve other nodes")
+    victim_hub = source_bytes(victim).get(("hub", ""), 0.0)
     victim.stop(kill=True)
+    assert not re.search(rf"download {re.escape(fan.digest[:19])} ready", log_of(victim)), "not killed mid-transfer"
     survivors = others[1:]
     all_ready(fan, survivors, timeout=90)
 
     assert all(identical(fan, p) for p in survivors)
     banned = [p for p in survivors if re.search(rf"banned peer {re.escape(seed.node)} ", log_of(p))]
     assert banned, "no node banned the corrupted peer"
-    # The good shard comes from the seed. The corrupted one may reach a node from a peer that relayed the
-    # seed's bytes before its own check failed, so that peer is banned too and in the worst case every node
-    # takes that file from the hub: at most one such file per node, plus half a copy of slack for
-    # stragglers re-cut to the hub, still well under the six copies the hub alone would serve.
-    corrupted = len(fan.files["model-00002-of-00002.safetensors"])
-    bound = len(others) * corrupted + size // 2
-    assert hub.body_bytes <= bound, f"the hub served {hub.body_bytes / size:.2f} copies (bound {bound / size:.2f})"
+    assert any(source_bytes(p).get(("peer", victim.node), 0) > 0 for p in survivors), "nobody kept the victim's bytes"
+
+    # The hub's share, from what was injected. The seed is Ready (it holds every byte) and stays up, and
+    # a node asks the hub only for what no peer it has not banned holds: nothing is asked of the hub until
+    # a node first throws the bad shard away (it logs that before it bans anyone). A node throws the shard
+    # away each time it fails its hash, k times (k >= 0: its bytes came from the seed, or from a peer that
+    # relayed the seed's bytes before its own check failed), and nothing else is ever thrown away: it
+    # fetches exactly size + k * shard bytes. After its first failure it may ask the hub for what it still
+    # needed then (``left``: the whole shard again, and the bytes of other files it did not have yet), and
+    # for the shard once more after each later failure: at most left + (k - 1) * shard bytes from the hub,
+    # and none if k == 0. The victim's share is the same, counted up to its death.
+    shard_size = len(files[bad])
+    downloads = {p.node: download_of(p, fan.digest) for p in others}
+    bounds = {}
+    for p in others:
+        d = downloads[p.node]
+        assert all(path == bad for path, _, _ in d["failures"]), d
+        k = len(d["failures"])
+        bounds[p.node] = d["failures"][0][1] + (k - 1) * shard_size if k else 0
+        if p is victim:
+            assert victim_hub <= bounds[p.node], (victim_hub, d)
+            continue
+        assert d["fetched"] == size + k * shard_size, (p.node, d, shard_size)
+        assert source_bytes(p).get(("hub", ""), 0.0) == d["hub"] <= bounds[p.node], (p.node, d, bounds[p.node])
+    failures = [logged_at(when) for d in downloads.values() for _, _, when in d["failures"]]
+    asked = [r for r in hub.requests[since:] if r.listener == "cdn" or "/resolve/" in r.path]
+    early = [r for r in asked if not failures or r.started < min(failures)]
+    assert not early, f"the hub was asked before any node threw the bad shard away: {early[:3]}"
+    # The nodes count what they received from the hub; the hub may have handed a socket a few more bytes
+    # of a request cut short, never fewer.
+    received = victim_hub + sum(downloads[p.node]["hub"] for p in survivors)
+    assert received <= hub.body_bytes, (received, hub.body_bytes)

@@ -169,12 +169,15 @@ class FanOut:
             else:
                 self._from_peer(seg, source, view, started)
         except DownloadFailed as exc:
-            self.board.done(seg, 0, 0.0)
             if not self.recover(exc):
                 raise
 
     def _from_hub(self, seg: Segment, view: memoryview, started: float) -> None:
-        self.download._fetcher.fetch(seg.f, seg.pos, seg.end, view, seg)  # fails the download when every hub failed
+        try:
+            self.download._fetcher.fetch(seg.f, seg.pos, seg.end, view, seg)  # fails when every hub failed
+        except DownloadFailed:
+            self.board.done(seg, 0, 0.0)
+            raise
         moved, seg.pos = seg.end - seg.pos, seg.end
         self.board.done(seg, moved, time.monotonic() - started)
 
@@ -194,6 +197,9 @@ class FanOut:
         except PeerError as exc:
             log.info("%s: peer %s failed: %s", self.ticket.digest[:19], node, exc)
             board.peer_failed(node)
+        except DownloadFailed:  # a file these bytes completed failed its hash: they came from the peer all the same
+            board.done(seg, seg.pos - start, time.monotonic() - started)
+            raise
         finally:
             self._count(node, seg.pos - start)
         board.put_back(seg, seg.pos - start, time.monotonic() - started)
@@ -213,11 +219,21 @@ class FanOut:
         if exc.reason != INTEGRITY_MISMATCH or self.board is None:
             return False
         bad = [f for f in self.download._files if f.bad]
+        # What the download still needs once the bad bytes are gone (measured before any ban, so before
+        # anything new is asked of the hub for it): the most the hub can be asked for until the next failure.
+        left = self.download.remaining_bytes + sum(f.written_bytes() for f in bad)
         for f in bad:
             with f.lock:
                 culprits = set(f.peers) - {""}
             if not culprits:
                 return False
+            log.warning(
+                "%s: %s failed its hash with bytes from %s: thrown away to be fetched again (%d bytes left to fetch)",
+                self.ticket.digest[:19],
+                f.file.path,
+                ", ".join(sorted(culprits)),
+                left,
+            )
             for node in self.board.ban(culprits):
                 log.warning(
                     "%s: banned peer %s for this download: %s failed its hash with its bytes",

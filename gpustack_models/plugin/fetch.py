@@ -374,9 +374,9 @@ class RangeFetcher:
                     raise http.client.IncompleteRead(b"", stop - pos)
                 chunk = view[:got]
                 write_at(fd, chunk, pos)
-                record(f, pos, pos + got, chunk)
-                pos += got
+                pos += got  # received and written, even if hashing them fails the file
                 cursor[0] = pos
+                record(f, pos - got, pos, chunk)
         finally:
             self._count(pos - start)
         return pos
