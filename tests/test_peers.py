@@ -174,11 +174,11 @@ def ticket_peers(worker_api, launcher, plugin, digest) -> list[dict]:
 def check_upload_limits(peer, token, weights):
     """One transfer at a time at 1 MB/s: a second one while it runs is told to come back (503, Retry-After);
     the first one takes the time the rate says."""
-    result = {}
+    result, size = {}, 2_000_000
 
     def slow():
         started = time.monotonic()
-        result["resp"] = peer.file(WEIGHTS, token)
+        result["resp"] = peer.file(WEIGHTS, token, f"bytes=0-{size - 1}")
         result["seconds"] = time.monotonic() - started
 
     thread = threading.Thread(target=slow)
@@ -188,8 +188,9 @@ def check_upload_limits(peer, token, weights):
     assert status_of(busy) == (503, "ServiceUnavailable")
     assert busy.headers["Retry-After"] == "1"
     thread.join(30)
-    assert result["resp"].status_code == 200 and result["resp"].content == weights
-    assert result["seconds"] >= len(weights) / 1_000_000 * 0.8, result["seconds"]
+    assert result["resp"].status_code == 206 and result["resp"].content == weights[:size]
+    # The limiter lets a reader run at most 0.05 s ahead, and the last read (1/20 s worth) goes out at once.
+    assert result["seconds"] >= size / 1_000_000 - 0.05 - 0.05, result["seconds"]
     assert peer.file("tokenizer.json", token).status_code == 200  # the slot is free again
     assert metric(peer.plugin, "gpustack_models_plugin_peer_uploads_limit") == 1
 
@@ -248,7 +249,7 @@ def test_it_refuses_everyone_but_the_plugins_of_nodes_that_want_the_digest(scena
 def test_it_tells_and_serves_the_ranges_of_a_download_in_progress(scenario, hub, launcher, worker_api):
     scenario.artifact(files=big_files(scenario.repo, mb=6))
     a, b = scenario.plugins(2, GPUSTACK_PLUGIN_FANOUT="false")  # each from the hub: a's bytes from the first on
-    hub.faults.throttle(scenario.weights, 700_000)  # ~9 s
+    throttle = hub.faults.throttle(scenario.weights, 700_000)  # ~9 s, until released below
     scenario.prefetch([a, b])
     peer, token = Peer(a, launcher, scenario.digest), peer_token(b)
     weights = scenario.files[WEIGHTS]
@@ -275,6 +276,7 @@ def test_it_tells_and_serves_the_ranges_of_a_download_in_progress(scenario, hub,
         "RequestedRangeNotSatisfiable",
     )
     assert peer.file(WEIGHTS, token).status_code == 416  # the whole file: not yet
+    throttle.release()  # the bodies under way go on at full speed
     hub.faults.clear()
     scenario.wait_state(a.node, "Ready", timeout=90)
     assert peer.tree(token).json()["state"] == "Ready"
