@@ -83,11 +83,18 @@ def hub_downloads(hub, since):
     return [r for r in hub.requests[since:] if r.listener == "cdn" or "/resolve/" in r.path]
 
 
-def test_a_node_selector_follows_the_labels_and_the_unselected_node_loses_its_bytes(life, core, worker_kube, kubectl):
+def test_a_node_selector_follows_the_labels_and_the_unselected_node_loses_its_bytes(
+    life, core, worker_kube, kubectl, mirror_db
+):
+    from gpustack_models.models import Node
+
     life.artifact()
     a, b, c = life.plugins(3, GPUSTACK_PLUGIN_REMOVAL_DELAY_SECONDS=1)
     label(core, a.node, "gpu")
     label(core, b.node, "gpu")
+    # The worker knows both labels before the prefetch selects (its Nodes and prefetches are watched apart).
+    wait_for(lambda: Node.objects.live().filter(name__in=[a.node, b.node], labels__tier="gpu").count() == 2,
+             message="the labels in the worker's mirror")  # fmt: skip
     create_prefetch(worker_kube, life.ns, "warm", "art", nodeSelector={"matchLabels": {"tier": "gpu"}})
     wait_condition(worker_kube, life.ns, "warm", "Available", "True", timeout=120)
     status = prefetch_status(worker_kube, life.ns, "warm")

@@ -5,7 +5,6 @@ import os
 import subprocess
 import sys
 
-import pytest
 import yaml
 
 from gpustack_models.worker.references import MAX_MODELS
@@ -38,15 +37,8 @@ def test_the_cap_is_the_schemas_limit_by_default():
     assert int(proc.stdout.split()[-1]) == MAX_MODELS
 
 
-@pytest.mark.parametrize(
-    "value, complaint",
-    [
-        (str(MAX_MODELS + 1), f"GPUSTACK_MODELS_PER_NODE={MAX_MODELS + 1}: must be at most {MAX_MODELS}"),
-        ("0", "GPUSTACK_MODELS_PER_NODE=0: must be at least 1"),
-        ("many", "GPUSTACK_MODELS_PER_NODE='many': expected an integer"),
-    ],
-)
-def test_a_cap_the_schema_cannot_hold_is_refused_at_start(value, complaint):
-    proc = start_with(GPUSTACK_MODELS_PER_NODE=value)
+def test_a_cap_the_schema_cannot_hold_is_refused_at_start():
+    proc = start_with(GPUSTACK_MODELS_PER_NODE=str(MAX_MODELS + 1))
     assert proc.returncode != 0
+    complaint = f"GPUSTACK_MODELS_PER_NODE={MAX_MODELS + 1}: must be at most {MAX_MODELS}"
     assert "ImproperlyConfigured" in proc.stderr and complaint in proc.stderr, proc.stderr[-2000:]
