@@ -12,6 +12,8 @@ import os
 import re
 import shutil
 import signal
+import socket
+import ssl
 import subprocess
 import sys
 import tempfile
@@ -208,7 +210,50 @@ def test_the_gunicorn_hooks_the_api_extends_to_stop_exist():
 
     for name in ("handle_exit_signal", "handle_quit_signal"):
         assert callable(getattr(gasgi.ASGIWorker, name, None)) and name in TLSASGIWorker.__dict__
-    assert callable(getattr(ASGIProtocol, "_close_transport", None)) and "_close_transport" in TLSASGIProtocol.__dict__
+    for name in ("_close_transport", "_arm_keepalive_timer", "_cancel_keepalive_timer"):
+        assert callable(getattr(ASGIProtocol, name, None)) and name in TLSASGIProtocol.__dict__, name
+    assert callable(getattr(ASGIProtocol, "_keepalive_timeout", None))  # what closes an idle connection
+
+
+def test_the_api_keeps_idle_connections_longer_than_kube_apiservers_proxy():
+    """kube-apiserver's proxy reuses an idle connection to the API for up to 90 s (Go's default): were the API to
+    close it first, a request the proxy sent on it meanwhile would fail with 503 "error trying to reach service"."""
+    from gpustack_models.management.commands.runapiserver import gunicorn_options
+
+    options = gunicorn_options(2)
+    assert int(options[options.index("--keep-alive") + 1]) > 90
+
+
+def closed(sock: ssl.SSLSocket) -> bool:
+    try:
+        return sock.recv(1) == b""
+    except (ConnectionResetError, ssl.SSLError):  # aborted rather than closed: closed all the same
+        return True
+
+
+def _complete(answer: bytes) -> bool:
+    head, found, body = answer.partition(b"\r\n\r\n")
+    if not found:
+        return False
+    length = re.search(rb"(?im)^content-length:\s*(\d+)", head)
+    return len(body) >= int(length.group(1)) if length else body.endswith(b"0\r\n\r\n")
+
+
+def idle_connection(api, cert) -> ssl.SSLSocket:
+    """A TLS connection to ``api`` that has had one answer and waits, kept alive, for its next request."""
+    context = ssl.create_default_context(cafile=str(api.ca_file))
+    context.load_cert_chain(*cert)
+    sock = context.wrap_socket(
+        socket.create_connection(("127.0.0.1", api.port), timeout=10), server_hostname="127.0.0.1"
+    )
+    sock.sendall(b"GET /livez HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+    answer = b""
+    while not _complete(answer):
+        chunk = sock.recv(4096)
+        assert chunk, f"the API closed the connection after {answer!r}"
+        answer += chunk
+    assert answer.startswith(b"HTTP/1.1 200") and b"connection: close" not in answer.lower(), answer
+    return sock
 
 
 def test_the_api_ends_its_open_watches_and_stops_within_10s(
@@ -231,8 +276,11 @@ def test_the_api_ends_its_open_watches_and_stops_within_10s(
         watches = [Watch(session, url) for _ in range(4)]
         for watch in watches:
             wait_for(lambda w=watch: w.events, timeout=30, message="the watch to relay the artifact")
+        idle = [idle_connection(api, session.cert) for _ in range(4)]  # as kube-apiserver's proxy keeps them
         sent = time.monotonic()
         stop = sigterm_and_time(proc, log)
+        for sock in idle:
+            assert closed(sock), "an idle connection was still open after the API stopped"
         # By itself: not killed by gunicorn at its 5 s graceful timeout, which open watches used to reach
         # (gunicorn logs a worker it kills: "was sent SIGKILL").
         within_bound(stop, "the API", log, bound=5)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import ssl
 import time
+import weakref
 from concurrent.futures import ThreadPoolExecutor
 from functools import wraps
 
@@ -31,6 +32,11 @@ from gunicorn.workers import gasgi
 from . import api_metrics
 
 CLOSE_NOTIFY_SECONDS = 0.5  # while stopping: how long a closed connection may flush before it is aborted
+# How long a keep-alive connection waits for its next request: longer than the 90 s kube-apiserver's proxy
+# keeps an idle connection to an aggregated server for reuse. A server closing it first races the proxy's
+# next request on it, which then fails with 503 "error trying to reach service: EOF".
+KEEPALIVE_SECONDS = 120
+_idle: weakref.WeakSet = weakref.WeakSet()  # this process's connections waiting for their next request
 
 
 def _abort(transport) -> None:
@@ -60,6 +66,14 @@ class TLSASGIProtocol(ASGIProtocol):
         if transport is not None and not self.worker.alive:
             self.worker.loop.call_later(CLOSE_NOTIFY_SECONDS, _abort, transport)
 
+    def _arm_keepalive_timer(self):
+        super()._arm_keepalive_timer()
+        _idle.add(self)
+
+    def _cancel_keepalive_timer(self):
+        super()._cancel_keepalive_timer()
+        _idle.discard(self)
+
     def _build_http_scope(self, request, sockname, peername):
         scope = super()._build_http_scope(request, sockname, peername)
         ssl_object = self.transport.get_extra_info("ssl_object") if self.transport else None
@@ -79,7 +93,8 @@ class TLSASGIProtocol(ASGIProtocol):
 
 class TLSASGIWorker(gasgi.ASGIWorker):
     """gunicorn's ASGI worker serving ``TLSASGIProtocol`` connections. On SIGTERM (and SIGINT, SIGQUIT) it
-    ends its open watches at once: they would otherwise hold the worker until its graceful timeout."""
+    ends its open watches and closes its idle keep-alive connections at once: either would otherwise hold
+    the worker until its graceful timeout."""
 
     def init_process(self):
         # The worker builds its protocol through the module-level name; rebind it in this process only.
@@ -100,6 +115,12 @@ class TLSASGIWorker(gasgi.ASGIWorker):
         closed = close_watches()
         if closed:
             self.log.info("stopping: ended %d open watches", closed)
+        idle = list(_idle)
+        for protocol in idle:
+            _idle.discard(protocol)
+            protocol._keepalive_timeout()
+        if idle:
+            self.log.info("stopping: closed %d idle connections", len(idle))
 
 
 _executor: ThreadPoolExecutor | None = None

@@ -7,6 +7,7 @@ from django.core.management.base import BaseCommand, CommandError
 
 from gpustack_models import kube, telemetry
 from gpustack_models.api.authentication import AUTH_CONFIGMAP, RequestHeaderConfig
+from gpustack_models.api.tls_worker import KEEPALIVE_SECONDS
 
 
 class Command(BaseCommand):
@@ -69,6 +70,8 @@ def gunicorn_options(workers: int) -> list[str]:
         "5",  # SIGTERM: open watches end at once (tls_worker), a request in flight gets this long
         "--timeout",
         "60",
+        "--keep-alive",
+        str(KEEPALIVE_SECONDS),  # beyond kube-apiserver's proxy's idle connections (tls_worker)
         "--no-control-socket",
         "--asgi-lifespan",
         "off",
