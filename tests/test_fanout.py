@@ -137,8 +137,17 @@ def test_a_killed_peer_and_a_corrupted_peer_stop_nobody(fan, hub, core):
     files = model(fan.repo, 16)
     size = size_of(files)
     fan.artifact(files=files)
-    (seed,) = fan.plugins(1)
+    seed, *others = fan.plugins(7)  # started together: the seed alone wants the model first
     fan.prefetch([seed], name="seed")
+    victim = others[0]
+    # The victim downloads at 2 MB/s (its Node's annotation): several seconds, so it is still downloading
+    # when it has served other nodes and is killed.
+    annotate(core, victim.node, {f"{GROUP}/download-bytes-per-second": "2000000"})
+    wait_for(
+        lambda: plugin_metric(victim, "gpustack_models_plugin_download_rate_limit_bytes_per_second") == 2_000_000,
+        timeout=30,
+        message="the victim's download rate limit",
+    )
     fan.wait_state(seed.node, "Ready", timeout=60)
     # The seed's copy goes bad on its disk: it serves one flipped byte in the smaller shard.
     bad = "model-00002-of-00002.safetensors"
@@ -150,16 +159,6 @@ def test_a_killed_peer_and_a_corrupted_peer_stop_nobody(fan, hub, core):
         f.seek(1000)
         f.write(bytes([byte[0] ^ 0xFF]))
 
-    others = fan.plugins(6)
-    victim = others[0]
-    # The victim downloads at 2 MB/s (its Node's annotation): several seconds, so it is still downloading
-    # when it has served other nodes and is killed.
-    annotate(core, victim.node, {f"{GROUP}/download-bytes-per-second": "2000000"})
-    wait_for(
-        lambda: plugin_metric(victim, "gpustack_models_plugin_download_rate_limit_bytes_per_second") == 2_000_000,
-        timeout=30,
-        message="the victim's download rate limit",
-    )
     hub.reset_body_bytes()
     since = len(hub.requests)
     fan.prefetch(others, name="rest")
