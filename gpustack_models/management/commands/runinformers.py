@@ -1,4 +1,3 @@
-import signal
 import sys
 import threading
 
@@ -7,6 +6,7 @@ from django.core.management.base import BaseCommand
 
 from gpustack_models import telemetry
 from gpustack_models.kube.leases import elector_for
+from gpustack_models.stopping import on_stop_signals
 from gpustack_models.worker import worker_metrics
 from gpustack_models.worker.informers import informers, run_all
 
@@ -29,8 +29,7 @@ class Command(BaseCommand):
             for informer in items:
                 informer.stop.set()
 
-        signal.signal(signal.SIGTERM, stop)
-        signal.signal(signal.SIGINT, stop)
+        on_stop_signals(stop)
         if not settings.LEADER_ELECTION:
             run_all(items)
             return

@@ -1,5 +1,4 @@
 import logging
-import signal
 
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
@@ -7,6 +6,7 @@ from django.core.management.base import BaseCommand, CommandError
 from gpustack_models.kube.identity import plugin_user, worker_user
 from gpustack_models.plugin.agent import Plugin, PluginSettings
 from gpustack_models.plugin.csi.registration import SocketPathError, check_socket_path, registration_socket
+from gpustack_models.stopping import on_stop_signals
 
 
 class Command(BaseCommand):
@@ -35,8 +35,7 @@ class Command(BaseCommand):
         except SocketPathError as exc:
             raise CommandError(str(exc)) from None
         plugin = Plugin(plugin_settings(node, csi_socket))
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(sig, lambda *_: plugin.stopping.set())
+        on_stop_signals(plugin.stopping.set)
         plugin.run()
 
 

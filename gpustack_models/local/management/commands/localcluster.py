@@ -1,4 +1,3 @@
-import signal
 import threading
 from pathlib import Path
 
@@ -6,6 +5,7 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
 from gpustack_models.local.cluster import LocalCluster, Ports
+from gpustack_models.stopping import on_stop_signals
 
 
 class Command(BaseCommand):
@@ -56,8 +56,7 @@ class Command(BaseCommand):
         if action == "start":
             return
         stop = threading.Event()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            signal.signal(sig, lambda *_: stop.set())
+        on_stop_signals(stop.set)
         stop.wait()
         cluster.stop()
         self.stdout.write("stopped")

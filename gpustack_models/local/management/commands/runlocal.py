@@ -1,11 +1,11 @@
 import os
-import signal
 import threading
 
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
 from gpustack_models.local.stack import LocalStack
+from gpustack_models.stopping import on_stop_signals
 
 
 class Command(BaseCommand):
@@ -28,13 +28,11 @@ class Command(BaseCommand):
         stack = LocalStack(settings.DATA_DIR, console)
         stop, running = threading.Event(), threading.Event()
 
-        def on_signal(*_):
-            stop.set()
+        def while_starting():
             if not running.is_set():  # still starting: give up on the start, stop what it started
                 raise Interrupted
 
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            signal.signal(sig, on_signal)
+        on_stop_signals(stop.set, in_handler=while_starting)
         try:
             self.stdout.write("starting the local control plane (the first run builds it: 10-20 minutes)")
             stack.start()
