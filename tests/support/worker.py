@@ -62,7 +62,11 @@ class WorkerAPI:
         )
         session = requests.Session()
         session.trust_env = False
-        wait_for(lambda: _healthy(session, self), timeout=60, message="the worker API to listen")
+        try:
+            wait_for(lambda: _healthy(session, self), timeout=60, message="the worker API to listen")
+        except BaseException:
+            self.stop()  # not left running (a session that failed here has no teardown for it)
+            raise
 
     def stop(self) -> None:
         if self.proc and self.proc.poll() is None:
