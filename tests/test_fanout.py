@@ -148,6 +148,14 @@ def test_a_killed_peer_and_a_corrupted_peer_stop_nobody(fan, hub, core):
         timeout=30,
         message="the victim's download rate limit",
     )
+    # The seed serves 2 MB/s in all (its Node's annotation), so the others take much of the model from each
+    # other, the victim included, rather than all of it from the seed before the victim holds anything.
+    annotate(core, seed.node, {f"{GROUP}/upload-bytes-per-second": "2000000"})
+    wait_for(
+        lambda: plugin_metric(seed, "gpustack_models_plugin_peer_upload_rate_limit_bytes_per_second") == 2_000_000,
+        timeout=30,
+        message="the seed's upload rate limit",
+    )
     fan.wait_state(seed.node, "Ready", timeout=60)
     # The seed's copy goes bad on its disk: it serves one flipped byte in the smaller shard.
     bad = "model-00002-of-00002.safetensors"

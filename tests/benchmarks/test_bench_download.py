@@ -13,7 +13,11 @@ def test_bench_download_throughput(bench_scale, record):
     for name in ("unthrottled", "throttled"):
         r = result[name]
         assert len(r["engine_seconds"]) == len(r["hf_seconds"]) == result["repeat"], r
-        assert r["ratio"] > 0 and r["hf_mb_s_without_startup"] > 0, r
+        if full or r["ratio"] is not None:  # a smoke run's few megabytes may take hf no longer than its start-up
+            assert r["ratio"] > 0 and r["hf_mb_s_without_startup"] > 0, r
+        else:
+            assert min(r["hf_seconds"]) <= result["hf_startup_seconds"], r
+        assert r["ratio_vs_hf_wall"] > 0, r
         parts.append(
             f"{name}: plugin {r['engine_mb_s']} MB/s vs hf {r['hf_mb_s_without_startup']} MB/s "
             f"(ratio {r['ratio']}, {r['ratio_vs_hf_wall']} against hf's wall time)"

@@ -6,7 +6,7 @@ from django.core.management.base import BaseCommand
 
 from gpustack_models import telemetry
 from gpustack_models.kube.leases import elector_for
-from gpustack_models.stopping import on_stop_signals
+from gpustack_models.stop_signals import on_stop_signals
 from gpustack_models.worker import worker_metrics
 from gpustack_models.worker.informers import informers, run_all
 

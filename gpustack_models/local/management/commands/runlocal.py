@@ -5,7 +5,7 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
 from gpustack_models.local.stack import LocalStack
-from gpustack_models.stopping import on_stop_signals
+from gpustack_models.stop_signals import on_stop_signals
 
 
 class Command(BaseCommand):

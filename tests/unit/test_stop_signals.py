@@ -1,4 +1,4 @@
-"""SIGTERM and SIGINT stop a process whatever its main thread holds (``gpustack_models.stopping``): the handler
+"""SIGTERM and SIGINT stop a process whatever its main thread holds (``gpustack_models.stop_signals``): the handler
 takes no lock, so a signal arriving while the main thread holds the stop event's lock (inside its ``wait`` or
 ``set``, or inside an earlier handler) cannot hang it, as it hung a node plugin that got two SIGTERMs."""
 
@@ -12,11 +12,11 @@ import threading
 
 import pytest
 
-from gpustack_models.stopping import on_stop_signals
+from gpustack_models.stop_signals import on_stop_signals
 
 CHILD = """
 import os, signal, threading
-from gpustack_models.stopping import on_stop_signals
+from gpustack_models.stop_signals import on_stop_signals
 
 stopping = threading.Event()
 {install}
