@@ -92,6 +92,10 @@ class Lane:
         return self.tail[-1:]
 
 
+def minutes(seconds: float) -> str:
+    return f"{int(seconds // 60)} min {int(seconds % 60)} s"
+
+
 def run(count: int, pytest_args: list[str]) -> int:
     started = time.monotonic()
     lanes = [Lane(i, count, pytest_args) for i in range(count)]
@@ -106,10 +110,10 @@ def run(count: int, pytest_args: list[str]) -> int:
     print()
     for lane, code in zip(lanes, codes):
         took = (lane.ended or time.monotonic()) - lane.started
-        print(f"=== lane {lane.lane}: exit {code} in {took / 60:.0f} min {took % 60:.0f} s ({lane.log_path})")
+        print(f"=== lane {lane.lane}: exit {code} in {minutes(took)} ({lane.log_path})")
         sys.stdout.writelines(lane.summary())
     total = time.monotonic() - started
-    print(f"=== {count} lanes in {total / 60:.0f} min {total % 60:.0f} s")
+    print(f"=== {count} lanes in {minutes(total)}")
     if all(code == NO_TESTS for code in codes):
         return NO_TESTS
     failing = [code for code in codes if code not in (0, NO_TESTS)]
