@@ -48,7 +48,7 @@ unit: venv
 
 # The inner loop: pure functions, the plugin's download engine and the fake hub; no control plane, under a minute.
 quick: venv
-	$(PY) -m pytest tests/unit tests/plugin tests/fakehub -q $(PYTEST_ARGS)
+	$(PY) -m tests.lanes -- tests/unit tests/plugin tests/fakehub -q $(PYTEST_ARGS)
 
 # The whole suite in GPUSTACK_TEST_LANES lanes at once (default 2; tests/lanes.py), lint beside it.
 test: venv controlplane csi-sanity helm
