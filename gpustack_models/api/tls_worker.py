@@ -67,6 +67,11 @@ class TLSASGIProtocol(ASGIProtocol):
             self.worker.loop.call_later(CLOSE_NOTIFY_SECONDS, _abort, transport)
 
     def _arm_keepalive_timer(self):
+        if not self.worker.alive:
+            # Stopping: a connection that turns idle now (its answer was sent before the signal, the call
+            # behind it ended after) waits for no next request.
+            self._keepalive_timeout()
+            return
         super()._arm_keepalive_timer()
         _idle.add(self)
 
