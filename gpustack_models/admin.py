@@ -9,10 +9,10 @@ from django.db.models import Count, Exists, OuterRef, Subquery
 from django.db.models.functions import Coalesce
 from django.utils.html import format_html
 
-from .console import pages
-from .kinds import FAILURE_REASONS
-from .kinds.formatting import human_bytes
-from .models import (
+from gpustack_models.console import pages
+from gpustack_models.kinds import FAILURE_REASONS
+from gpustack_models.kinds.formatting import human_bytes
+from gpustack_models.models import (
     Artifact,
     ConditionStatus,
     EntryState,

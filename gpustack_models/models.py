@@ -11,7 +11,7 @@ from __future__ import annotations
 from django.db import models
 from django.db.models import Q
 
-from .kinds import nodemodelstore
+from gpustack_models.kinds import nodemodelstore
 
 
 class EntryState(models.TextChoices):

@@ -16,8 +16,8 @@ from celery import shared_task
 from django.conf import settings
 from django.db import close_old_connections
 
-from .models import InformerState, NodeStore, PluginPod, Prefetch
-from .worker import (
+from gpustack_models.models import InformerState, NodeStore, PluginPod, Prefetch
+from gpustack_models.worker import (
     batches,
     collection,
     events,
@@ -32,7 +32,7 @@ from .worker import (
     selection,
     worker_metrics,
 )
-from .worker.reactions import once_per_key, react
+from gpustack_models.worker.reactions import once_per_key, react
 
 log = logging.getLogger(__name__)
 

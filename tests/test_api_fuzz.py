@@ -17,8 +17,7 @@ from kubernetes import client as k8s
 from schemathesis import GenerationMode
 
 from gpustack_models.kinds import GROUP
-
-from .test_api_authz import bind, make_namespace
+from tests.test_api_authz import bind, make_namespace
 
 EXAMPLES = int(os.environ.get("GPUSTACK_FUZZ_EXAMPLES", "4"))
 

@@ -11,8 +11,7 @@ from kubernetes import client as k8s
 
 from gpustack_models.kinds import GROUP
 from tests.support import wait_for
-
-from .test_api_authz import CLIENTS, _client, bind, create_artifact, make_namespace
+from tests.test_api_authz import CLIENTS, _client, bind, create_artifact, make_namespace
 
 STORAGE = f"/apis/{GROUP}/v1alpha1"
 HOSTILE_NAMES = [".", "%2E", "..", "%2E%2E", "a%2Fb", "x%3Fwatch%3Dtrue", "x%23y", "%25", "x%3F", "UPPER"]

@@ -21,11 +21,10 @@ import pytest
 from gpustack_models import kube
 from gpustack_models.kinds import GROUP
 from gpustack_models.models import MountReference
-
-from .support.kubernetes import wait_default_service_account
-from .support.plugins import PluginProcess
-from .support.stores import STORAGE, digests, reconciled, store, unannotated
-from .support.waiting import wait_for
+from tests.support.kubernetes import wait_default_service_account
+from tests.support.plugins import PluginProcess
+from tests.support.stores import STORAGE, digests, reconciled, store, unannotated
+from tests.support.waiting import wait_for
 
 DRIVER = "model.csi.gpustack.ai"
 MODEL_FILE = "model.safetensors"
@@ -40,7 +39,7 @@ def tenant(launcher, namespace):
 
 @pytest.fixture
 def other_tenant(core, launcher):
-    from .support.cluster import fresh_namespace
+    from tests.support.cluster import fresh_namespace
 
     gen = fresh_namespace(core)
     name = next(gen)

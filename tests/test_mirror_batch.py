@@ -20,8 +20,7 @@ from gpustack_models.worker.coalescing import BatchingSink, Coalescer
 from tests.support import wait_for
 from tests.support.paths import REPO, TEST_STATE
 from tests.support.worker import MIRROR_LAG_FILE
-
-from .test_api_authz import make_namespace
+from tests.test_api_authz import make_namespace
 
 
 def art(ns, name, rv, uid="u1", label="x"):

@@ -13,10 +13,9 @@ import requests
 
 from gpustack_models.local import pki
 from gpustack_models.local.cluster import free_port
-
-from .support.kubernetes import wait_default_service_account
-from .support.stores import entry, put_entries, store
-from .support.waiting import wait_for
+from tests.support.kubernetes import wait_default_service_account
+from tests.support.stores import entry, put_entries, store
+from tests.support.waiting import wait_for
 
 PATH = "/internal/v1/placement"
 DRIVER = "model.csi.gpustack.ai"

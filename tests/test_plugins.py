@@ -524,7 +524,7 @@ def test_it_writes_progress_on_thresholds_and_progress_writes_nothing(scenario, 
 
 
 def test_it_reads_at_most_64_plugins_live_and_skips_a_silent_one(scenario, launcher, worker_kube):
-    from .fakeplugins import FakePlugins
+    from tests.fakeplugins import FakePlugins
 
     scenario.artifact()
     size = sum(len(d) for d in scenario.files.values())
@@ -624,7 +624,7 @@ def jwt_claims(token: str) -> dict:
 
 
 def test_it_shows_plugins_a_token_useless_anywhere_else(scenario, launcher, worker_kube, cluster):
-    from .fakeplugins import FakePlugins
+    from tests.fakeplugins import FakePlugins
 
     scenario.artifact()
     node, address = f"fake-{uuid.uuid4().hex[:5]}", "127.0.2.200"

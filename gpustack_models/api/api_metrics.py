@@ -61,7 +61,7 @@ def labels(request, kwargs: dict, route: str) -> tuple[str, str]:
     method = request.method.lower()
     if route.startswith("/"):
         return (method if method in HTTP_METHODS else "other"), route
-    from .resources import request_verb
+    from gpustack_models.api.resources import request_verb
 
     if not route:
         plural = kwargs.get("plural")

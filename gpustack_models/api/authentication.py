@@ -30,11 +30,10 @@ from django.conf import settings
 from rest_framework.authentication import BaseAuthentication
 
 from gpustack_models import kube
+from gpustack_models.api import api_metrics
 from gpustack_models.kube.errors import Unauthorized
 from gpustack_models.kube.reviews import TokenReviewer
 from gpustack_models.kube.watch import Collection, WatchHandler, watch_forever
-
-from . import api_metrics
 
 log = logging.getLogger(__name__)
 

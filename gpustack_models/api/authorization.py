@@ -12,11 +12,10 @@ from django.conf import settings
 from rest_framework.permissions import BasePermission
 
 from gpustack_models import kube
+from gpustack_models.api import api_metrics
+from gpustack_models.api.authentication import KubeUser
 from gpustack_models.kube.errors import Forbidden, Unauthorized
 from gpustack_models.kube.reviews import TTLCache
-
-from . import api_metrics
-from .authentication import KubeUser
 
 ALWAYS_ALLOWED_PATHS = frozenset({"/healthz", "/livez", "/readyz"})
 

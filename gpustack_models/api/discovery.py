@@ -12,11 +12,10 @@ import hashlib
 
 from rest_framework.response import Response
 
+from gpustack_models.api.negotiation import JSONOnlyNegotiation, wants_aggregated_discovery
+from gpustack_models.api.views import KubeAPIView
 from gpustack_models.kinds import GROUP, KINDS, PUBLIC_VERSION
 from gpustack_models.kube.errors import NotAcceptable
-
-from .negotiation import JSONOnlyNegotiation, wants_aggregated_discovery
-from .views import KubeAPIView
 
 GROUP_VERSION = f"{GROUP}/{PUBLIC_VERSION}"
 

@@ -56,6 +56,8 @@ from rest_framework.permissions import BasePermission
 from rest_framework.response import Response
 
 from gpustack_models import kube
+from gpustack_models.api.authentication import TokenReviewAuthentication
+from gpustack_models.api.views import KubeAPIView
 from gpustack_models.kinds import GROUP, STORAGE_VERSION
 from gpustack_models.kube.errors import BadRequest, Conflict, Forbidden, NotFound, Unauthorized
 from gpustack_models.kube.identity import NODE_NAME_EXTRA, plugin_user
@@ -73,9 +75,6 @@ from gpustack_models.models import (
     StoreEntry,
     TargetState,
 )
-
-from .authentication import TokenReviewAuthentication
-from .views import KubeAPIView
 
 # The tokens a plugin's FetchTicket accepts (printable ASCII, no space): any other is not offered.
 _TOKEN = re.compile(r"[\x21-\x7e]{1,4096}")

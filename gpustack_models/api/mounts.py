@@ -37,15 +37,14 @@ from django.utils import timezone
 from rest_framework.response import Response
 
 from gpustack_models import kube
+from gpustack_models.api.authentication import TokenReviewAuthentication
+from gpustack_models.api.fetch_tickets import BoundPlugin
+from gpustack_models.api.targets import is_dns_label, is_dns_subdomain
+from gpustack_models.api.views import KubeAPIView
 from gpustack_models.kinds import GROUP, STORAGE_VERSION
 from gpustack_models.kube.errors import BadRequest, Conflict, Forbidden, NotFound
 from gpustack_models.kube.identity import NODE_NAME_EXTRA
 from gpustack_models.models import MOUNT_PROTECTION, Artifact, MountReference
-
-from .authentication import TokenReviewAuthentication
-from .fetch_tickets import BoundPlugin
-from .targets import is_dns_label, is_dns_subdomain
-from .views import KubeAPIView
 
 log = logging.getLogger(__name__)
 

@@ -17,13 +17,12 @@ from dataclasses import dataclass
 from django.http import HttpResponse
 
 from gpustack_models import kube
+from gpustack_models.api.negotiation import JSONOnlyNegotiation
+from gpustack_models.api.parsers import PATCH_PARSERS
+from gpustack_models.api.status import not_found
+from gpustack_models.api.views import KubeAPIView
 from gpustack_models.kinds import GROUP, KINDS, PUBLIC_VERSION, ResourceKind
 from gpustack_models.kinds.schema import Schema, integer, obj, string
-
-from .negotiation import JSONOnlyNegotiation
-from .parsers import PATCH_PARSERS
-from .status import not_found
-from .views import KubeAPIView
 
 log = logging.getLogger(__name__)
 

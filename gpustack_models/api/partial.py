@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import msgspec
 
-from .conversion import public_bytes
+from gpustack_models.api.conversion import public_bytes
 
 META = "meta.k8s.io/v1"
 

@@ -23,12 +23,11 @@ import logging
 from rest_framework.parsers import JSONParser
 from rest_framework.response import Response
 
+from gpustack_models.api import api_metrics
+from gpustack_models.api.authentication import ClientCertificateAuthentication, TokenReviewAuthentication
+from gpustack_models.api.views import KubeAPIView
 from gpustack_models.kube.errors import BadRequest
 from gpustack_models.models import Artifact, EntryState, SourceKind, StoreEntry
-
-from . import api_metrics
-from .authentication import ClientCertificateAuthentication, TokenReviewAuthentication
-from .views import KubeAPIView
 
 log = logging.getLogger(__name__)
 

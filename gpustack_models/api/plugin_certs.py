@@ -33,14 +33,13 @@ from django.conf import settings
 from rest_framework.response import Response
 
 from gpustack_models import kube
+from gpustack_models.api.authentication import TokenReviewAuthentication
+from gpustack_models.api.cert_signing import Authority, load_authority, load_request, pod_addresses
+from gpustack_models.api.fetch_tickets import BoundPlugin
+from gpustack_models.api.parsers import JSONParser
+from gpustack_models.api.views import KubeAPIView
 from gpustack_models.kube.errors import Forbidden, NotFound
 from gpustack_models.kube.identity import NODE_NAME_EXTRA
-
-from .authentication import TokenReviewAuthentication
-from .cert_signing import Authority, load_authority, load_request, pod_addresses
-from .fetch_tickets import BoundPlugin
-from .parsers import JSONParser
-from .views import KubeAPIView
 
 log = logging.getLogger(__name__)
 

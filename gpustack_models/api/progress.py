@@ -23,16 +23,15 @@ from django.conf import settings
 from rest_framework.response import Response
 
 from gpustack_models import kube
+from gpustack_models.api.authorization import ResourceAttributes
+from gpustack_models.api.renderers import PROGRESS_RENDERERS
+from gpustack_models.api.targets import Query, Target
+from gpustack_models.api.views import KubeAPIView
 from gpustack_models.kinds import GROUP, MODEL_ARTIFACT, PUBLIC_VERSION
 from gpustack_models.kube.client import forget_closed_loops
 from gpustack_models.kube.errors import MethodNotAllowed
 from gpustack_models.kube.tokens import plugin_token
 from gpustack_models.models import EntryState, PluginPod, StoreEntry
-
-from .authorization import ResourceAttributes
-from .renderers import PROGRESS_RENDERERS
-from .targets import Query, Target
-from .views import KubeAPIView
 
 _sessions: dict = {}
 

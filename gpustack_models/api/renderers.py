@@ -15,10 +15,9 @@ from dataclasses import dataclass
 import orjson
 from rest_framework.renderers import BaseRenderer
 
+from gpustack_models.api import partial, tables
+from gpustack_models.api.conversion import public_bytes
 from gpustack_models.kinds import ResourceKind
-
-from . import partial, tables
-from .conversion import public_bytes
 
 TABLE_ACCEPT = "application/json;as=Table;v=v1;g=meta.k8s.io"
 

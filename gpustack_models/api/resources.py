@@ -19,19 +19,18 @@ import orjson
 from rest_framework.response import Response
 
 from gpustack_models import kube
+from gpustack_models.api import authorization, patches
+from gpustack_models.api.authorization import ResourceAttributes
+from gpustack_models.api.conversion import PUBLIC, STORAGE, to_storage
+from gpustack_models.api.negotiation import media_type
+from gpustack_models.api.parsers import OBJECT_PARSERS, PATCH_PARSERS, PATCH_TYPES
+from gpustack_models.api.renderers import LIST_RENDERERS, OBJECT_RENDERERS, StorageAnswer
+from gpustack_models.api.status import not_found
+from gpustack_models.api.streaming import relay
+from gpustack_models.api.targets import Query, Target
+from gpustack_models.api.views import KubeAPIView
 from gpustack_models.kinds import GROUP, MODEL_ARTIFACT, NODE_MODEL_STORE, PUBLIC_VERSION
 from gpustack_models.kube.errors import BadRequest, Forbidden, MethodNotAllowed
-
-from . import authorization, patches
-from .authorization import ResourceAttributes
-from .conversion import PUBLIC, STORAGE, to_storage
-from .negotiation import media_type
-from .parsers import OBJECT_PARSERS, PATCH_PARSERS, PATCH_TYPES
-from .renderers import LIST_RENDERERS, OBJECT_RENDERERS, StorageAnswer
-from .status import not_found
-from .streaming import relay
-from .targets import Query, Target
-from .views import KubeAPIView
 
 FORWARDED_RESPONSE_HEADERS = ("warning",)
 PATCH_CONTENT_TYPES = {parser.patch_type: parser.media_type for parser in PATCH_PARSERS}

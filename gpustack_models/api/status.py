@@ -15,6 +15,7 @@ from django.core.exceptions import RequestDataTooBig
 from django.http import HttpResponse
 from rest_framework import exceptions as drf
 
+from gpustack_models.api.conversion import public_status
 from gpustack_models.kube.errors import (
     BadRequest,
     Forbidden,
@@ -27,8 +28,6 @@ from gpustack_models.kube.errors import (
     UnsupportedMediaType,
     status_body,
 )
-
-from .conversion import public_status
 
 log = logging.getLogger(__name__)
 

@@ -12,11 +12,10 @@ from datetime import UTC, datetime
 
 import msgspec
 
+from gpustack_models.api.conversion import PUBLIC, public_bytes
+from gpustack_models.api.partial import META, Item, decode_event, decode_head, decode_item, decode_list, encode, partial
 from gpustack_models.kinds import PROGRESS_COLUMNS, Column, ResourceKind
 from gpustack_models.kinds.formatting import human_duration, parse_time
-
-from .conversion import PUBLIC, public_bytes
-from .partial import META, Item, decode_event, decode_head, decode_item, decode_list, encode, partial
 
 _NAME = {
     "name": "Name",

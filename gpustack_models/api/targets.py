@@ -16,11 +16,10 @@ import re
 from dataclasses import dataclass
 from urllib.parse import parse_qsl, quote, urlencode
 
+from gpustack_models.api.status import not_found
 from gpustack_models.kinds import BY_PLURAL, GROUP, STORAGE_VERSION
 from gpustack_models.kinds.base import ResourceKind
 from gpustack_models.kube.errors import BadRequest
-
-from .status import not_found
 
 _LABEL = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
 DNS_LABEL = re.compile(_LABEL)

@@ -29,7 +29,7 @@ from django.http import HttpResponse
 from gunicorn.asgi.protocol import ASGIProtocol
 from gunicorn.workers import gasgi
 
-from . import api_metrics
+from gpustack_models.api import api_metrics
 
 CLOSE_NOTIFY_SECONDS = 0.5  # while stopping: how long a closed connection may flush before it is aborted
 # How long a keep-alive connection waits for its next request: longer than the 90 s kube-apiserver's proxy
@@ -115,7 +115,7 @@ class TLSASGIWorker(gasgi.ASGIWorker):
         self._end_watches()
 
     def _end_watches(self):
-        from .streaming import close_watches
+        from gpustack_models.api.streaming import close_watches
 
         closed = close_watches()
         if closed:

@@ -2,8 +2,19 @@
 
 from django.urls import path, re_path
 
-from . import discovery, fetch_tickets, health, mounts, openapi, placement, plugin_certs, progress, resources, views
-from .tls_worker import threaded
+from gpustack_models.api import (
+    discovery,
+    fetch_tickets,
+    health,
+    mounts,
+    openapi,
+    placement,
+    plugin_certs,
+    progress,
+    resources,
+    views,
+)
+from gpustack_models.api.tls_worker import threaded
 
 GROUP = r"apis/worker\.gpustack\.ai"
 NAMESPACE = r"namespaces/(?P<namespace>[^/]+)/"

@@ -11,15 +11,14 @@ from __future__ import annotations
 from django.http import HttpResponse
 from rest_framework.views import APIView
 
+from gpustack_models.api import api_metrics
+from gpustack_models.api.authentication import FrontProxyAuthentication, TokenReviewAuthentication
+from gpustack_models.api.authorization import NonResourceAttributes, SubjectAccessReviewPermission
+from gpustack_models.api.negotiation import JSONOnlyNegotiation, KubeContentNegotiation
+from gpustack_models.api.parsers import OBJECT_PARSERS
+from gpustack_models.api.renderers import ObjectRenderer
+from gpustack_models.api.status import exception_handler
 from gpustack_models.kube.errors import Forbidden, Unauthorized
-
-from . import api_metrics
-from .authentication import FrontProxyAuthentication, TokenReviewAuthentication
-from .authorization import NonResourceAttributes, SubjectAccessReviewPermission
-from .negotiation import JSONOnlyNegotiation, KubeContentNegotiation
-from .parsers import OBJECT_PARSERS
-from .renderers import ObjectRenderer
-from .status import exception_handler
 
 
 class KubeAPIView(APIView):

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from django.core.paginator import Paginator
 
+from gpustack_models.console import queries
 from gpustack_models.models import Prefetch, Resolution
-
-from . import queries
 
 PER_PAGE = 50
 

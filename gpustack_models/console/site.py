@@ -9,9 +9,8 @@ from django.http import Http404
 from django.template.response import TemplateResponse
 from django.urls import path
 
+from gpustack_models.console import queries
 from gpustack_models.models import Artifact
-
-from . import queries
 
 PER_PAGE = 50
 TENANT_SORTS = ("namespace", "artifacts", "wanted_bytes", "ready_nodes", "downloading_nodes", "failed_nodes")

@@ -13,13 +13,12 @@ from pathlib import Path
 
 import yaml
 
+from gpustack_models.install.aggregation import api_service, serving_names
+from gpustack_models.install.csi import csi_driver_objects
+from gpustack_models.install.policies import policy_objects
+from gpustack_models.install.rbac import namespace_objects, rbac_objects
+from gpustack_models.install.webhooks import caller_objects, placement_webhook, webhook_objects
 from gpustack_models.kinds.crd import HEADER, crd_files
-
-from .aggregation import api_service, serving_names
-from .csi import csi_driver_objects
-from .policies import policy_objects
-from .rbac import namespace_objects, rbac_objects
-from .webhooks import caller_objects, placement_webhook, webhook_objects
 
 DEPLOY_DIR = Path(__file__).resolve().parents[2] / "deploy"
 
@@ -40,7 +39,7 @@ def manifest_files() -> dict[Path, str]:
 
 def deploy_files() -> dict[Path, str]:
     """Everything under deploy/ that is generated: the CRDs, the files above and the chart's generated part."""
-    from .chart import chart_files
+    from gpustack_models.install.chart import chart_files
 
     return {**crd_files(), **manifest_files(), **chart_files()}
 

@@ -6,9 +6,8 @@ import base64
 
 from django.conf import settings
 
+from gpustack_models.install.common import meta
 from gpustack_models.kinds import GROUP, PUBLIC_VERSION
-
-from .common import meta
 
 API_LABELS = {"app.kubernetes.io/name": "gpustack-models-api"}
 

@@ -9,9 +9,8 @@ periodic republish.
 
 from __future__ import annotations
 
+from gpustack_models.install.common import meta
 from gpustack_models.plugin.csi import DRIVER_NAME
-
-from .common import meta
 
 
 def csi_driver_objects() -> list[dict]:

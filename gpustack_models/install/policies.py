@@ -8,10 +8,9 @@ them, and the worker's own finalizer on mounted ModelArtifacts is one).
 
 from __future__ import annotations
 
+from gpustack_models.install.common import meta
 from gpustack_models.kinds import GROUP, KINDS, PUBLIC_VERSION
 from gpustack_models.kube.identity import NODE_NAME_EXTRA, plugin_user, worker_user
-
-from .common import meta
 
 ADMISSION = "admissionregistration.k8s.io/v1"
 

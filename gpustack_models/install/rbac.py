@@ -14,9 +14,8 @@ from __future__ import annotations
 
 from django.conf import settings
 
+from gpustack_models.install.common import RBAC, meta, service_account_subject
 from gpustack_models.kinds import GROUP, KINDS
-
-from .common import RBAC, meta, service_account_subject
 
 
 def service_accounts() -> list[dict]:

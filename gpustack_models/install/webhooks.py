@@ -11,8 +11,8 @@ import base64
 
 from django.conf import settings
 
-from .common import meta
-from .rbac import binding, role
+from gpustack_models.install.common import meta
+from gpustack_models.install.rbac import binding, role
 
 NAME = "gpustack-models-placement"
 PATH = "/internal/v1/placement"

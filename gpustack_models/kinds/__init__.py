@@ -5,10 +5,10 @@ CRDs (``crd``), the v1 API's discovery, OpenAPI and Tables, and the validation o
 derived from these three objects, so they cannot drift apart.
 """
 
-from .base import CATEGORY, GROUP, PUBLIC_VERSION, STORAGE_VERSION, Column, Field, ResourceKind
-from .modelartifact import MODEL_ARTIFACT, PROGRESS_COLUMNS
-from .modelprefetch import MODEL_PREFETCH
-from .nodemodelstore import FAILURE_REASONS, MODEL_STATES, NODE_MODEL_STORE
+from gpustack_models.kinds.base import CATEGORY, GROUP, PUBLIC_VERSION, STORAGE_VERSION, Column, Field, ResourceKind
+from gpustack_models.kinds.modelartifact import MODEL_ARTIFACT, PROGRESS_COLUMNS
+from gpustack_models.kinds.modelprefetch import MODEL_PREFETCH
+from gpustack_models.kinds.nodemodelstore import FAILURE_REASONS, MODEL_STATES, NODE_MODEL_STORE
 
 KINDS: tuple[ResourceKind, ...] = (MODEL_ARTIFACT, NODE_MODEL_STORE, MODEL_PREFETCH)
 BY_PLURAL = {k.plural: k for k in KINDS}

@@ -10,11 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from .schema import (
-    Schema,
-    obj,
-    string,
-)
+from gpustack_models.kinds.schema import Schema, obj, string
 
 GROUP = "worker.gpustack.ai"
 STORAGE_VERSION = "v1alpha1"

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .base import (
+from gpustack_models.kinds.base import (
     Column,
     Field,
     ResourceKind,
@@ -12,8 +12,8 @@ from .base import (
     artifact_source,
     count_of,
 )
-from .formatting import human_bytes
-from .schema import Rule, Schema, array, conditions, digest, integer, obj, object_name, string
+from gpustack_models.kinds.formatting import human_bytes
+from gpustack_models.kinds.schema import Rule, Schema, array, conditions, digest, integer, obj, object_name, string
 
 SECRET_REF = obj(
     "A Secret in the artifact's namespace whose key `token` is sent to the hub. The creator must be "

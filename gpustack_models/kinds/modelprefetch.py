@@ -2,8 +2,18 @@
 
 from __future__ import annotations
 
-from .base import Column, Field, ResourceKind, age_column, count_of
-from .schema import Rule, array, boolean, conditions, integer, label_selector, obj, object_name, string
+from gpustack_models.kinds.base import Column, Field, ResourceKind, age_column, count_of
+from gpustack_models.kinds.schema import (
+    Rule,
+    array,
+    boolean,
+    conditions,
+    integer,
+    label_selector,
+    obj,
+    object_name,
+    string,
+)
 
 _MODEL_PREFETCH_SPEC = obj(
     "Which artifact to warm on which nodes.",

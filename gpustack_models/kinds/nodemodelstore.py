@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from .base import Column, Field, ResourceKind, age_column, store_models
-from .formatting import human_bytes
-from .schema import Rule, array, boolean, conditions, digest, integer, obj, string, timestamp
+from gpustack_models.kinds.base import Column, Field, ResourceKind, age_column, store_models
+from gpustack_models.kinds.formatting import human_bytes
+from gpustack_models.kinds.schema import Rule, array, boolean, conditions, digest, integer, obj, string, timestamp
 
 # The states of a digest on a node, and where its bytes came from (shared by the plugin's engine, the
 # mirror and the console).

@@ -9,8 +9,8 @@
 Nothing here imports the API, the worker's reconcilers or the plugin.
 """
 
-from .client import Kube, Response, load_configuration, reset, worker
-from .errors import (
+from gpustack_models.kube.client import Kube, Response, load_configuration, reset, worker
+from gpustack_models.kube.errors import (
     AlreadyExists,
     BadRequest,
     Conflict,

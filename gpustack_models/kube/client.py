@@ -20,7 +20,7 @@ from django.conf import settings
 from kubernetes import client as k8s_client
 from kubernetes import config as k8s_config
 
-from .errors import error_for
+from gpustack_models.kube.errors import error_for
 
 
 @dataclass

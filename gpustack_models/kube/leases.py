@@ -35,8 +35,8 @@ from datetime import UTC, datetime
 
 from prometheus_client import Counter, Gauge
 
-from .client import Kube
-from .errors import Conflict, NotFound
+from gpustack_models.kube.client import Kube
+from gpustack_models.kube.errors import Conflict, NotFound
 
 log = logging.getLogger(__name__)
 
@@ -255,6 +255,6 @@ def elector_for(name: str, client: Kube | None = None) -> LeaseElector:
     timing of the settings."""
     from django.conf import settings
 
-    from .client import worker
+    from gpustack_models.kube.client import worker
 
     return LeaseElector(client or worker(), settings.NAMESPACE, name, Timing.from_settings())

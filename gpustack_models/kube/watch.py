@@ -27,8 +27,8 @@ from dataclasses import dataclass
 
 import urllib3
 
-from .client import Kube
-from .errors import Expired, error_for
+from gpustack_models.kube.client import Kube
+from gpustack_models.kube.errors import Expired, error_for
 
 log = logging.getLogger(__name__)
 

@@ -39,8 +39,8 @@ import requests
 import urllib3
 import yaml
 
-from . import pki
-from .stopping import die_with_parent, stop_all
+from gpustack_models.local import pki
+from gpustack_models.local.stopping import die_with_parent, stop_all
 
 log = logging.getLogger(__name__)
 

@@ -20,9 +20,8 @@ from django.conf import settings
 from gpustack_models import install, kube
 from gpustack_models.kinds import GROUP, PUBLIC_VERSION
 from gpustack_models.kinds.crd import CRD_DIR
-
-from . import pki
-from .cluster import LocalCluster
+from gpustack_models.local import pki
+from gpustack_models.local.cluster import LocalCluster
 
 log = logging.getLogger(__name__)
 

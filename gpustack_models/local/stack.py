@@ -23,9 +23,9 @@ from pathlib import Path
 from django.conf import settings
 from django.core.management import call_command
 
-from .cluster import REPO_DIR, LocalCluster, Ports
-from .launcher import Launcher
-from .stopping import die_with_parent, kill_group, stop_all
+from gpustack_models.local.cluster import REPO_DIR, LocalCluster, Ports
+from gpustack_models.local.launcher import Launcher
+from gpustack_models.local.stopping import die_with_parent, kill_group, stop_all
 
 log = logging.getLogger(__name__)
 

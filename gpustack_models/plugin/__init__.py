@@ -25,10 +25,10 @@ status, fetching tickets from the worker, serving live progress) drives an ``Eng
 - ``failures``: the failure reasons, the retry backoff, and the sources that failed lately.
 """
 
-from .cache import Cache
-from .download import Download, DownloadSettings, Limits
-from .engine import DOWNLOADING, FAILED, READY, Engine, Entry
-from .failures import (
+from gpustack_models.plugin.cache import Cache
+from gpustack_models.plugin.download import Download, DownloadSettings, Limits
+from gpustack_models.plugin.engine import DOWNLOADING, FAILED, READY, Engine, Entry
+from gpustack_models.plugin.failures import (
     ACCESS_DENIED,
     CANCELED,
     INSUFFICIENT_CAPACITY,
@@ -40,9 +40,9 @@ from .failures import (
     SourcePenalties,
     backoff_seconds,
 )
-from .hashing import FileHash, resumable_available
-from .metrics import Metrics
-from .ticket import HUGGING_FACE, MODEL_SCOPE, FetchTicket, HubSource
+from gpustack_models.plugin.hashing import FileHash, resumable_available
+from gpustack_models.plugin.metrics import Metrics
+from gpustack_models.plugin.ticket import HUGGING_FACE, MODEL_SCOPE, FetchTicket, HubSource
 
 __all__ = [
     "ACCESS_DENIED",

@@ -23,19 +23,25 @@ from gpustack_models import kube
 from gpustack_models.kinds import GROUP, STORAGE_VERSION
 from gpustack_models.kube.reviews import TokenReviewer
 from gpustack_models.kube.watch import Collection, WatchHandler, watch_forever
-
-from . import FAILED, READY, DownloadSettings, Engine, FetchTicket
-from .csi.driver import Driver, IdentityService, NodeService
-from .csi.registration import CsiServers
-from .csi.worker_api import WorkerMounts
-from .endpoints import serve
-from .failures import DownloadFailed
-from .metrics import Metrics
-from .peer_client import PeerAccess
-from .peer_server import PeerAdmission, PeerService, UploadLimits, serve_peers, set_upload_limits, upload_limits
-from .peers import FileToken
-from .serving_cert import WorkerCertificate
-from .store_status import StatusWriter
+from gpustack_models.plugin import FAILED, READY, DownloadSettings, Engine, FetchTicket
+from gpustack_models.plugin.csi.driver import Driver, IdentityService, NodeService
+from gpustack_models.plugin.csi.registration import CsiServers
+from gpustack_models.plugin.csi.worker_api import WorkerMounts
+from gpustack_models.plugin.endpoints import serve
+from gpustack_models.plugin.failures import DownloadFailed
+from gpustack_models.plugin.metrics import Metrics
+from gpustack_models.plugin.peer_client import PeerAccess
+from gpustack_models.plugin.peer_server import (
+    PeerAdmission,
+    PeerService,
+    UploadLimits,
+    serve_peers,
+    set_upload_limits,
+    upload_limits,
+)
+from gpustack_models.plugin.peers import FileToken
+from gpustack_models.plugin.serving_cert import WorkerCertificate
+from gpustack_models.plugin.store_status import StatusWriter
 
 log = logging.getLogger(__name__)
 

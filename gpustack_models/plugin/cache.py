@@ -32,10 +32,9 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from gpustack_models.plugin.sharing import SharedFiles, manifest_bytes, parse_manifest, regular_files
+from gpustack_models.plugin.ticket import DIGEST_PATTERN, digest_hex
 from gpustack_models.sources.manifest import ManifestFile
-
-from .sharing import SharedFiles, manifest_bytes, parse_manifest, regular_files
-from .ticket import DIGEST_PATTERN, digest_hex
 
 MODELS = "models"
 MANIFESTS = "manifests"

@@ -12,12 +12,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from gpustack_models.plugin import disk
+from gpustack_models.plugin.cache import atomic_write_json, read_json
+from gpustack_models.plugin.hashing import FileHash
+from gpustack_models.plugin.ranges import FileProgress
 from gpustack_models.sources.manifest import ManifestFile
-
-from . import disk
-from .cache import atomic_write_json, read_json
-from .hashing import FileHash
-from .ranges import FileProgress
 
 CHECKPOINT_VERSION = 1
 

@@ -12,7 +12,7 @@ import errno
 import os
 from pathlib import Path
 
-from .failures import INSUFFICIENT_CAPACITY, SOURCE_UNAVAILABLE, DownloadFailed
+from gpustack_models.plugin.failures import INSUFFICIENT_CAPACITY, SOURCE_UNAVAILABLE, DownloadFailed
 
 _OPEN_FLAGS = os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0)
 

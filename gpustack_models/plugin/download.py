@@ -47,24 +47,29 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+from gpustack_models.plugin import checkpoint as checkpoints
+from gpustack_models.plugin import disk
+from gpustack_models.plugin.cache import Cache
+from gpustack_models.plugin.checkpoint import CHECKPOINT_VERSION
+from gpustack_models.plugin.disk import DiskError, disk_failure
+from gpustack_models.plugin.failures import (
+    CANCELED,
+    INTEGRITY_MISMATCH,
+    SOURCE_UNAVAILABLE,
+    DownloadFailed,
+    SourcePenalties,
+)
+from gpustack_models.plugin.fanout import FanOut
+from gpustack_models.plugin.fetch import RangeFetcher
+from gpustack_models.plugin.frontier import HashFrontier
+from gpustack_models.plugin.limits import Limits
+from gpustack_models.plugin.peer_client import PeerAccess
+from gpustack_models.plugin.publish import verify_and_publish
+from gpustack_models.plugin.ranges import FileProgress
+from gpustack_models.plugin.sharing import link_existing
+from gpustack_models.plugin.swarm import SwarmSettings
+from gpustack_models.plugin.ticket import FetchTicket, ticket_files
 from gpustack_models.sources.manifest import ManifestFile
-
-from . import checkpoint as checkpoints
-from . import disk
-from .cache import Cache
-from .checkpoint import CHECKPOINT_VERSION
-from .disk import DiskError, disk_failure
-from .failures import CANCELED, INTEGRITY_MISMATCH, SOURCE_UNAVAILABLE, DownloadFailed, SourcePenalties
-from .fanout import FanOut
-from .fetch import RangeFetcher
-from .frontier import HashFrontier
-from .limits import Limits
-from .peer_client import PeerAccess
-from .publish import verify_and_publish
-from .ranges import FileProgress
-from .sharing import link_existing
-from .swarm import SwarmSettings
-from .ticket import FetchTicket, ticket_files
 
 __all__ = ["CHECKPOINT_VERSION", "Download", "DownloadSettings", "Limits"]
 

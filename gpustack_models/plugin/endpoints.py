@@ -12,7 +12,7 @@ import json
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from .https_server import GuardedHTTPSServer, GuardedRequestHandler, Limits, server_context
+from gpustack_models.plugin.https_server import GuardedHTTPSServer, GuardedRequestHandler, Limits, server_context
 
 DENIED = "only the gpustack-models worker reads live downloads"
 

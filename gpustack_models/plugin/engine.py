@@ -39,12 +39,11 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from gpustack_models.kinds import nodemodelstore
-
-from .cache import Cache, read_json
-from .checkpoint import CHECKPOINT_VERSION
-from .disk import DiskError, disk_failure
-from .download import Download, DownloadSettings, Limits
-from .failures import (
+from gpustack_models.plugin.cache import Cache, read_json
+from gpustack_models.plugin.checkpoint import CHECKPOINT_VERSION
+from gpustack_models.plugin.disk import DiskError, disk_failure
+from gpustack_models.plugin.download import Download, DownloadSettings, Limits
+from gpustack_models.plugin.failures import (
     BACKOFF_INITIAL_SECONDS,
     CANCELED,
     INSUFFICIENT_CAPACITY,
@@ -54,10 +53,10 @@ from .failures import (
     SourcePenalties,
     backoff_seconds,
 )
-from .lifecycle import Wanted
-from .peer_client import PeerAccess
-from .swarm import SwarmSettings
-from .ticket import FetchTicket, digest_hex
+from gpustack_models.plugin.lifecycle import Wanted
+from gpustack_models.plugin.peer_client import PeerAccess
+from gpustack_models.plugin.swarm import SwarmSettings
+from gpustack_models.plugin.ticket import FetchTicket, digest_hex
 
 log = logging.getLogger(__name__)
 

@@ -15,11 +15,19 @@ import threading
 import time
 from collections.abc import Callable
 
-from .failures import INTEGRITY_MISMATCH, DownloadFailed
-from .peer_client import PeerAccess, PeerBusy, PeerClient, PeerError, PeerMissing, PeerRefused, Stale
-from .ranges import FileProgress
-from .swarm import HUB, Board, Finished, Segment, SwarmSettings
-from .ticket import FetchTicket, usable_peers
+from gpustack_models.plugin.failures import INTEGRITY_MISMATCH, DownloadFailed
+from gpustack_models.plugin.peer_client import (
+    PeerAccess,
+    PeerBusy,
+    PeerClient,
+    PeerError,
+    PeerMissing,
+    PeerRefused,
+    Stale,
+)
+from gpustack_models.plugin.ranges import FileProgress
+from gpustack_models.plugin.swarm import HUB, Board, Finished, Segment, SwarmSettings
+from gpustack_models.plugin.ticket import FetchTicket, usable_peers
 
 log = logging.getLogger(__name__)
 

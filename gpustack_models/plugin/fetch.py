@@ -26,8 +26,8 @@ import threading
 from collections.abc import Callable
 from urllib.parse import urlsplit
 
-from . import disk
-from .failures import (
+from gpustack_models.plugin import disk
+from gpustack_models.plugin.failures import (
     ACCESS_DENIED,
     FALLTHROUGH_REASONS,
     INTEGRITY_MISMATCH,
@@ -36,11 +36,11 @@ from .failures import (
     DownloadFailed,
     SourcePenalties,
 )
-from .frontier import HashFrontier
-from .limits import RateLimiter
-from .ranges import FileProgress
-from .ticket import FetchTicket, HubSource, origin
-from .transport import ConnectionPool, HttpError, Response
+from gpustack_models.plugin.frontier import HashFrontier
+from gpustack_models.plugin.limits import RateLimiter
+from gpustack_models.plugin.ranges import FileProgress
+from gpustack_models.plugin.ticket import FetchTicket, HubSource, origin
+from gpustack_models.plugin.transport import ConnectionPool, HttpError, Response
 
 log = logging.getLogger(__name__)
 _CONTENT_RANGE = re.compile(r"bytes\s+(\d+)-(\d+)/(\d+|\*)")

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from . import disk
-from .failures import INTEGRITY_MISMATCH, DownloadFailed
-from .ranges import FileProgress
+from gpustack_models.plugin import disk
+from gpustack_models.plugin.failures import INTEGRITY_MISMATCH, DownloadFailed
+from gpustack_models.plugin.ranges import FileProgress
 
 MiB = 1024 * 1024
 _MIN_READ = 64 * 1024  # the smallest buffer for reading written bytes back

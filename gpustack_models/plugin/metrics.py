@@ -33,7 +33,7 @@ from prometheus_client import CollectorRegistry, Counter
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from .failures import REASONS
+from gpustack_models.plugin.failures import REASONS
 
 PREFIX = "gpustack_models_plugin"
 STATES = ("Downloading", "Ready", "Failed")

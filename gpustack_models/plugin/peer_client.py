@@ -24,13 +24,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from urllib.parse import quote
 
-from . import disk
-from .frontier import HashFrontier
-from .limits import RateLimiter
-from .peers import PREFIX
-from .swarm import Segment
-from .ticket import FetchTicket, PeerSource, origin
-from .transport import ConnectionPool, HttpError, Response
+from gpustack_models.plugin import disk
+from gpustack_models.plugin.frontier import HashFrontier
+from gpustack_models.plugin.limits import RateLimiter
+from gpustack_models.plugin.peers import PREFIX
+from gpustack_models.plugin.swarm import Segment
+from gpustack_models.plugin.ticket import FetchTicket, PeerSource, origin
+from gpustack_models.plugin.transport import ConnectionPool, HttpError, Response
 
 _CONTENT_RANGE = re.compile(r"bytes\s+(\d+)-(\d+)/(\d+|\*)")
 _MAX_TREE_BYTES = 8 * 1024 * 1024

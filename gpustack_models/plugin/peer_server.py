@@ -28,11 +28,10 @@ from gpustack_models.kinds.nodemodelstore import MAX_BYTES_PER_SECOND, MAX_UPLOA
 from gpustack_models.kube import NotFound
 from gpustack_models.kube.identity import NODE_NAME_EXTRA
 from gpustack_models.kube.reviews import TokenReviewer, TTLCache
-
-from .endpoints import status
-from .https_server import GuardedHTTPSServer, GuardedRequestHandler, Limits, server_context
-from .limits import RateLimiter
-from .peers import PREFIX, covers
+from gpustack_models.plugin.endpoints import status
+from gpustack_models.plugin.https_server import GuardedHTTPSServer, GuardedRequestHandler, Limits, server_context
+from gpustack_models.plugin.limits import RateLimiter
+from gpustack_models.plugin.peers import PREFIX, covers
 
 log = logging.getLogger(__name__)
 

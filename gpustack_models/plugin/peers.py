@@ -68,7 +68,7 @@ import threading
 from collections.abc import Iterable
 from urllib.parse import quote
 
-from .ticket import digest_hex
+from gpustack_models.plugin.ticket import digest_hex
 
 PREFIX = "/peer/v1/trees/"
 

@@ -12,13 +12,12 @@ from __future__ import annotations
 from collections.abc import Iterable
 from pathlib import Path
 
+from gpustack_models.plugin import disk
+from gpustack_models.plugin.cache import Cache, fsync_dir
+from gpustack_models.plugin.failures import INTEGRITY_MISMATCH, DownloadFailed
+from gpustack_models.plugin.ranges import FileProgress
+from gpustack_models.plugin.sharing import still_linked
 from gpustack_models.sources.manifest import ManifestFile, manifest_digest
-
-from . import disk
-from .cache import Cache, fsync_dir
-from .failures import INTEGRITY_MISMATCH, DownloadFailed
-from .ranges import FileProgress
-from .sharing import still_linked
 
 
 def verified_manifest(files: Iterable[FileProgress]) -> list[ManifestFile]:

@@ -11,10 +11,9 @@ import bisect
 import threading
 from pathlib import Path
 
+from gpustack_models.plugin import disk
+from gpustack_models.plugin.hashing import FileHash
 from gpustack_models.sources.manifest import ManifestFile
-
-from . import disk
-from .hashing import FileHash
 
 
 class FileProgress:

@@ -28,9 +28,8 @@ import threading
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
+from gpustack_models.plugin.ranges import FileProgress
 from gpustack_models.sources.manifest import ManifestFile, manifest_text
-
-from .ranges import FileProgress
 
 log = logging.getLogger(__name__)
 

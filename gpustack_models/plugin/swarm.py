@@ -54,8 +54,8 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from .ranges import FileProgress
-from .ticket import PeerSource
+from gpustack_models.plugin.ranges import FileProgress
+from gpustack_models.plugin.ticket import PeerSource
 
 KiB = 1024
 MiB = 1024 * KiB

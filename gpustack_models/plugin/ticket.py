@@ -37,9 +37,8 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 from urllib.parse import quote, quote_plus, urlsplit, urlunsplit
 
+from gpustack_models.plugin.failures import INVALID_REQUEST, DownloadFailed
 from gpustack_models.sources.manifest import InvalidPath, ManifestFile, manifest_digest
-
-from .failures import INVALID_REQUEST, DownloadFailed
 
 HUGGING_FACE = "huggingFace"
 MODEL_SCOPE = "modelScope"

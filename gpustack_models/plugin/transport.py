@@ -25,7 +25,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from urllib.parse import unquote, urljoin, urlsplit
 
-from .ticket import origin, redact_url
+from gpustack_models.plugin.ticket import origin, redact_url
 
 MAX_REDIRECTS = 5
 USER_AGENT = "gpustack-models-plugin/1"

@@ -14,7 +14,7 @@ import os
 # Read by huggingface_hub once, at import: set before anything here imports it.
 os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 
-from .manifest import (
+from gpustack_models.sources.manifest import (
     InvalidPath,
     ManifestFile,
     Resolution,
@@ -24,7 +24,7 @@ from .manifest import (
     select_files,
     validate_path,
 )
-from .resolution_errors import (
+from gpustack_models.sources.resolution_errors import (
     AccessDenied,
     EmptyManifest,
     InvalidManifest,

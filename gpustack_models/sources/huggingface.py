@@ -49,8 +49,8 @@ from huggingface_hub.hf_api import ModelInfo, RepoFile
 from huggingface_hub.utils import get_session, parse_ratelimit_headers, set_client_factory
 from huggingface_hub.utils._http import hf_request_event_hook
 
-from .manifest import ManifestFile, Resolution
-from .resolution_errors import (
+from gpustack_models.sources.manifest import ManifestFile, Resolution
+from gpustack_models.sources.resolution_errors import (
     AccessDenied,
     InvalidManifest,
     RevisionNotFound,

@@ -57,8 +57,8 @@ from modelscope_hub.errors import (
 )
 from modelscope_hub.utils import build_user_agent
 
-from .manifest import ManifestFile, Resolution, validate_path
-from .resolution_errors import (
+from gpustack_models.sources.manifest import ManifestFile, Resolution, validate_path
+from gpustack_models.sources.resolution_errors import (
     AccessDenied,
     InvalidManifest,
     RevisionNotFound,

@@ -21,9 +21,8 @@ from django.db import IntegrityError, models, transaction
 from django.utils import timezone
 
 from gpustack_models.models import StoreEntry
-
-from . import mirror
-from .mirror import Change, Kind
+from gpustack_models.worker import mirror
+from gpustack_models.worker.mirror import Change, Kind
 
 _ENTRY_FIELDS = list(mirror._entry_values({}).keys())
 

@@ -20,10 +20,9 @@ from django.conf import settings
 from gpustack_models import kube
 from gpustack_models.kinds import GROUP, STORAGE_VERSION
 from gpustack_models.kube.watch import Collection, WatchHandler, watch_forever
-
-from . import worker_metrics
-from .coalescing import BatchingSink
-from .mirror import trimmed
+from gpustack_models.worker import worker_metrics
+from gpustack_models.worker.coalescing import BatchingSink
+from gpustack_models.worker.mirror import trimmed
 
 log = logging.getLogger(__name__)
 

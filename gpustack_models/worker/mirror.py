@@ -18,8 +18,7 @@ from django.db import IntegrityError, models, transaction
 from gpustack_models.kinds import GROUP
 from gpustack_models.kinds.formatting import parse_duration, parse_time
 from gpustack_models.models import Artifact, Namespace, Node, NodeStore, PluginPod, Prefetch, StoreEntry
-
-from .writes import find_condition
+from gpustack_models.worker.writes import find_condition
 
 log = logging.getLogger(__name__)
 

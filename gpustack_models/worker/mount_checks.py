@@ -25,8 +25,7 @@ from django.utils import timezone
 
 from gpustack_models import kube
 from gpustack_models.models import MOUNT_PROTECTION, Artifact, MountReference
-
-from .writes import artifact_path
+from gpustack_models.worker.writes import artifact_path
 
 log = logging.getLogger(__name__)
 

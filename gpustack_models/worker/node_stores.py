@@ -22,9 +22,8 @@ from gpustack_models import kube
 from gpustack_models.kinds import GROUP
 from gpustack_models.kinds.nodemodelstore import MAX_BYTES_PER_SECOND, MAX_DOWNLOAD_CONCURRENCY, MAX_UPLOAD_CONNECTIONS
 from gpustack_models.models import Holding, Node, NodeStore, PluginPod, PrefetchTarget
-
-from .references import Placement, models_per_node, namespace_quotas, node_references, place
-from .writes import API, WORKER, store_path
+from gpustack_models.worker.references import Placement, models_per_node, namespace_quotas, node_references, place
+from gpustack_models.worker.writes import API, WORKER, store_path
 
 log = logging.getLogger(__name__)
 

@@ -29,10 +29,9 @@ from gpustack_models.models import (
     StoreEntry,
     TargetState,
 )
-
-from . import events
-from .rollup import digest_counts
-from .writes import PREFETCHER, apply_status, condition, find_condition, prefetch_path
+from gpustack_models.worker import events
+from gpustack_models.worker.rollup import digest_counts
+from gpustack_models.worker.writes import PREFETCHER, apply_status, condition, find_condition, prefetch_path
 
 TRUE, FALSE = ConditionStatus.TRUE, ConditionStatus.FALSE
 NODE_NOT_FOUND, PLUGIN_NOT_RUNNING = "NodeNotFound", "PluginNotRunning"

@@ -12,9 +12,8 @@ import contextlib
 import contextvars
 
 from gpustack_models.models import Prefetch, PrefetchTarget
-
-from . import mirror, retries, store_events
-from .resolution import needs_resolution
+from gpustack_models.worker import mirror, retries, store_events
+from gpustack_models.worker.resolution import needs_resolution
 
 
 def _tasks():

@@ -27,9 +27,8 @@ from gpustack_models import kube
 from gpustack_models.kinds.formatting import human_bytes
 from gpustack_models.models import Artifact, ConditionStatus, Manifest, Resolution, SourceKind
 from gpustack_models.sources import SourceError, build_manifest, huggingface, modelscope
-
-from . import budgets, events, retries
-from .writes import RESOLVER, apply_status, artifact_path, condition, find_condition
+from gpustack_models.worker import budgets, events, retries
+from gpustack_models.worker.writes import RESOLVER, apply_status, artifact_path, condition, find_condition
 
 log = logging.getLogger(__name__)
 

@@ -11,9 +11,8 @@ from __future__ import annotations
 from collections import Counter
 
 from gpustack_models.models import Artifact, ConditionStatus, EntryState, StoreEntry
-
-from . import events
-from .writes import ROLLUP, apply_status, artifact_path, condition, find_condition
+from gpustack_models.worker import events
+from gpustack_models.worker.writes import ROLLUP, apply_status, artifact_path, condition, find_condition
 
 COUNTS = ("ready", "downloading", "failed")
 _COUNTED_AS = {EntryState.READY: "ready", EntryState.DOWNLOADING: "downloading", EntryState.FAILED: "failed"}

@@ -18,11 +18,10 @@ Each names the digest (short form) and its size. The Events are recorded by a ta
 from __future__ import annotations
 
 from gpustack_models.kinds.formatting import human_bytes
-
-from . import events
-from .events import NORMAL, WARNING
-from .mirror import entries_of
-from .resolution import short_digest
+from gpustack_models.worker import events
+from gpustack_models.worker.events import NORMAL, WARNING
+from gpustack_models.worker.mirror import entries_of
+from gpustack_models.worker.resolution import short_digest
 
 STATE_EVENTS = {
     "Downloading": (NORMAL, "DownloadStarted", "downloading {what}"),

@@ -1,7 +1,7 @@
 """The plugin's download (hash-verified and published) against `hf download` of the same files from the same
 local hub, unthrottled and with a per-connection throttle (real CDNs give tens of MB/s per connection)."""
 
-from ..plugin.bench_download import run
+from tests.plugin.bench_download import run
 
 
 def test_bench_download_throughput(bench_scale, record):

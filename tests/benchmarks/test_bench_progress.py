@@ -7,9 +7,8 @@ import time
 import uuid
 
 from gpustack_models.kinds import GROUP
+from tests.fakeplugins import FakePlugins
 from tests.support import PLUGIN_PORT, REPO
-
-from ..fakeplugins import FakePlugins
 
 
 def run_fill(env, *args):

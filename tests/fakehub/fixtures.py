@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from .server import FakeHub
+from tests.fakehub.server import FakeHub
 
 LOOPBACK = "127.0.0.1,127.0.0.2,localhost"
 _PROXY_VARIABLES = ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy")

@@ -15,8 +15,7 @@ import pytest
 from gpustack_models.plugin import FAILED, READY, Cache, Download, FetchTicket, Limits
 from gpustack_models.plugin.cache import read_json
 from gpustack_models.sources.manifest import ManifestFile, manifest_digest
-
-from .conftest import (
+from tests.plugin.conftest import (
     InFlight,
     KiB,
     MiB,

@@ -20,9 +20,8 @@ from gpustack_models.local import pki
 from gpustack_models.plugin import Engine, Metrics
 from gpustack_models.plugin.endpoints import serve
 from gpustack_models.plugin.https_server import Limits
-
-from .attackers import SLOW_REQUEST, Attack, SlowClient, client_context, client_hello, probe, timed_get
-from .conftest import settings, wait_for
+from tests.plugin.attackers import SLOW_REQUEST, Attack, SlowClient, client_context, client_hello, probe, timed_get
+from tests.plugin.conftest import settings, wait_for
 
 
 class FakePlugin:

@@ -12,8 +12,7 @@ from gpustack_models.plugin import DOWNLOADING, FAILED, READY, Metrics, backoff_
 from gpustack_models.plugin.cache import read_json
 from gpustack_models.plugin.engine import rfc3339
 from gpustack_models.plugin.limits import RateLimiter
-
-from .conftest import InFlight, KiB, MiB, random_bytes, settings, ticket_for, tree_files, wait_for
+from tests.plugin.conftest import InFlight, KiB, MiB, random_bytes, settings, ticket_for, tree_files, wait_for
 
 
 def test_it_backs_off_from_one_minute_doubling_to_one_hour():

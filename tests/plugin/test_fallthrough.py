@@ -9,8 +9,7 @@ import pytest
 
 from gpustack_models.plugin import FAILED, READY, DownloadFailed, FetchTicket, HubSource, SourcePenalties
 from gpustack_models.sources.manifest import manifest_digest
-
-from .conftest import Clock, KiB, MiB, random_bytes, settings, ticket_for
+from tests.plugin.conftest import Clock, KiB, MiB, random_bytes, settings, ticket_for
 
 FILES = {
     "config.json": b'{"model_type": "llama"}',

@@ -4,8 +4,7 @@ import pickle
 import pytest
 
 from gpustack_models.plugin.hashing import FileHash, resumable_available
-
-from .conftest import random_bytes
+from tests.plugin.conftest import random_bytes
 
 
 def git_blob(data: bytes) -> str:

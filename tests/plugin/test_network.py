@@ -11,8 +11,7 @@ import pytest
 from gpustack_models.local import pki
 from gpustack_models.plugin import FAILED, READY, FetchTicket
 from tests.fakehub import FakeHub
-
-from .conftest import MiB, manifest, random_bytes, tree_files
+from tests.plugin.conftest import MiB, manifest, random_bytes, tree_files
 
 
 class TunnelProxy:

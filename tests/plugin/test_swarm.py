@@ -17,8 +17,7 @@ from gpustack_models.plugin.swarm import HUB, Board, Finished, SwarmSettings, se
 from gpustack_models.plugin.ticket import PeerSource, usable_peers
 from gpustack_models.sources.manifest import ManifestFile
 from tests.fakehub import FakeHub
-
-from .conftest import FAST, KiB, MiB, random_bytes, ticket_for, tree_files, wait_for
+from tests.plugin.conftest import FAST, KiB, MiB, random_bytes, ticket_for, tree_files, wait_for
 
 TOKEN = "peer-token-for-tests"
 FILES = {

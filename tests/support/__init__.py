@@ -1,7 +1,7 @@
 """Test support: helpers (``waiting``, ``kubernetes``, ``paths``) and the fixtures the root conftest
 loads with ``pytest_plugins`` (``cluster``, ``worker``, ``plugins``, ``stores``, ``kubelet``: the real node)."""
 
-from .kubernetes import (
+from tests.support.kubernetes import (
     kube_update,
     kubectl_run,
     read_modify_write,
@@ -9,8 +9,8 @@ from .kubernetes import (
     token_http,
     wait_default_service_account,
 )
-from .paths import PEER_PORT, PLUGIN_PORT, REPO, TEST_STATE
-from .waiting import wait_for
+from tests.support.paths import PEER_PORT, PLUGIN_PORT, REPO, TEST_STATE
+from tests.support.waiting import wait_for
 
 __all__ = [
     "PEER_PORT",

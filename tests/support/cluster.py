@@ -11,9 +11,8 @@ from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 
 from gpustack_models.local.cluster import LocalCluster, Ports
-
-from .kubernetes import kubectl_run
-from .paths import REPO, TEST_STATE
+from tests.support.kubernetes import kubectl_run
+from tests.support.paths import REPO, TEST_STATE
 
 
 @pytest.fixture(scope="session")

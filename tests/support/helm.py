@@ -7,7 +7,7 @@ import subprocess
 
 import pytest
 
-from .paths import REPO, TEST_STATE
+from tests.support.paths import REPO, TEST_STATE
 
 CHART = REPO / "deploy" / "chart" / "gpustack-models"
 

@@ -37,7 +37,7 @@ from pathlib import Path
 
 import pytest
 
-from .lanes import REPO, state_dir
+from tests.support.lanes import REPO, state_dir
 
 log = logging.getLogger(__name__)
 

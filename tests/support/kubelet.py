@@ -43,12 +43,11 @@ import yaml
 
 from gpustack_models.local import pki
 from gpustack_models.local.cluster import LocalCluster, free_port
-
-from . import hoststate
-from .images import IMAGES, build_archives
-from .kubernetes import kubectl_run
-from .paths import TEST_STATE
-from .waiting import wait_for
+from tests.support import hoststate
+from tests.support.images import IMAGES, build_archives
+from tests.support.kubernetes import kubectl_run
+from tests.support.paths import TEST_STATE
+from tests.support.waiting import wait_for
 
 NODE_NAME = "kubelet-node"
 # A label and a NoSchedule taint only the real node carries: tests tell it from the Nodes they register

@@ -10,8 +10,7 @@ from kubernetes import client as k8s
 
 from gpustack_models import kube
 from gpustack_models.local.cluster import LocalCluster
-
-from .waiting import wait_for
+from tests.support.waiting import wait_for
 
 
 def wait_default_service_account(admin: kube.Kube, namespace: str) -> None:

@@ -1,8 +1,7 @@
 """Where the suite keeps its state (its lane's own directory), and the ports every test plugin serves on."""
 
 from gpustack_models.local.cluster import Ports, free_port
-
-from .lanes import REPO, state_dir
+from tests.support.lanes import REPO, state_dir
 
 TEST_STATE = state_dir()
 PLUGIN_PORT = Ports.free().apiserver  # every test plugin serves on its own loopback address, this port

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import requests
 
-from .paths import PEER_PORT, PLUGIN_PORT, REPO, TEST_STATE
-from .waiting import wait_for
+from tests.support.paths import PEER_PORT, PLUGIN_PORT, REPO, TEST_STATE
+from tests.support.waiting import wait_for
 
 
 class PluginProcess:

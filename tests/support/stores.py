@@ -14,11 +14,10 @@ import pytest
 
 from gpustack_models import kube
 from gpustack_models.kinds import GROUP
-
-from .cluster import fresh_namespace
-from .kubernetes import kube_update
-from .waiting import wait_for
-from .worker import COLLECTION_GRACE
+from tests.support.cluster import fresh_namespace
+from tests.support.kubernetes import kube_update
+from tests.support.waiting import wait_for
+from tests.support.worker import COLLECTION_GRACE
 
 STORAGE = f"/apis/{GROUP}/v1alpha1"
 _ips = itertools.count(20)

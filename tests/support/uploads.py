@@ -5,8 +5,7 @@ from __future__ import annotations
 import requests
 
 from gpustack_models.kinds import GROUP
-
-from .waiting import wait_for
+from tests.support.waiting import wait_for
 
 CONNECTIONS = f"{GROUP}/upload-connections"
 BYTES_PER_SECOND = f"{GROUP}/upload-bytes-per-second"

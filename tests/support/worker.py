@@ -11,10 +11,10 @@ import sys
 import pytest
 import requests
 
-from . import lanes
-from .kubernetes import token_http
-from .paths import PEER_PORT, PLUGIN_PORT, REPO, TEST_STATE
-from .waiting import wait_for
+from tests.support import lanes
+from tests.support.kubernetes import token_http
+from tests.support.paths import PEER_PORT, PLUGIN_PORT, REPO, TEST_STATE
+from tests.support.waiting import wait_for
 
 
 class WorkerAPI:

@@ -18,8 +18,8 @@ from concurrent import futures
 
 import grpc
 
-from . import DRIVER_NAME, SOCKET_PATH_MAX
-from .generated import csi_pb2_grpc, pluginregistration_pb2, pluginregistration_pb2_grpc
+from gpustack_models.plugin.csi import DRIVER_NAME, SOCKET_PATH_MAX
+from gpustack_models.plugin.csi.generated import csi_pb2_grpc, pluginregistration_pb2, pluginregistration_pb2_grpc
 
 log = logging.getLogger(__name__)
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import grpc
 
-from .generated import csi_pb2
+from gpustack_models.plugin.csi.generated import csi_pb2
 
 KUBE_PREFIX = "csi.storage.k8s.io/"
 EPHEMERAL = KUBE_PREFIX + "ephemeral"

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import grpc
 import requests
 
-from .validation import CsiError, Pod
+from gpustack_models.plugin.csi.validation import CsiError, Pod
 
 TIMEOUT_SECONDS = 15
 _DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
