@@ -1,4 +1,4 @@
-"""The Celery application. Tasks are found in ``gpustack_models.tasks``.
+"""The Celery application. Tasks are found in ``gpustack_models.reconcilers.tasks``.
 
 Stopping a worker (SIGTERM, or Ctrl-C): Celery's warm shutdown takes no new task and lets the running ones
 finish, without a bound. After ``GPUSTACK_CELERY_SHUTDOWN_GRACE_SECONDS`` the worker turns it into Celery's
@@ -21,7 +21,7 @@ app.config_from_object("django.conf:settings", namespace="CELERY")
 # may reuse it; reconnecting to PostgreSQL for each informer event would cap the mirror at ~150 events/s.
 # Django's own CONN_MAX_AGE still retires connections.
 app.conf.CELERY_DB_REUSE_MAX = 1000
-app.autodiscover_tasks()
+app.autodiscover_tasks(["gpustack_models.reconcilers"])
 
 
 @app.on_after_configure.connect
@@ -40,39 +40,38 @@ def _prepare_filesystem_broker(sender, **kwargs):
 def _worker_metrics_setup(sender=None, **kwargs):
     """A worker (its prefork pool's processes too) counts its tasks in prometheus_client's multiprocess
     mode, so one scrape of its metrics port sums them; set before any of its metrics exist."""
-    from gpustack_models import telemetry
+    from gpustack_models.telemetry import registry
 
-    telemetry.use_multiprocess("celery-worker")
-    from gpustack_models.worker import worker_metrics
+    registry.use_multiprocess("celery-worker")
+    from gpustack_models.telemetry import roles
 
-    worker_metrics.connect_worker_signals()
+    roles.connect_worker_signals()
 
 
 @signals.worker_ready.connect
 def _serve_worker_metrics(sender=None, **kwargs):
     """The worker's metrics port (``GPUSTACK_METRICS_PORT``), with the broker's queue depth read at scrape
     time; started once the pool's processes exist, so none of them holds the listening socket."""
-    from gpustack_models import telemetry
-    from gpustack_models.worker.worker_metrics import QueueDepth
+    from gpustack_models.telemetry import registry
+    from gpustack_models.telemetry.roles import QueueDepth
 
-    telemetry.serve_from_settings(QueueDepth(app))
+    registry.serve_from_settings(QueueDepth(app))
 
 
 @signals.worker_process_shutdown.connect
 def _pool_process_exited(sender=None, pid=None, **kwargs):
-    from gpustack_models import telemetry
+    from gpustack_models.telemetry import registry
 
-    telemetry.process_exited(pid or os.getpid())
+    registry.process_exited(pid or os.getpid())
 
 
 @signals.beat_init.connect
 def _serve_beat_metrics(sender=None, **kwargs):
     """Beat's metrics port (``GPUSTACK_METRICS_PORT``): the tasks it sent."""
-    from gpustack_models import telemetry
-    from gpustack_models.worker import worker_metrics
+    from gpustack_models.telemetry import registry, roles
 
-    worker_metrics.count_sent_tasks()
-    telemetry.serve_from_settings()
+    roles.count_sent_tasks()
+    registry.serve_from_settings()
 
 
 @signals.worker_shutting_down.connect

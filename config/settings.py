@@ -414,7 +414,7 @@ CELERY_BEAT_SCHEDULE = {
 }
 CELERY_BEAT_SCHEDULE_FILENAME = str(DATA_DIR / "celery" / "beat-schedule")
 # Beat sends its tasks only while it holds the beat Lease (GPUSTACK_LEADER_ELECTION).
-CELERY_BEAT_SCHEDULER = "gpustack_models.worker.beat_leader:LeaderScheduler"
+CELERY_BEAT_SCHEDULER = "gpustack_models.reconcilers.beat_leader:LeaderScheduler"
 
 # --- Web -------------------------------------------------------------------------------------------
 # The console behind HTTPS (a TLS-terminating ingress sets X-Forwarded-Proto): cookies only over HTTPS.

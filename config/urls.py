@@ -8,7 +8,11 @@ from django.urls import include, path
 from gpustack_models.api import health
 
 if settings.SERVER_ROLE == "api":
-    urlpatterns = [path("", include("gpustack_models.api.urls"))]
+    urlpatterns = [
+        path("", include("gpustack_models.api.urls")),
+        path("", include("gpustack_models.internal.urls")),
+        path("", include("gpustack_models.webhooks.urls")),
+    ]
 else:
     urlpatterns = [
         path("healthz", health.health),

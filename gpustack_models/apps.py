@@ -10,6 +10,6 @@ class GpustackModelsConfig(AppConfig):
         from django.conf import settings
 
         if settings.SERVER_ROLE == "api":
-            from gpustack_models.api.tls_worker import quiet_request_signals
+            from gpustack_models.api.server import quiet_request_signals
 
             quiet_request_signals()

@@ -6,7 +6,7 @@ import uuid
 import pytest
 
 from gpustack_models.kinds import GROUP
-from gpustack_models.worker.retries import RETRYABLE
+from gpustack_models.reconcilers.retries import RETRYABLE
 from tests.support import wait_for
 
 

@@ -6,7 +6,7 @@ import ssl
 from gunicorn.asgi.protocol import ASGIProtocol
 from gunicorn.workers import gasgi
 
-from gpustack_models.api.tls_worker import TLSASGIProtocol, TLSASGIWorker
+from gpustack_models.api.server import TLSASGIProtocol, TLSASGIWorker
 
 
 def front_proxy_cert(cluster):

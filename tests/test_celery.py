@@ -9,7 +9,7 @@ import pytest
 from django.conf import settings
 
 from config.celery import app
-from gpustack_models.tasks import ping
+from gpustack_models.reconcilers.tasks import ping
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -259,8 +259,8 @@ def test_its_pages_show_the_cluster_live_and_offer_no_write(
 ):
     from playwright.sync_api import sync_playwright
 
+    from gpustack_models.informers.mirror import KINDS
     from gpustack_models.models import InformerState, NodeStore, PluginPod
-    from gpustack_models.worker.mirror import KINDS
 
     url, password = console
     artifact, digest = resolved

@@ -16,8 +16,8 @@ import requests
 from prometheus_client import generate_latest
 
 from gpustack_models.kinds import GROUP
-from gpustack_models.plugin import READY, Engine, FetchTicket, Metrics
-from gpustack_models.plugin.sharing import SharedFiles, parse_manifest
+from gpustack_models.plugin.engine import READY, Engine, FetchTicket, Metrics
+from gpustack_models.plugin.engine.sharing import SharedFiles, parse_manifest
 from gpustack_models.sources.manifest import ManifestFile, manifest_digest, manifest_text
 from tests.plugin.conftest import manifest, random_bytes, settings, tree_files
 from tests.support import TEST_STATE, wait_for

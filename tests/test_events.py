@@ -11,7 +11,7 @@ from kubernetes import client as k8s
 def recorder(worker_kube, monkeypatch, settings):
     """``events.record`` in this process, with the worker's identity and RBAC."""
     from gpustack_models.kube import client
-    from gpustack_models.worker import events
+    from gpustack_models.reconcilers import events
 
     monkeypatch.setattr(client, "_default", worker_kube)
     settings.EVENT_BURST, settings.EVENT_REFILL_SECONDS, settings.EVENT_SERIES_SECONDS = 25, 300.0, 600.0

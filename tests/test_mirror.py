@@ -153,7 +153,7 @@ def test_it_converges_after_the_informers_were_killed(population, worker_stack):
 
 @pytest.mark.django_db(transaction=False)
 def test_it_keeps_the_newest_version_whatever_the_event_order():
-    from gpustack_models.tasks import mirror_event
+    from gpustack_models.reconcilers.tasks import mirror_event
 
     ns, name = f"order-{uuid.uuid4().hex[:6]}", "x"
 

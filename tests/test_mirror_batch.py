@@ -14,9 +14,9 @@ import pytest
 import requests
 from prometheus_client.parser import text_string_to_metric_families
 
+from gpustack_models.informers.coalescing import BatchingSink, Coalescer
 from gpustack_models.local.cluster import free_port
 from gpustack_models.models import Artifact, InformerState, Namespace, NodeStore
-from gpustack_models.worker.coalescing import BatchingSink, Coalescer
 from tests.support import wait_for
 from tests.support.paths import REPO, TEST_STATE
 from tests.support.worker import MIRROR_LAG_FILE
@@ -169,7 +169,7 @@ def test_events_the_broker_refused_are_kept_and_sent_again():
 
 @pytest.mark.django_db(transaction=False)
 def test_a_batch_keeps_the_resource_version_guards_and_the_tombstones():
-    from gpustack_models.tasks import mirror_events
+    from gpustack_models.reconcilers.tasks import mirror_events
 
     ns = f"batch-{uuid.uuid4().hex[:6]}"
 
@@ -204,7 +204,7 @@ def test_a_batch_keeps_the_resource_version_guards_and_the_tombstones():
 
 @pytest.mark.django_db(transaction=False)
 def test_the_per_event_task_records_its_lag_too(settings, tmp_path):
-    from gpustack_models.tasks import mirror_event
+    from gpustack_models.reconcilers.tasks import mirror_event
 
     ns, arrived = f"lag-{uuid.uuid4().hex[:6]}", time.time()
     settings.MIRROR_LAG_FILE = str(tmp_path / "lag.jsonl")
@@ -233,7 +233,7 @@ def store(name, rv, digest, state, uid="s1"):
 
 @pytest.mark.django_db(transaction=False)
 def test_reactions_are_enqueued_once_per_key_per_batch():
-    from gpustack_models.tasks import mirror_events
+    from gpustack_models.reconcilers.tasks import mirror_events
 
     prefix, digest = f"rb{uuid.uuid4().hex[:5]}", f"sha256:{uuid.uuid4().hex * 2}"
     names = [f"{prefix}-{i}" for i in range(5)]

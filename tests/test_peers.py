@@ -13,7 +13,7 @@ import pytest
 import requests
 from django.utils import timezone
 
-from gpustack_models.api.fetch_tickets import peer_sources
+from gpustack_models.internal.tickets import peer_sources
 from gpustack_models.models import (
     Artifact,
     EntryState,
@@ -26,7 +26,7 @@ from gpustack_models.models import (
     StoreEntry,
     TargetState,
 )
-from gpustack_models.plugin.peers import file_url, tree_url
+from gpustack_models.plugin.peers.contract import file_url, tree_url
 from tests.support import PEER_PORT, wait_for
 from tests.support.kubernetes import wait_default_service_account
 from tests.support.uploads import limit_uploads

@@ -15,7 +15,7 @@ import requests
 
 from gpustack_models import kube
 from gpustack_models.kinds import GROUP
-from gpustack_models.plugin.cache import read_json
+from gpustack_models.plugin.engine.cache import read_json
 from tests.support import PLUGIN_PORT, TEST_STATE, kube_update, read_modify_write, token_http, wait_for
 from tests.support.cluster import fresh_namespace
 

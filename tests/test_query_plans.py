@@ -170,7 +170,7 @@ def test_progress(plans):
 
 
 def test_rollup_and_prefetch_status(plans):
-    from gpustack_models.worker import prefetches, rollup
+    from gpustack_models.reconcilers import prefetches, rollup
 
     def run():
         assert sum(rollup.digest_counts(HOT).get(k, 0) for k in rollup.COUNTS) > NODES // 5 * 0.99
@@ -185,7 +185,7 @@ def test_rollup_and_prefetch_status(plans):
 
 
 def test_node_reconcile(plans):
-    from gpustack_models.worker import node_stores, references
+    from gpustack_models.reconcilers import node_stores, references
 
     def run():
         node, now = node_name(4242), timezone.now()
@@ -199,19 +199,19 @@ def test_node_reconcile(plans):
 
 
 def test_collection_pass(plans):
-    from gpustack_models.worker import collection
+    from gpustack_models.reconcilers import collection
 
     plans(lambda: collection.collection_pass(timezone.now()), RETENTION)
 
 
 def test_retargeting(plans):
-    from gpustack_models.worker import selection
+    from gpustack_models.reconcilers import selection
 
     plans(lambda: selection.retarget_node(node_name(4242)))
 
 
 def test_mirror_writes(plans):
-    from gpustack_models.worker import mirror
+    from gpustack_models.informers import mirror
 
     def run():
         store = {
@@ -234,7 +234,7 @@ def test_mirror_writes(plans):
 def test_relist_prune(plans):
     """A relist compares every live row with what the list returned: a pass over the table by design;
     what it tombstones is written by key."""
-    from gpustack_models.worker import mirror
+    from gpustack_models.informers import mirror
 
     keys = [{"name": node_name(i)} for i in range(NODES) if i != 4242]
     rule = [WholeCluster(STORE, r"resource_version\" <= ", "a relist's prune compares every live row")]
@@ -242,7 +242,7 @@ def test_relist_prune(plans):
 
 
 def test_periodic_passes(plans):
-    from gpustack_models.worker import events, mount_checks, retries
+    from gpustack_models.reconcilers import events, mount_checks, retries
 
     def run():
         mount_checks.leftover_protections()
@@ -254,14 +254,15 @@ def test_periodic_passes(plans):
 
 
 def test_api_paths(plans):
-    from gpustack_models.api import fetch_tickets, placement
+    from gpustack_models.internal import tickets
+    from gpustack_models.webhooks import placement
 
     def run():
         assert placement.holders("sq-ns-017", ["art-3", "art-4"])
-        rows = fetch_tickets.resolutions(digest(17))
+        rows = tickets.resolutions(digest(17))
         assert rows
-        fetch_tickets.wanting_namespaces(node_name(4242), rows)
-        fetch_tickets.peer_sources(node_name(4242), digest(17))
+        tickets.wanting_namespaces(node_name(4242), rows)
+        tickets.peer_sources(node_name(4242), digest(17))
 
     plans(run)
 

@@ -289,7 +289,7 @@ def test_it_backs_off_terminal_failures_per_artifact(artifacts, mirror_db):
 def test_it_doubles_the_terminal_backoff_up_to_its_max(settings):
     from django.utils import timezone
 
-    from gpustack_models.worker import retries
+    from gpustack_models.reconcilers import retries
 
     settings.RESOLVE_TERMINAL_RETRY_BASE, settings.RESOLVE_TERMINAL_RETRY_MAX = 300.0, 1000.0
     ns, name, uid = f"b-{uuid.uuid4().hex[:6]}", "a", str(uuid.uuid4())
@@ -310,7 +310,7 @@ def test_it_doubles_the_terminal_backoff_up_to_its_max(settings):
 @pytest.mark.django_db
 def test_it_schedules_failed_artifacts_no_row_schedules_yet():
     from gpustack_models.models import Artifact
-    from gpustack_models.worker import retries
+    from gpustack_models.reconcilers import retries
 
     ns = f"u-{uuid.uuid4().hex[:6]}"
     for name, reason in (("denied", "AccessDenied"), ("waiting", "SourceUnavailable"), ("norev", "RevisionNotFound")):
@@ -438,7 +438,7 @@ def test_it_never_lands_a_resolution_on_an_artifact_recreated_meanwhile(artifact
 
 @pytest.mark.django_db
 def test_it_gives_each_namespace_its_own_share_of_the_hubs(settings):
-    from gpustack_models.worker import budgets
+    from gpustack_models.reconcilers import budgets
 
     settings.RESOLVE_NAMESPACE_RATE, settings.RESOLVE_NAMESPACE_BURST = 60.0, 3  # one a second, three at once
     assert [budgets.take("greedy") for _ in range(3)] == [0.0, 0.0, 0.0]

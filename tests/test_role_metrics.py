@@ -21,7 +21,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from gpustack_models.kinds import GROUP
 from gpustack_models.local.cluster import free_port
-from gpustack_models.telemetry import multiprocess_root
+from gpustack_models.telemetry.registry import multiprocess_root
 from tests.support import wait_for
 from tests.support.paths import TEST_STATE
 from tests.support.worker import WorkerAPI, database_url

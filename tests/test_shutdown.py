@@ -206,7 +206,7 @@ def test_the_gunicorn_hooks_the_api_extends_to_stop_exist():
     from gunicorn.asgi.protocol import ASGIProtocol
     from gunicorn.workers import gasgi
 
-    from gpustack_models.api.tls_worker import TLSASGIProtocol, TLSASGIWorker
+    from gpustack_models.api.server import TLSASGIProtocol, TLSASGIWorker
 
     for name in ("handle_exit_signal", "handle_quit_signal"):
         assert callable(getattr(gasgi.ASGIWorker, name, None)) and name in TLSASGIWorker.__dict__

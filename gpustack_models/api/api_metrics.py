@@ -27,7 +27,7 @@ import time
 from prometheus_client import CONTENT_TYPE_LATEST, Counter, Histogram, generate_latest
 
 from gpustack_models.kinds import BY_PLURAL
-from gpustack_models.telemetry import scrape_registry
+from gpustack_models.telemetry.registry import scrape_registry
 
 REQUESTS = Counter("gpustack_models_api_requests_total", "API requests answered.", ["verb", "resource", "code"])
 DURATION = Histogram(

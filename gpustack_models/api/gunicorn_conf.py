@@ -4,6 +4,6 @@ the command line sets everything else)."""
 
 def child_exit(server, worker):
     """A worker process exited: its live gauges leave the metrics (prometheus_client's multiprocess mode)."""
-    from gpustack_models.telemetry import process_exited
+    from gpustack_models.telemetry.registry import process_exited
 
     process_exited(worker.pid)

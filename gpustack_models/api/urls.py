@@ -1,20 +1,10 @@
-"""The routes of the aggregated API process (``manage.py runapiserver``)."""
+"""The routes of the ``worker.gpustack.ai/v1`` group, discovery, OpenAPI, health and metrics on the API process
+(``manage.py runapiserver``; ``config.urls`` adds the plugins' and the webhook's)."""
 
 from django.urls import path, re_path
 
-from gpustack_models.api import (
-    discovery,
-    fetch_tickets,
-    health,
-    mounts,
-    openapi,
-    placement,
-    plugin_certs,
-    progress,
-    resources,
-    views,
-)
-from gpustack_models.api.tls_worker import threaded
+from gpustack_models.api import discovery, health, openapi, progress, resources, views
+from gpustack_models.api.server import threaded
 
 GROUP = r"apis/worker\.gpustack\.ai"
 NAMESPACE = r"namespaces/(?P<namespace>[^/]+)/"
@@ -35,13 +25,5 @@ urlpatterns = [
     re_path(rf"{RESOURCE}/(?P<name>[^/]+)/(?P<subresource>[^/]+)/?$", threaded(resources.SubresourceView.as_view())),
     path("openapi/v2", threaded(openapi.OpenAPIV2View.as_view(), "/openapi/v2")),
     re_path(r"^openapi/v3(?P<rest>/.*)?$", threaded(openapi.OpenAPIV3View.as_view(), "/openapi/v3")),
-    path("internal/v1/tickets", threaded(fetch_tickets.TicketView.as_view(), "/internal/v1/tickets")),
-    path("internal/v1/placement", threaded(placement.PlacementView.as_view(), "/internal/v1/placement")),
-    path("internal/v1/mounts", threaded(mounts.MountView.as_view(), "/internal/v1/mounts")),
     path("metrics", threaded(views.MetricsView.as_view(), "/metrics")),
-    path("internal/v1/mounts/release", threaded(mounts.ReleaseView.as_view(), "/internal/v1/mounts/release")),
-    path(
-        "internal/v1/plugin-certificates",
-        threaded(plugin_certs.PluginCertificateView.as_view(), "/internal/v1/plugin-certificates"),
-    ),
 ]

@@ -35,8 +35,8 @@ def main(rate: float, seconds: float, first_rv: int) -> None:
     import django
 
     django.setup()
+    from gpustack_models.informers.listwatch import Informer
     from gpustack_models.kube.watch import Collection
-    from gpustack_models.worker.informers import Informer
 
     given = json.load(sys.stdin)
     template, names = given["object"], given["names"]

@@ -4,7 +4,7 @@ into an empty cache, both from the same local fake hub."""
 
 import time
 
-from gpustack_models.plugin import READY, DownloadSettings, Engine, FetchTicket
+from gpustack_models.plugin.engine import READY, DownloadSettings, Engine, FetchTicket
 from gpustack_models.sources.manifest import manifest_digest
 from tests.plugin.conftest import manifest, random_bytes
 

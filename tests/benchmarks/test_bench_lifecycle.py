@@ -86,8 +86,8 @@ def clear(prefix: str) -> None:
 
 
 def measure(prefix: str, nodes: int, per_node: int, samples: int) -> tuple[float, float, int]:
-    from gpustack_models.worker.collection import collection_pass
-    from gpustack_models.worker.node_stores import plan_models
+    from gpustack_models.reconcilers.collection import collection_pass
+    from gpustack_models.reconcilers.node_stores import plan_models
 
     names = fill(prefix, nodes, per_node)
     try:

@@ -161,7 +161,7 @@ def _run_hf(hub: _Hub, work: Path, size: int) -> tuple[float, Path]:
 
 
 def _run_engine(hub: _Hub, work: Path, size: int, settings=None) -> float:
-    from gpustack_models.plugin import Engine, FetchTicket
+    from gpustack_models.plugin.engine import Engine, FetchTicket
     from gpustack_models.sources.manifest import ManifestFile, manifest_digest
 
     files = [ManifestFile(f["path"], f["size"], f["algorithm"], f["hexdigest"], f["lfs"]) for f in hub.files]
@@ -190,7 +190,7 @@ def run(files_mb: list[int], per_connection_bps: int | None, *, repeat: int = 2,
     if smoke:
         files_mb, repeat = [0, 1, 3], 1
         per_connection_bps = per_connection_bps and min(per_connection_bps, 2 * MB)
-    from gpustack_models.plugin.download import DownloadSettings
+    from gpustack_models.plugin.engine.download import DownloadSettings
 
     settings = DownloadSettings(split_threshold=2 * MB, part_size=1 * MB) if smoke else None
     work_root = Path(tempfile.mkdtemp(prefix="bench-download-"))

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from gpustack_models.plugin import DownloadSettings, Engine, FetchTicket
+from gpustack_models.plugin.engine import DownloadSettings, Engine, FetchTicket
 from gpustack_models.sources.manifest import ManifestFile, manifest_digest
 
 KiB = 1024

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from gpustack_models.plugin import FAILED, READY, Cache, Download, FetchTicket, Limits
-from gpustack_models.plugin.cache import read_json
+from gpustack_models.plugin.engine import FAILED, READY, Cache, Download, FetchTicket, Limits
+from gpustack_models.plugin.engine.cache import read_json
 from gpustack_models.sources.manifest import ManifestFile, manifest_digest
 from tests.plugin.conftest import (
     InFlight,
@@ -156,7 +156,7 @@ def test_it_retries_a_range_whose_answer_never_comes(fakehub, make_engine):
 
 _CHILD = r"""
 import json, sys, time
-from gpustack_models.plugin import Engine, FetchTicket, DownloadSettings
+from gpustack_models.plugin.engine import Engine, FetchTicket, DownloadSettings
 spec = json.loads(sys.argv[1])
 ticket = FetchTicket.from_dict(spec["ticket"])
 engine = Engine(spec["root"], settings=DownloadSettings(**spec["settings"]), concurrency=2)

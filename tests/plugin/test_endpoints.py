@@ -17,9 +17,9 @@ from types import SimpleNamespace
 import pytest
 
 from gpustack_models.local import pki
-from gpustack_models.plugin import Engine, Metrics
-from gpustack_models.plugin.endpoints import serve
+from gpustack_models.plugin.engine import Engine, Metrics
 from gpustack_models.plugin.https_server import Limits
+from gpustack_models.plugin.node.endpoints import serve
 from tests.plugin.attackers import SLOW_REQUEST, Attack, SlowClient, client_context, client_hello, probe, timed_get
 from tests.plugin.conftest import settings, wait_for
 

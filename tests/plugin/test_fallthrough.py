@@ -7,7 +7,7 @@ import dataclasses
 
 import pytest
 
-from gpustack_models.plugin import FAILED, READY, DownloadFailed, FetchTicket, HubSource, SourcePenalties
+from gpustack_models.plugin.engine import FAILED, READY, DownloadFailed, FetchTicket, HubSource, SourcePenalties
 from gpustack_models.sources.manifest import manifest_digest
 from tests.plugin.conftest import Clock, KiB, MiB, random_bytes, settings, ticket_for
 

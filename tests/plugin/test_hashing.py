@@ -3,7 +3,7 @@ import pickle
 
 import pytest
 
-from gpustack_models.plugin.hashing import FileHash, resumable_available
+from gpustack_models.plugin.engine.hashing import FileHash, resumable_available
 from tests.plugin.conftest import random_bytes
 
 

@@ -9,7 +9,7 @@ import threading
 import pytest
 
 from gpustack_models.local import pki
-from gpustack_models.plugin import FAILED, READY, FetchTicket
+from gpustack_models.plugin.engine import FAILED, READY, FetchTicket
 from tests.fakehub import FakeHub
 from tests.plugin.conftest import MiB, manifest, random_bytes, tree_files
 

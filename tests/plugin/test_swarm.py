@@ -10,11 +10,11 @@ import time
 import pytest
 
 from gpustack_models.local import pki
-from gpustack_models.plugin import READY, DownloadSettings
-from gpustack_models.plugin.peer_client import PeerAccess, PeerError, parse_tree
-from gpustack_models.plugin.ranges import FileProgress
-from gpustack_models.plugin.swarm import HUB, Board, Finished, SwarmSettings, segment_size
-from gpustack_models.plugin.ticket import PeerSource, usable_peers
+from gpustack_models.plugin.engine import READY, DownloadSettings
+from gpustack_models.plugin.engine.ranges import FileProgress
+from gpustack_models.plugin.engine.ticket import PeerSource, usable_peers
+from gpustack_models.plugin.peers.peer_client import PeerAccess, PeerError, parse_tree
+from gpustack_models.plugin.peers.swarm import HUB, Board, Finished, SwarmSettings, segment_size
 from gpustack_models.sources.manifest import ManifestFile
 from tests.fakehub import FakeHub
 from tests.plugin.conftest import FAST, KiB, MiB, random_bytes, ticket_for, tree_files, wait_for

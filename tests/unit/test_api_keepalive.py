@@ -1,4 +1,4 @@
-"""The API's idle keep-alive connections while it stops (``gpustack_models.api.tls_worker``): one that turns idle
+"""The API's idle keep-alive connections while it stops (``gpustack_models.api.server``): one that turns idle
 after SIGTERM (its answer went out before the signal, the call behind it ended after) is closed, not kept for
 its next request: kept, it held the stop until gunicorn's graceful timeout (a stop took 5.2 s)."""
 
@@ -6,8 +6,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from gpustack_models.api import tls_worker
-from gpustack_models.api.tls_worker import TLSASGIProtocol
+from gpustack_models.api import server
+from gpustack_models.api.server import TLSASGIProtocol
 
 
 class Connection(TLSASGIProtocol):
@@ -30,19 +30,19 @@ def armed(monkeypatch):
     def arm(self):
         armed.append(self)
 
-    monkeypatch.setattr(tls_worker.ASGIProtocol, "_arm_keepalive_timer", arm)
+    monkeypatch.setattr(server.ASGIProtocol, "_arm_keepalive_timer", arm)
     yield armed
     for conn in armed:
-        tls_worker._idle.discard(conn)
+        server._idle.discard(conn)
 
 
 def test_a_connection_turning_idle_while_the_worker_stops_is_closed_at_once(armed):
     conn = Connection(alive=False)
     TLSASGIProtocol._arm_keepalive_timer(conn)
-    assert (armed, conn.closed) == ([], 1) and conn not in tls_worker._idle
+    assert (armed, conn.closed) == ([], 1) and conn not in server._idle
 
 
 def test_a_connection_turning_idle_while_the_worker_serves_waits_for_its_next_request(armed):
     conn = Connection(alive=True)
     TLSASGIProtocol._arm_keepalive_timer(conn)
-    assert (armed, conn.closed) == ([conn], 0) and conn in tls_worker._idle
+    assert (armed, conn.closed) == ([conn], 0) and conn in server._idle

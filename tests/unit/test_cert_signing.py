@@ -9,7 +9,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import dsa, ec, ed25519, rsa
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from gpustack_models.api.cert_signing import (
+from gpustack_models.internal.signing import (
     SUBJECT_PREFIX,
     SigningRequestError,
     load_authority,

@@ -13,11 +13,11 @@ import pytest
 
 from gpustack_models.plugin.csi import validation
 from gpustack_models.plugin.csi.generated import csi_pb2
+from gpustack_models.plugin.csi.mount_client import WorkerMounts
 from gpustack_models.plugin.csi.progress_text import human_bytes, not_ready_message
 from gpustack_models.plugin.csi.registration import SocketPathError, check_socket_path
 from gpustack_models.plugin.csi.validation import CsiError, Pod
-from gpustack_models.plugin.csi.worker_api import WorkerMounts
-from gpustack_models.plugin.engine import Entry
+from gpustack_models.plugin.engine.jobs import Entry
 
 Mode = csi_pb2.VolumeCapability.AccessMode
 UID = "0b3f6f0e-7a51-4e6f-9d1e-6a1c5e0f0c11"

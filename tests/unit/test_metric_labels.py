@@ -4,7 +4,7 @@ import pytest
 from django.test import RequestFactory
 
 from gpustack_models.api.api_metrics import labels
-from gpustack_models.telemetry import metrics_app
+from gpustack_models.telemetry.registry import metrics_app
 
 rf = RequestFactory()
 

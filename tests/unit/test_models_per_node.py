@@ -7,7 +7,7 @@ import sys
 
 import yaml
 
-from gpustack_models.worker.references import MAX_MODELS
+from gpustack_models.reconcilers.references import MAX_MODELS
 from tests.support.paths import REPO
 
 CRD = REPO / "deploy" / "crds" / "worker.gpustack.ai_nodemodelstores.yaml"

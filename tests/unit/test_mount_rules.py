@@ -4,8 +4,8 @@ reference ends."""
 import pytest
 
 from gpustack_models import kube
-from gpustack_models.api.mounts import MountRequest, mounted_content, parse_mount, parse_release
-from gpustack_models.worker.mount_checks import ended_because
+from gpustack_models.internal.mounts import MountRequest, mounted_content, parse_mount, parse_release
+from gpustack_models.reconcilers.mount_checks import ended_because
 
 UID = "0b6c8a9e-3f3c-4c55-9a4e-2f4d2b7c1e10"
 DIGEST = "sha256:" + "ab" * 32

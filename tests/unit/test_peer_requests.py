@@ -5,11 +5,11 @@ import os
 
 import pytest
 
-from gpustack_models.plugin import FetchTicket
-from gpustack_models.plugin.failures import DownloadFailed
-from gpustack_models.plugin.peer_server import Refused, UploadLimits, check_path, list_tree, parse_range
-from gpustack_models.plugin.peers import FileToken, PeerTokenUnavailable, covers, file_url, tree_url
-from gpustack_models.plugin.ticket import PeerSource
+from gpustack_models.plugin.engine import FetchTicket
+from gpustack_models.plugin.engine.failures import DownloadFailed
+from gpustack_models.plugin.engine.ticket import PeerSource
+from gpustack_models.plugin.peers.contract import FileToken, PeerTokenUnavailable, covers, file_url, tree_url
+from gpustack_models.plugin.peers.peer_server import Refused, UploadLimits, check_path, list_tree, parse_range
 from gpustack_models.sources.manifest import ManifestFile, manifest_digest
 
 SIZE = 1000

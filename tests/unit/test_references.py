@@ -6,8 +6,8 @@ import pytest
 
 from gpustack_models.kinds.formatting import parse_duration
 from gpustack_models.models import TargetState
-from gpustack_models.worker.references import Reference, place
-from gpustack_models.worker.selection import selector_matches
+from gpustack_models.reconcilers.references import Reference, place
+from gpustack_models.reconcilers.selection import selector_matches
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 
@@ -85,7 +85,7 @@ def test_the_quota_counts_a_digest_once_per_namespace_and_never_limits_mounts():
     "value, limit", [("1000", 1000), ("0", 0), ("-5", None), ("lots", None), (None, None)],
 )  # fmt: skip
 def test_a_namespaces_byte_limit_is_read_from_its_annotation_and_a_bad_one_ignored(value, limit):
-    from gpustack_models.worker.mirror import PREFETCH_BYTES_ANNOTATION, _namespace_fields
+    from gpustack_models.informers.mirror import PREFETCH_BYTES_ANNOTATION, _namespace_fields
 
     annotations = {} if value is None else {PREFETCH_BYTES_ANNOTATION: value}
     obj = {"metadata": {"name": "tenant", "annotations": annotations}}

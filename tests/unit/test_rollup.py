@@ -2,7 +2,7 @@
 
 import pytest
 
-from gpustack_models.worker.rollup import nodes_changed
+from gpustack_models.reconcilers.rollup import nodes_changed
 
 BASE = {"ready": 1, "downloading": 1, "failed": 0, "downloadingPercent": 12}
 

@@ -1,6 +1,6 @@
 """What the worker reads into a NodeModelStore's status changes: the Events administrators see."""
 
-from gpustack_models.worker.store_events import transitions
+from gpustack_models.reconcilers.store_events import transitions
 
 A = "sha256:" + "a" * 64
 B = "sha256:" + "b" * 64

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import pytest
 
 from gpustack_models import kube
-from gpustack_models.api import fetch_tickets
+from gpustack_models.internal import tickets
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
 
@@ -39,7 +39,7 @@ def test_it_puts_the_nodes_tenants_first_then_public_sources_then_borrowed_token
         row("victim", "tokened", secret="victim-token", minutes_ago=2),
         row("victim", "plain", minutes_ago=60),
     ]
-    ordered = fetch_tickets.ordered(rows, wanting={"victim"})
+    ordered = tickets.ordered(rows, wanting={"victim"})
     assert names(ordered) == [
         "victim/plain",  # the node's tenants: token-less first
         "victim/tokened",
@@ -58,7 +58,7 @@ def test_it_offers_each_source_once_with_its_secrets_token(monkeypatch):
         reads.append((namespace, name))
         return tokens[(namespace, name)]
 
-    monkeypatch.setattr(fetch_tickets, "hub_token", hub_token)
+    monkeypatch.setattr(tickets, "hub_token", hub_token)
     rows = [
         row("victim", "a", secret="victim-token"),
         row("victim", "b", secret="victim-token"),  # the same source and token: once
@@ -66,7 +66,7 @@ def test_it_offers_each_source_once_with_its_secrets_token(monkeypatch):
         row("attacker", "d", secret="aaa"),  # no usable token: the same as the public one
         row("public", "e", repository="org/other"),
     ]
-    offered = fetch_tickets.offered_sources(rows)
+    offered = tickets.offered_sources(rows)
     assert [(s["repository"], s["token"]) for s in offered] == [
         ("org/model", "hf_victim"),
         ("org/model", None),
@@ -106,5 +106,5 @@ def b64(raw: bytes) -> str:
 )
 def test_it_offers_only_a_token_a_plugin_accepts(monkeypatch, stored, token):
     monkeypatch.setattr(kube, "worker", lambda: Secrets({"hub-token": stored}))
-    assert fetch_tickets.hub_token("ns", "hub-token") == token
-    assert fetch_tickets.hub_token("ns", "missing") is None
+    assert tickets.hub_token("ns", "hub-token") == token
+    assert tickets.hub_token("ns", "missing") is None

@@ -4,7 +4,7 @@ new limits to the peer server while transfers run."""
 
 import pytest
 
-from gpustack_models.plugin.peer_server import UploadLimits, connection_limits, set_upload_limits, upload_limits
+from gpustack_models.plugin.peers.peer_server import UploadLimits, connection_limits, set_upload_limits, upload_limits
 
 OWN = (3, 5000)  # the plugin's GPUSTACK_PLUGIN_PEER_MAX_CONNECTIONS, GPUSTACK_PLUGIN_PEER_MAX_BYTES_PER_SECOND
 
@@ -69,7 +69,7 @@ def test_the_peer_server_holds_more_connections_than_transfers():
     ],
 )
 def test_the_worker_writes_the_nodes_upload_limits_and_ignores_bad_annotations(annotations, upload):
-    from gpustack_models.worker.node_stores import store_spec
+    from gpustack_models.reconcilers.node_stores import store_spec
 
     spec = store_spec(annotations, [])
     assert spec["upload"] == upload
@@ -77,7 +77,7 @@ def test_the_worker_writes_the_nodes_upload_limits_and_ignores_bad_annotations(a
 
 
 def test_the_worker_takes_its_defaults_from_its_settings(settings):
-    from gpustack_models.worker.node_stores import store_spec
+    from gpustack_models.reconcilers.node_stores import store_spec
 
     settings.UPLOAD_CONNECTIONS, settings.UPLOAD_BYTES_PER_SECOND = 16, 250_000
     assert store_spec({}, [])["upload"] == {"connections": 16, "bytesPerSecond": 250_000}

@@ -5,9 +5,10 @@ from pathlib import Path
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
-from gpustack_models import kube, telemetry
+from gpustack_models import kube
 from gpustack_models.api.authentication import AUTH_CONFIGMAP, RequestHeaderConfig
-from gpustack_models.api.tls_worker import KEEPALIVE_SECONDS
+from gpustack_models.api.server import KEEPALIVE_SECONDS
+from gpustack_models.telemetry import registry
 
 
 class Command(BaseCommand):
@@ -36,7 +37,7 @@ class Command(BaseCommand):
         sys.stdout.flush()
         os.environ["GPUSTACK_SERVER_ROLE"] = "api"
         # Several worker processes: one scrape of /metrics sums them (a fresh directory per start).
-        telemetry.use_multiprocess("api")
+        registry.use_multiprocess("api")
         os.execv(sys.executable, argv)
 
     def write_client_ca(self) -> Path:
@@ -59,7 +60,7 @@ def gunicorn_options(workers: int) -> list[str]:
         "--config",
         "python:gpustack_models.api.gunicorn_conf",  # its hooks: a worker's exit in the metrics
         "--worker-class",
-        "gpustack_models.api.tls_worker.TLSASGIWorker",
+        "gpustack_models.api.server.TLSASGIWorker",
         "--workers",
         str(workers),
         "--worker-connections",

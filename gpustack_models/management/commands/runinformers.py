@@ -4,11 +4,10 @@ import threading
 from django.conf import settings
 from django.core.management.base import BaseCommand
 
-from gpustack_models import telemetry
+from gpustack_models.informers.listwatch import informers, run_all
 from gpustack_models.kube.leases import elector_for
 from gpustack_models.stop_signals import on_stop_signals
-from gpustack_models.worker import worker_metrics
-from gpustack_models.worker.informers import informers, run_all
+from gpustack_models.telemetry import registry, roles
 
 
 class Command(BaseCommand):
@@ -20,8 +19,8 @@ class Command(BaseCommand):
 
     def handle(self, *args, **options):
         items = informers(settings.NAMESPACE, settings.PLUGIN_SELECTOR)
-        worker_metrics.count_sent_tasks()
-        telemetry.serve_from_settings()  # GPUSTACK_METRICS_PORT (0: none)
+        roles.count_sent_tasks()
+        registry.serve_from_settings()  # GPUSTACK_METRICS_PORT (0: none)
         stopping = threading.Event()
 
         def stop(*_):

@@ -4,8 +4,8 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
 from gpustack_models.kube.identity import plugin_user, worker_user
-from gpustack_models.plugin.agent import Plugin, PluginSettings
 from gpustack_models.plugin.csi.registration import SocketPathError, check_socket_path, registration_socket
+from gpustack_models.plugin.node.agent import Plugin, PluginSettings
 from gpustack_models.stop_signals import on_stop_signals
 
 

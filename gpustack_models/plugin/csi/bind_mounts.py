@@ -21,7 +21,7 @@ import threading
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from gpustack_models.plugin.cache import atomic_write_json, read_json
+from gpustack_models.plugin.engine.cache import atomic_write_json, read_json
 
 log = logging.getLogger(__name__)
 

@@ -24,9 +24,9 @@ from google.protobuf import wrappers_pb2
 from gpustack_models.plugin.csi import DRIVER_NAME, VENDOR_VERSION, validation
 from gpustack_models.plugin.csi.bind_mounts import Mounted, MountTable, bind_read_only, mount_points, same_file, unmount
 from gpustack_models.plugin.csi.generated import csi_pb2, csi_pb2_grpc
+from gpustack_models.plugin.csi.mount_client import WorkerMounts
 from gpustack_models.plugin.csi.progress_text import not_ready_message
 from gpustack_models.plugin.csi.validation import CsiError, PublishRequest
-from gpustack_models.plugin.csi.worker_api import WorkerMounts
 
 log = logging.getLogger(__name__)
 _READY = "Ready"

@@ -9,7 +9,7 @@ from __future__ import annotations
 import time
 from datetime import UTC, datetime
 
-from gpustack_models.plugin.engine import DOWNLOADING, FAILED, Entry
+from gpustack_models.plugin.engine.jobs import DOWNLOADING, FAILED, Entry
 
 _UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB")
 

@@ -1,0 +1,496 @@
+"""The resumable, verifying range downloader: one ``Download`` per manifest digest.
+
+How a digest is fetched (``Download`` runs the steps; each has its module):
+
+1. ``prepare()`` reads the checkpoint of earlier attempts (``checkpoint``) and works out what is
+   missing: files already verified are not touched again; a file whose checksum a Ready tree of the
+   node holds is hard-linked from it (``sharing``) and counts as verified; for the others, the byte
+   ranges already written and the hash state of their contiguous hashed prefix are restored
+   (``ranges`` keeps a file's written ranges, hash frontier and hash).
+2. The missing bytes become *parts*: a small file is one part (one request); a file of at least
+   ``split_threshold`` bytes is cut into ``part_size`` pieces fetched in parallel. Parts are handed
+   out in file order, so the bytes of a file arrive roughly in order.
+3. Worker threads take a node-wide connection slot, then the next part, and fetch it (``fetch``)
+   with an HTTP ``Range`` request, reading straight into a reusable buffer and writing it with
+   ``pwrite`` at its offset. Every read first takes its bytes from the node-wide rate limiter. A
+   read that stalls (no byte for ``stall_timeout``) or a connection that drops is retried from the
+   part's last written byte, at most ``range_retries`` times. A source of the ticket that refuses or
+   fails a part hands it over to the next source (from its last written byte); the part fails only
+   when every source failed.
+4. Each file is hashed while it is written (``frontier``): the thread that wrote the bytes at the
+   file's hash frontier hashes them from its buffer; bytes that arrived ahead of the frontier (other
+   parts) are hashed from disk when the frontier reaches them. The hash is sha256 (LFS and
+   ModelScope files) or the git blob sha1, computed by ``hashing.FileHash`` whose state can be saved.
+5. Every ``checkpoint_interval`` seconds the coordinator makes the written bytes durable
+   (``fdatasync``) and then replaces the checkpoint with, per file, the written ranges, the hash
+   frontier and the hash state at that frontier. After ``kill -9`` a new process resumes from there:
+   it requests only the ranges not in the checkpoint and does not read the hashed prefix again.
+6. When a file's frontier reaches its size, its digest is compared with the manifest's; a mismatch
+   fails the download with ``IntegrityMismatch`` and that file's partial data is discarded.
+7. After all files (``publish``): each file's size and hash are checked once more against the
+   manifest, the manifest digest is recomputed from the verified files and compared with the
+   ticket's, the files are made durable, and the tree is published with one ``rename``. An
+   unverified tree is never published.
+
+Failures raise ``DownloadFailed`` with one of the node's reasons (see ``failures``); a disk error
+(``disk.DiskError``) is never retried and maps to ``InsufficientCapacity`` when the volume is full.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+from gpustack_models.plugin.engine import checkpoint as checkpoints
+from gpustack_models.plugin.engine import disk
+from gpustack_models.plugin.engine.cache import Cache
+from gpustack_models.plugin.engine.checkpoint import CHECKPOINT_VERSION
+from gpustack_models.plugin.engine.disk import DiskError, disk_failure
+from gpustack_models.plugin.engine.failures import (
+    CANCELED,
+    INTEGRITY_MISMATCH,
+    SOURCE_UNAVAILABLE,
+    DownloadFailed,
+    SourcePenalties,
+)
+from gpustack_models.plugin.engine.fetch import RangeFetcher
+from gpustack_models.plugin.engine.frontier import HashFrontier
+from gpustack_models.plugin.engine.limits import Limits
+from gpustack_models.plugin.engine.publish import verify_and_publish
+from gpustack_models.plugin.engine.ranges import FileProgress
+from gpustack_models.plugin.engine.sharing import link_existing
+from gpustack_models.plugin.engine.ticket import FetchTicket, ticket_files
+from gpustack_models.plugin.peers.fanout import FanOut
+from gpustack_models.plugin.peers.peer_client import PeerAccess
+from gpustack_models.plugin.peers.swarm import SwarmSettings
+from gpustack_models.sources.manifest import ManifestFile
+
+__all__ = ["CHECKPOINT_VERSION", "Download", "DownloadSettings", "Limits"]
+
+MiB = 1024 * 1024
+
+
+def _new_stats() -> dict[str, int]:
+    return {
+        "requests": 0,  # HTTP requests for file bytes (redirect hops not counted)
+        "network_bytes": 0,  # body bytes received
+        "resumed_bytes": 0,  # bytes found on disk from an earlier attempt
+        "resumed_hash_bytes": 0,  # of which hashed already: their hash state was restored
+        "reread_bytes": 0,  # bytes read back from disk to hash them
+        "linked_bytes": 0,  # bytes hard-linked from the node's Ready trees instead of fetched
+        "retries": 0,
+        "peer_bytes": 0,  # of network_bytes, those from peers
+        "banned_peers": 0,  # peers banned for sending bad bytes
+    }
+
+
+@dataclass
+class DownloadSettings:
+    """Tuning of the downloader (defaults suit a GPU node on a fast link)."""
+
+    split_threshold: int = 64 * MiB  # files at least this big are fetched as parallel ranges
+    part_size: int = 16 * MiB  # size of one range of a split file
+    buffer_size: int = 1 * MiB  # bytes read from the socket per call
+    stall_timeout: float = 30.0  # seconds without a byte before a range is retried
+    range_retries: int = 5  # retries of one range after stalls or dropped connections
+    http_retries: int = 2  # retries of one range after a 5xx/429 answer, before failing
+    http_retry_max_wait: float = 10.0  # a longer Retry-After fails at once (the backoff honours it)
+    checkpoint_interval: float = 5.0  # seconds between checkpoints of a running download
+    durable: bool = True  # fdatasync data before a checkpoint claims it and before publishing
+    max_workers: int = 32  # threads per download (the node-wide slots bound real parallelism)
+
+    def __post_init__(self):
+        if self.part_size < 64 * 1024 or self.buffer_size < 4096 or self.split_threshold < 1:
+            raise ValueError("part_size >= 64 KiB, buffer_size >= 4 KiB and split_threshold >= 1 are required")
+
+
+class Download:
+    """Fetch, verify and publish one ticket's digest into ``cache``.
+
+    ``prepare()`` then ``run()`` (``run`` prepares itself if needed). ``cancel()`` may be called from
+    any thread. ``downloaded_bytes`` (bytes written and hashed so far), ``size`` and
+    ``remaining_bytes`` (not yet on disk) are cheap to read at any time. ``penalties``: the sources
+    that failed lately on the node, shared by its downloads (the download's own when not given).
+    ``node`` and ``peers`` (``PeerAccess``): this node's name and how it reaches other nodes' plugins;
+    with both, the ticket's peers are asked too (``fanout``), ``on_peer_bytes(node, n)`` hearing of
+    the bytes each sends; ``swarm`` tunes the fan-out.
+    """
+
+    def __init__(
+        self,
+        ticket: FetchTicket,
+        cache: Cache,
+        limits: Limits | None = None,
+        settings: DownloadSettings | None = None,
+        *,
+        on_bytes: Callable[[int], None] | None = None,
+        penalties: SourcePenalties | None = None,
+        node: str = "",
+        peers: PeerAccess | None = None,
+        on_peer_bytes: Callable[[str, int], None] | None = None,
+        swarm: SwarmSettings | None = None,
+    ):
+        self.ticket = ticket
+        self.digest = ticket.digest
+        self.cache = cache
+        self.limits = limits or Limits()
+        self.settings = settings or DownloadSettings()
+        self.size = sum(f.size for f in ticket.files)
+        self._files: list[FileProgress] = []
+        self._prepared = False
+        self._stop = threading.Event()
+        self._failure: DownloadFailed | None = None
+        self._failure_lock = threading.Lock()
+        self._progress_lock = threading.Lock()
+        self._downloaded = 0
+        self._events = threading.Condition()
+        self._parts: deque = deque()
+        self._parts_lock = threading.Lock()
+        self._stats_lock = threading.Lock()
+        self.stats = _new_stats()
+        self._frontier = HashFrontier(
+            on_hashed=self._add_progress, on_reread=self._count_reread, on_complete=self._wake_coordinator
+        )
+        self._fetcher = RangeFetcher(
+            ticket, self.settings, self.limits.rate, self._frontier, self._stop, self._stat, on_bytes, penalties
+        )
+        self.fanout = FanOut(ticket, node, peers, self, swarm, on_peer_bytes) if node and peers else None
+
+    # ---------------------------------------------------------------- progress (any thread)
+
+    @property
+    def downloaded_bytes(self) -> int:
+        return self._downloaded
+
+    @property
+    def linked_bytes(self) -> int:
+        """Bytes hard-linked from the node's Ready trees (held by those trees too)."""
+        return self.stats["linked_bytes"]
+
+    @property
+    def remaining_bytes(self) -> int:
+        """Bytes not yet on disk (what a capacity reservation must still hold)."""
+        if not self._prepared:
+            return self.size
+        return max(0, self.size - sum(f.size if f.verified else f.written_bytes() for f in self._files))
+
+    def written(self) -> list[tuple[str, int, list[list[int]]]]:
+        """Read-only, from any thread (what peers are told this node has): per manifest file, in manifest
+        order, its path, size and the half-open byte ranges on disk so far (the whole file once hashed and
+        matched; ``[]`` for an empty file). ``[]`` before ``prepare``."""
+        if not self._prepared:
+            return []
+        out = []
+        for f in self._files:
+            if f.verified or f.complete:
+                ranges = [[0, f.size]] if f.size else []
+            else:
+                with f.lock:
+                    ranges = f.written_ranges()
+            out.append((f.file.path, f.size, ranges))
+        return out
+
+    def _stat(self, name: str, n: int = 1) -> None:
+        with self._stats_lock:
+            self.stats[name] += n
+
+    def _count_reread(self, n: int) -> None:
+        self._stat("reread_bytes", n)
+
+    def _add_progress(self, n: int) -> None:
+        with self._progress_lock:
+            self._downloaded += n
+
+    def _wake_coordinator(self) -> None:
+        with self._events:
+            self._events.notify_all()
+
+    # ---------------------------------------------------------------- control
+
+    def cancel(self, message: str = "cancelled") -> None:
+        self._fail(DownloadFailed(CANCELED, message))
+
+    @property
+    def cancelled(self) -> bool:
+        return self._stop.is_set()
+
+    def _fail(self, failure: DownloadFailed) -> None:
+        with self._failure_lock:
+            if self._failure is None:
+                self._failure = failure
+        self._stop.set()
+        self._fetcher.abort()
+        if self.fanout is not None:
+            self.fanout.abort()
+        self._wake_coordinator()
+
+    # ---------------------------------------------------------------- 1. prepare
+
+    def prepare(self) -> None:
+        """Validate the ticket, read the checkpoint, and work out what is left to fetch."""
+        if self._prepared:
+            return
+        self.ticket.validate()
+        tree = self.cache.partial_tree(self.digest)
+        tree.mkdir(parents=True, exist_ok=True)
+        saved = checkpoints.load(self.cache.checkpoint_path(self.digest), self.digest)
+        for mf in ticket_files(self.ticket.files):
+            self._files.append(self._prepare_file(mf, tree, saved.get(mf.path)))
+        self._downloaded = sum(f.size if f.verified else f.hashed for f in self._files)
+        self._prepared = True
+
+    def _prepare_file(self, mf: ManifestFile, tree: Path, saved) -> FileProgress:
+        """``mf``'s progress, resumed from its ``saved`` checkpoint entry or linked from a Ready tree of
+        the node; an empty file is created."""
+        f = FileProgress(mf, tree / mf.path)
+        checkpoints.restore(f, saved)
+        linked = link_existing(f, self.cache.shared)
+        if linked:
+            self.stats["linked_bytes"] += linked
+            return f
+        if not f.verified and mf.size == 0:
+            f.open()
+            f.mark_dirty()
+        self.stats["resumed_bytes"] += f.size if f.verified else f.written_bytes()
+        self.stats["resumed_hash_bytes"] += f.size if f.verified else f.hashed
+        return f
+
+    # ---------------------------------------------------------------- run
+
+    def run(self) -> Path:
+        """Download what is missing, verify, publish; return the published tree's path."""
+        try:
+            self.prepare()
+        except (DiskError, OSError) as exc:
+            raise disk_failure(exc) from None
+        if self.cache.published(self.digest):
+            return self.cache.tree(self.digest)
+        self._fetch_missing()
+        if self._failure is None:
+            tree = self._publish()
+            if tree is not None:
+                return tree
+        self._wind_down()
+        raise self._failure
+
+    @property
+    def source_bytes(self) -> dict[str, int]:
+        """Bytes received so far by source: ``hub`` and each peer's node."""
+        peers = self.fanout.peer_bytes() if self.fanout is not None else {}
+        return {"hub": max(0, self.stats["network_bytes"] - sum(peers.values())), **peers}
+
+    def _fetch_missing(self) -> None:
+        """Fetch every missing part with the worker threads, until all are in or the download failed."""
+        self._fetcher.open()
+        workers: list[threading.Thread] = []
+        try:
+            for f in self._files:
+                if not f.verified:
+                    self._frontier.advance(f)  # resumed bytes written past the saved frontier; empty files
+            if self.fanout is not None:
+                count = self.fanout.open(self._files)
+            else:
+                self._plan()
+                count = len(self._parts)
+            self._start_workers(workers, count)
+            self._coordinate(workers)
+            while self.fanout is not None and self.fanout.unfinished() and not self._stop.is_set():
+                self._start_workers(workers, self.settings.max_workers)  # a file was thrown away at the end
+                self._coordinate(workers)
+        except DownloadFailed as exc:
+            self._fail(exc)
+        except (DiskError, OSError) as exc:
+            self._fail(disk_failure(exc))
+        finally:
+            self._stop_workers(workers)
+            if self.fanout is not None:
+                self.fanout.close()
+            self._fetcher.close()
+
+    def _publish(self) -> Path | None:
+        """7. Verify and publish the tree; ``None`` once the failure is recorded."""
+        try:
+            return verify_and_publish(self.cache, self.digest, self._files, durable=self.settings.durable)
+        except DownloadFailed as exc:
+            self._fail(exc)
+        except (DiskError, OSError) as exc:
+            self._fail(disk_failure(exc))
+        return None
+
+    # ---------------------------------------------------------------- 2. parts
+
+    def _plan(self) -> None:
+        settings = self.settings
+        for f in self._files:
+            if f.verified or f.complete:
+                continue
+            for start, end in f.missing():
+                if f.size >= settings.split_threshold:
+                    for s in range(start, end, settings.part_size):
+                        self._parts.append((f, s, min(end, s + settings.part_size)))
+                else:
+                    self._parts.append((f, start, end))
+
+    def _next_part(self):
+        with self._parts_lock:
+            return self._parts.popleft() if self._parts else None
+
+    # ---------------------------------------------------------------- 3. workers
+
+    def _start_workers(self, workers: list[threading.Thread], count: int) -> None:
+        """One thread per part, at most ``max_workers``, each appended to ``workers`` once started."""
+        for i in range(min(count, self.settings.max_workers)):
+            thread = threading.Thread(target=self._worker, name=f"download-{self.ticket.hex[:8]}-{i}", daemon=True)
+            thread.start()
+            workers.append(thread)
+
+    def _stop_workers(self, workers: list[threading.Thread]) -> None:
+        if self._failure is not None:
+            self._stop.set()
+        for thread in workers:
+            thread.join()
+
+    def _worker(self) -> None:
+        view = memoryview(bytearray(self.settings.buffer_size))
+        try:
+            if self.fanout is not None:
+                self.fanout.work(view)
+            else:
+                self._fetch_parts(view)
+        except DownloadFailed as exc:
+            self._fail(exc)
+        except (DiskError, OSError) as exc:
+            self._fail(disk_failure(exc))
+        except Exception as exc:  # a bug must not leave the download hanging
+            self._fail(DownloadFailed(SOURCE_UNAVAILABLE, f"unexpected error: {type(exc).__name__}: {exc}"))
+        finally:
+            self._wake_coordinator()
+
+    def _fetch_parts(self, view: memoryview) -> None:
+        """Take a connection slot, then a part, and fetch it; until no part is left or the download stops."""
+        slots = self.limits.slots
+        while not self._stop.is_set():
+            if not slots.acquire(self._stop.is_set):
+                return
+            try:
+                part = self._next_part()
+                if part is None:
+                    return
+                self._fetcher.fetch(*part, view)
+            finally:
+                slots.release()
+
+    # ---------------------------------------------------------------- 5. the coordinator and checkpoints
+
+    def _coordinate(self, workers: list[threading.Thread]) -> None:
+        """Close finished files, write checkpoints, until the workers are done or something failed.
+
+        Finished files are made durable by a few syncing threads, so flushing to disk overlaps the
+        download instead of trailing it (a file counts as verified once it is on disk)."""
+        interval = self.settings.checkpoint_interval
+        last = time.monotonic()
+        syncer = ThreadPoolExecutor(max_workers=4, thread_name_prefix="sync") if self.settings.durable else None
+        try:
+            while not self._stop.is_set():
+                alive = any(t.is_alive() for t in workers)
+                self._close_completed(syncer)
+                if not alive:
+                    break
+                with self._events:
+                    self._events.wait(timeout=min(0.2, interval))
+                if time.monotonic() - last >= interval:
+                    self._checkpoint_recovering()
+                    last = time.monotonic()
+        finally:
+            if syncer is not None:
+                syncer.shutdown(wait=True)
+        self._close_completed(None)
+
+    def _checkpoint_recovering(self) -> None:
+        """A checkpoint; a file found bad while hashing for it is fetched again if peers wrote to it."""
+        try:
+            self.checkpoint()
+        except DownloadFailed as exc:
+            if self.fanout is None or not self.fanout.recover(exc):
+                raise
+
+    def _close_completed(self, syncer: ThreadPoolExecutor | None) -> None:
+        for f in self._files:
+            if f.complete and not f.verified and not f.closing:
+                f.closing = True
+                if syncer is not None:
+                    syncer.submit(self._close_verified, f)
+                else:
+                    self._close_verified(f)
+
+    def _close_verified(self, f: FileProgress) -> None:
+        try:
+            f.close(sync=self.settings.durable)
+        except DiskError as exc:
+            f.closing = False
+            self._fail(disk_failure(exc))
+            return
+        f.verified = True
+        f.mark_dirty()
+
+    def checkpoint(self, *, sync: bool | None = None, advance: bool = True) -> None:
+        """Make written bytes durable, then atomically save every file's progress."""
+        if not self._prepared:
+            return
+        sync = self.settings.durable if sync is None else sync
+        files, changed = {}, False
+        for f in self._files:
+            files[f.file.path], file_changed = self._checkpoint_entry(f, sync, advance)
+            changed = changed or file_changed
+        if changed:
+            checkpoints.save(self.cache.checkpoint_path(self.digest), self.digest, files)
+
+    def _checkpoint_entry(self, f: FileProgress, sync: bool, advance: bool) -> tuple[dict, bool]:
+        """``f``'s checkpoint entry, its bytes made durable first (``sync``), and whether it changed."""
+        if f.verified:
+            return checkpoints.verified_entry(f), f.take_dirty()
+        owned = not f.closing  # a complete file being closed: its syncing thread owns the descriptor
+        with f.hash_lock, f.lock:
+            entry = checkpoints.progress_entry(f)
+            changed, fd = f.take_dirty(), f.fd
+        if changed and sync and owned and fd is not None:
+            try:
+                disk.datasync(fd)
+            except DiskError:
+                pass  # closed meanwhile by the coordinator, which synced it
+        if advance:
+            self._frontier.advance(f)  # bytes that arrived while the hash lock was held here
+        return entry, changed
+
+    # ---------------------------------------------------------------- after a failure
+
+    def _wind_down(self) -> None:
+        """After a failure: discard files that failed verification, save progress for a later attempt."""
+        mismatch = self._failure is not None and self._failure.reason == INTEGRITY_MISMATCH
+        for f in self._files:
+            self._set_aside(f, discard=mismatch and f.bad)
+        try:
+            self.checkpoint(sync=False, advance=False)
+        except (OSError, DiskError, DownloadFailed):
+            pass
+
+    def _set_aside(self, f: FileProgress, *, discard: bool) -> None:
+        """Close ``f``; delete its data if ``discard``, else keep it for the next attempt."""
+        try:
+            f.close(sync=self.settings.durable and not discard)
+        except DiskError:
+            pass
+        if discard:
+            f.discard()
+            try:
+                os.unlink(f.path)
+            except OSError:
+                pass
+        elif f.complete:
+            f.verified = True

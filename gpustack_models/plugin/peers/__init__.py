@@ -1,0 +1,9 @@
+"""Peer fan-out: a plugin fetches a digest's segments from other nodes' plugins and the hub at once, and
+serves what its node holds.
+
+- ``contract``: what a peer serves, to whom, under which names;
+- ``swarm``: which segment from which source (the ``Board``);
+- ``fanout``: carrying a download's fetching out over the board's sources;
+- ``client``: asking a peer for bytes;
+- ``server``: the peer endpoints of the node's plugin.
+"""

@@ -1,0 +1,516 @@
+"""Scheduling a download's segments over several sources at once: the peers and the hub.
+
+A node that downloads a digest its fetch ticket also lists on other nodes (``FetchTicket.peers``:
+Ready, or Downloading with some ranges) fetches from those peers and from the hub together, every
+byte verified against the manifest as from the hub (``frontier``). The ``Board`` decides who fetches
+what:
+
+- **Segments.** The missing bytes are cut into segments: a file smaller than the segment size is
+  one; bigger files are cut every ``segment_size`` bytes (the total over about 1,024 segments, at
+  least 256 KiB and at most ``part_size``), so many nodes share a model evenly.
+- **Peers first.** A segment that a usable peer holds (a Ready peer holds everything; a Downloading
+  one the ranges its last tree answer listed) is fetched from the peer that promises the best
+  throughput: measured bytes per busy second over its finished segments, divided by its requests in
+  flight (an untried peer is tried first), at most ``peer_connections`` requests per peer.
+- **The hub only for what no peer can give, and only "its" share.** Nodes starting together hold
+  nothing: each segment is *owned* by one of the live nodes wanting the digest (this node and the
+  ticket's peers not dead, banned or stalled), chosen by rendezvous hashing of node name, digest,
+  file and segment index. A node asks the hub for a segment no usable peer holds only when it owns
+  it, or when the segment has waited ``peer_wait`` seconds for a peer (a bound, should an owner
+  never get it). When a peer dies, is banned or stops making progress for ``peer_stall`` seconds,
+  its segments move to the next node in each segment's hash order, so its share is fetched once,
+  not by everyone. At least two hub requests run whenever owned segments wait, so a node always
+  moves its share forward while it takes the rest from peers. The ticket's peer list is asked for
+  again every ``peer_refresh`` seconds, so nodes that started with no peer soon know each other.
+  Nodes placed together may not all be listed in each other's first ticket (the worker places a digest
+  on one node at a time): a ticket with no Ready peer whose worker knows of nodes still joining
+  (``FetchTicket.joining``) asks the hub nothing for ``peer_settle`` seconds, or until the ticket,
+  asked for again every ``peer_poll`` seconds meanwhile, lists them all, so that the nodes placed
+  together all count in each segment's owner; then a node asks the hub for its surest share first, the
+  segments where its own hash ranks highest, which stay its own however many nodes it has not heard of
+  yet. A node alone, or whose ticket lists every node that wants the digest, does not wait.
+- **Stragglers.** When nothing else can be started and a peer's segment in flight has taken four
+  times what the fastest peer's rate promises (and at least ``straggle_seconds``), the segment's tail is
+  cut off (at the middle of what remains, never below the bytes being written) and handed to
+  another source holding it; the slow request stops at the cut, so no byte is written twice.
+- **Bans.** A peer that sends bad bytes is found when a file it wrote to fails its hash: every peer
+  that wrote bytes of that file is banned for the rest of the download, the file's bytes are
+  thrown away (a new epoch of the file: writers of the old one stop writing) and its segments are
+  fetched again. A file only the hub wrote fails the download, as before.
+- **Failures.** A request that drops or stalls puts the segment's remainder back; a peer whose
+  requests or tree answers fail twice in a row is dead for the download; 416 (it does not hold the
+  range after all) forgets what it listed; 503 waits ``Retry-After`` (at most 2 s) for that peer.
+
+Everything the ``Board`` knows is in memory: checkpoints hold written ranges as for the hub, so a
+resumed download schedules only what is missing, peers or not.
+"""
+
+from __future__ import annotations
+
+import bisect
+import hashlib
+import threading
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from gpustack_models.plugin.engine.ranges import FileProgress
+from gpustack_models.plugin.engine.ticket import PeerSource
+
+KiB = 1024
+MiB = 1024 * KiB
+HUB = "hub"  # the source of a segment fetched from the ticket's hubs (in their failover order)
+MIN_SEGMENT = 256 * KiB
+MIN_PIECE = 64 * KiB  # a straggler's tail is cut on this grain, and never smaller
+
+
+@dataclass
+class SwarmSettings:
+    """Tuning of the fan-out (defaults suit a cluster's network)."""
+
+    peer_connections: int = 4  # requests in flight to one peer
+    peer_wait: float = 120.0  # seconds a segment waits for a peer before this node asks the hub anyway
+    peer_stall: float = 15.0  # a Downloading peer whose ranges did not grow for this long owns nothing
+    peer_refresh: float = 2.0  # seconds between asks for the ticket's peer list
+    peer_settle: float = 2.0  # nodes still joining, none Ready: no hub request for at most this long
+    peer_poll: float = 0.5  # seconds between tree answers asked of each Downloading peer
+    straggle_seconds: float = 2.0  # a segment in flight is never a straggler sooner
+    hub_floor: int = 2  # hub requests kept running while owned segments wait
+    max_segments: int = 1024
+
+
+def segment_size(total: int, part_size: int, max_segments: int = 1024) -> int:
+    """The segment size for ``total`` bytes: about ``max_segments`` segments, 256 KiB to ``part_size``."""
+    size = -(-max(total, 1) // max_segments)
+    size = -(-size // MIN_PIECE) * MIN_PIECE
+    return max(MIN_SEGMENT, min(part_size, size))
+
+
+def _rank(*parts: object) -> bytes:
+    return hashlib.sha256("\0".join(str(p) for p in parts).encode()).digest()
+
+
+@dataclass(eq=False)
+class Segment:
+    """``[pos, end)`` of ``f`` still to fetch (``start`` where it began); ``end`` may shrink while in
+    flight (a straggler's tail cut off) and is read and written under ``lock``."""
+
+    f: FileProgress
+    index: int
+    start: int
+    end: int
+    epoch: int
+    waiting_since: float
+    pos: int = -1
+    claim: int = -1  # how far the read under way reaches (a cut never goes below it)
+    source: str | None = None  # while in flight: HUB or a peer's node
+    started: float = 0.0
+    splittable: bool = False
+    owner: str = ""
+    owner_version: int = -1
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def __post_init__(self):
+        self.pos = self.claim = self.start
+
+    @property
+    def remaining(self) -> int:
+        return max(0, self.end - self.pos)
+
+
+class PeerState:
+    """What this download knows of one peer."""
+
+    def __init__(self, peer: PeerSource, now: float):
+        self.peer = peer
+        self.node = peer.node
+        self.ready = peer.state == "Ready"
+        self.have: dict[str, tuple[list[int], list[int]]] = {}
+        self.have_total = -1
+        self.progress_at = now  # when its ranges last grew (or it appeared)
+        self.failures = 0
+        self.dead = self.banned = False
+        self.demoted = False  # answered 416 for what it listed: owns no share of the hub's bytes
+        self.busy_until = 0.0
+        self.active = 0
+        self.bytes = 0
+        self.busy_seconds = 0.0
+
+    def usable(self, now: float) -> bool:
+        return not (self.dead or self.banned) and now >= self.busy_until
+
+    def owns(self, now: float, stall: float) -> bool:
+        """May own segments: alive, not banned, Ready or making progress."""
+        if self.dead or self.banned or self.demoted:
+            return False
+        return self.ready or now - self.progress_at < stall
+
+    def holds(self, path: str, start: int, end: int) -> bool:
+        if self.ready:
+            return True
+        ranges = self.have.get(path)
+        if ranges is None:
+            return False
+        starts, ends = ranges
+        i = bisect.bisect_right(starts, start) - 1
+        return i >= 0 and ends[i] >= end
+
+    def rate(self) -> float | None:
+        return self.bytes / self.busy_seconds if self.bytes and self.busy_seconds > 0 else None
+
+    def update_have(self, state: str, files: dict[str, list[tuple[int, int]]], now: float) -> None:
+        self.ready = self.ready or state == "Ready"
+        have = {}
+        total = 0
+        for path, ranges in files.items():
+            merged = sorted(ranges)
+            have[path] = ([s for s, _ in merged], [e for _, e in merged])
+            total += sum(e - s for s, e in merged)
+        if total > self.have_total:
+            self.progress_at = now
+        self.have, self.have_total, self.failures = have, total, 0
+
+
+class Board:
+    """The segments of one download and the sources they go to (see the module's docstring).
+
+    ``take()`` hands a worker its next ``(segment, source)``, ``None`` when it should wait, or
+    raises ``Finished``; the worker reports back with ``done``, ``put_back`` or ``failed``.
+    Thread-safe: one condition guards everything; ``wait()`` sleeps until something changes."""
+
+    def __init__(
+        self,
+        node: str,
+        digest: str,
+        files: Iterable[FileProgress],
+        settings: SwarmSettings,
+        part_size: int,
+        *,
+        total: int | None = None,
+        split_threshold: int | None = None,
+        fine: bool = True,
+    ):
+        self.node, self.digest, self.settings = node, digest, settings
+        self.cond = threading.Condition()
+        self.peers: dict[str, PeerState] = {}
+        self.pending: list[Segment] = []
+        self.inflight: set[Segment] = set()
+        self.hub_active = 0
+        self.hub_allowed = True
+        self.version = 0  # of the set of nodes that may own segments
+        self._owning: frozenset[str] = frozenset()
+        files = list(files)
+        total = total if total is not None else sum(f.size for f in files)
+        self.size = segment_size(total, part_size, settings.max_segments)
+        self._part_size, self._split = part_size, split_threshold or part_size
+        self.fine = fine  # False: the hub's parts, in file order, until a peer shows up
+        self.hold_until = 0.0  # no hub request before (``settle``)
+        now = time.monotonic()
+        for f in files:
+            if not (f.verified or f.complete):
+                for start, end in f.missing():
+                    self.pending.extend(self._cut(f, start, end, now))
+
+    def _cut(self, f: FileProgress, start: int, end: int, now: float) -> list[Segment]:
+        if not self.fine:  # as a download from the hub alone cuts its parts
+            step = self._part_size if f.size >= self._split else max(end - start, 1)
+            return [Segment(f, s // self.size, s, min(end, s + step), f.epoch, now) for s in range(start, end, step)]
+        size = self.size
+        first = start // size
+        out = []
+        for index in range(first, -(-end // size)):
+            lo, hi = max(start, index * size), min(end, (index + 1) * size)
+            if lo < hi:
+                out.append(Segment(f, index, lo, hi, f.epoch, now))
+        return out
+
+    # ---------------------------------------------------------------- peers
+
+    def set_peers(self, peers: Iterable[PeerSource]) -> None:
+        """The ticket's current peers: new ones join; one no longer listed is gone for this download."""
+        now = time.monotonic()
+        with self.cond:
+            listed = {p.node: p for p in peers if p.node != self.node}
+            for node, peer in listed.items():
+                state = self.peers.get(node)
+                if state is None:
+                    self.peers[node] = PeerState(peer, now)
+                elif peer.state == "Ready":
+                    state.ready = True
+            for node, state in self.peers.items():
+                if node not in listed and not state.dead:
+                    state.dead = True
+            if listed and not self.fine:
+                self._refine(now)
+            self._changed()
+
+    def _refine(self, now: float) -> None:
+        """Peers showed up: cut what is left into segments, the parts in flight at what they read now
+        (caller holds ``cond``)."""
+        self.fine = True
+        rest = [(s.f, s.pos, s.end) for s in self.pending]
+        for seg in self.inflight:
+            with seg.lock:
+                cut = -(-max(seg.claim, seg.pos) // MIN_PIECE) * MIN_PIECE
+                if cut < seg.end:
+                    rest.append((seg.f, cut, seg.end))
+                    seg.end = cut
+        self.pending = []
+        for f, start, end in sorted(rest, key=lambda r: (r[0].file.path, r[1])):
+            self.pending.extend(self._cut(f, start, end, now))
+
+    def polled(self, node: str, state: str, files: dict[str, list[tuple[int, int]]]) -> None:
+        with self.cond:
+            peer = self.peers.get(node)
+            if peer is not None:
+                peer.update_have(state, files, time.monotonic())
+                self.cond.notify_all()
+
+    def peer_failed(self, node: str, *, fatal: bool = False, busy: float = 0.0) -> None:
+        """A request or tree answer of ``node`` failed (``fatal``: it refused us); ``busy``: it asked us
+        to come back in that many seconds."""
+        with self.cond:
+            peer = self.peers.get(node)
+            if peer is None:
+                return
+            if busy:
+                peer.busy_until = time.monotonic() + min(busy, 2.0)
+            else:
+                peer.failures += 1
+                if fatal or peer.failures >= 2:
+                    peer.dead = True
+            self._changed()
+
+    def forget(self, node: str, path: str) -> None:
+        """``node`` answered 416: it does not hold what it listed of ``path``."""
+        with self.cond:
+            peer = self.peers.get(node)
+            if peer is not None:
+                peer.have.pop(path, None)
+                peer.ready, peer.demoted = False, True
+
+    def ban(self, nodes: Iterable[str]) -> list[str]:
+        with self.cond:
+            banned = [n for n in nodes if n in self.peers and not self.peers[n].banned]
+            for node in banned:
+                self.peers[node].banned = True
+            self._changed()
+            return banned
+
+    def _changed(self) -> None:
+        """Caller holds ``cond``."""
+        self.version += 1
+        self.cond.notify_all()
+
+    def candidates(self) -> list[PeerState]:
+        """The peers worth polling for their ranges."""
+        with self.cond:
+            return [p for p in self.peers.values() if not (p.dead or p.banned or p.ready)]
+
+    def peer_bytes(self) -> dict[str, int]:
+        with self.cond:
+            return {node: p.bytes for node, p in self.peers.items() if p.bytes}
+
+    def banned(self) -> list[str]:
+        with self.cond:
+            return sorted(node for node, p in self.peers.items() if p.banned)
+
+    # ---------------------------------------------------------------- ownership
+
+    def _owner(self, seg: Segment, now: float) -> str:
+        """The live node owning ``seg`` (caller holds ``cond``)."""
+        if seg.owner_version == self.version:
+            return seg.owner
+        stall = self.settings.peer_stall
+        nodes = [self.node] + [n for n, p in self.peers.items() if p.owns(now, stall)]
+        path = seg.f.file.path
+        owner = max(nodes, key=lambda n: _rank(n, self.digest, path, seg.index))
+        seg.owner, seg.owner_version = owner, self.version
+        return owner
+
+    def _hub_ok(self, seg: Segment, now: float) -> bool:
+        if not self.hub_allowed or now < self.hold_until:
+            return False
+        if now - seg.waiting_since >= self.settings.peer_wait:
+            return True
+        return self._owner(seg, now) == self.node
+
+    # ---------------------------------------------------------------- taking work
+
+    def settle(self, seconds: float) -> None:
+        """Ask the hub nothing for ``seconds`` (or until ``release``): nodes that start together learn
+        of each other before each asks the hub for the start of every file."""
+        with self.cond:
+            self.hold_until = time.monotonic() + seconds
+
+    def held(self) -> bool:
+        """The hub is asked nothing yet (``settle``)."""
+        with self.cond:
+            return time.monotonic() < self.hold_until
+
+    def release(self) -> None:
+        """End the ``settle`` now: the nodes it waited for are known."""
+        with self.cond:
+            self.hold_until = 0.0
+            self.cond.notify_all()
+
+    def take(self) -> tuple[Segment, str] | None:
+        """The next segment and its source; ``None``: wait; raises ``Finished`` when nothing is left."""
+        now = time.monotonic()
+        with self.cond:
+            if not self.pending and not self.inflight:
+                raise Finished
+            if not self.fine and now < self.hold_until:
+                return None
+            owning = frozenset(n for n, p in self.peers.items() if p.owns(now, self.settings.peer_stall))
+            if owning != self._owning:
+                self._owning = owning
+                self.version += 1
+            choice = self._choose(now) or self._straggler(now)
+            if choice is not None:
+                self._start(*choice, now)
+            return choice
+
+    def _choose(self, now: float) -> tuple[Segment, str] | None:
+        """A pending segment from its best peer, else an owned one from the hub; the hub first while
+        fewer than ``hub_floor`` hub requests run (caller holds ``cond``)."""
+        peers = [p for p in self.peers.values() if not (p.dead or p.banned)]
+        if self.hub_active < self.settings.hub_floor:
+            pick = self._hub_pick(peers, now)
+            if pick is not None:
+                return pick, HUB
+        for seg in self.pending:
+            best = self._best([p for p in peers if p.holds(seg.f.file.path, seg.pos, seg.end)], now)
+            if best is not None:
+                return seg, best.node
+        pick = self._hub_pick(peers, now)
+        return (pick, HUB) if pick is not None else None
+
+    def _hub_pick(self, peers: list[PeerState], now: float) -> Segment | None:
+        """The pending segment no peer holds that this node should ask the hub for, in this node's own
+        order (caller holds ``cond``)."""
+        pick, best = None, None
+        for seg in self.pending:
+            if any(p.holds(seg.f.file.path, seg.pos, seg.end) for p in peers) or not self._hub_ok(seg, now):
+                continue
+            # Our surest share first: the segments where our own hash ranks highest stay ours however
+            # many nodes we have not heard of yet; the doubtful ones wait until the peer list is fuller.
+            rank = (0, -int.from_bytes(_rank(self.node, self.digest, seg.f.file.path, seg.index)[:8], "big"))
+            rank = rank if self.fine else (1, (seg.f.file.path, seg.start))
+            if best is None or rank < best:
+                pick, best = seg, rank
+        return pick
+
+    def _best(self, holders: list[PeerState], now: float) -> PeerState | None:
+        limit = self.settings.peer_connections
+        best, score = None, -1.0
+        for p in holders:
+            if not p.usable(now) or p.active >= limit:
+                continue
+            rate = p.rate()
+            s = (rate if rate is not None else float("inf")) / (p.active + 1)
+            if s > score:
+                best, score = p, s
+        return best
+
+    def _start(self, seg: Segment, source: str, now: float) -> None:
+        """Caller holds ``cond``."""
+        if seg in self.pending:
+            self.pending.remove(seg)
+        self.inflight.add(seg)
+        seg.source, seg.started = source, now
+        seg.splittable = True
+        if source == HUB:
+            self.hub_active += 1
+        else:
+            self.peers[source].active += 1
+
+    def _straggler(self, now: float) -> tuple[Segment, str] | None:
+        """Cut the tail off the slowest peer segment in flight for another source (caller holds ``cond``)."""
+        for seg in sorted(self.inflight, key=lambda s: s.started):
+            if not seg.splittable or not self._lagging(seg, now):
+                continue
+            with seg.lock:
+                reach = max(seg.pos, seg.claim)
+                cut = reach + max(MIN_PIECE, ((seg.end - reach) // 2) // MIN_PIECE * MIN_PIECE)
+                if seg.end - cut < MIN_PIECE:
+                    continue
+                tail = Segment(seg.f, seg.index, cut, seg.end, seg.epoch, seg.waiting_since)
+                others = [p for n, p in self.peers.items() if n != seg.source and not (p.dead or p.banned)]
+                holders = [p for p in others if p.holds(seg.f.file.path, cut, tail.end)]
+                best = self._best(holders, now)
+                hub = seg.source != HUB and not holders and self._hub_ok(tail, now)
+                source = best.node if best is not None else (HUB if hub else None)
+                if source is None:
+                    continue
+                seg.end = cut
+            seg.splittable = False
+            self.inflight.add(tail)
+            return tail, source
+        return None
+
+    def _lagging(self, seg: Segment, now: float) -> bool:
+        elapsed = now - seg.started
+        if elapsed < self.settings.straggle_seconds or seg.remaining < 2 * MIN_PIECE:
+            return False
+        rates = [r for p in self.peers.values() if not (p.dead or p.banned) and (r := p.rate())]
+        return bool(rates) and elapsed > 4 * (seg.end - seg.start) / max(rates)
+
+    # ---------------------------------------------------------------- reports
+
+    def _finish(self, seg: Segment, moved: int, seconds: float) -> None:
+        """Caller holds ``cond``."""
+        self.inflight.discard(seg)
+        if seg.source == HUB:
+            self.hub_active -= 1
+        elif seg.source in self.peers:
+            peer = self.peers[seg.source]
+            peer.active -= 1
+            peer.bytes += moved
+            peer.busy_seconds += seconds
+            if moved:
+                peer.failures = 0
+        self.cond.notify_all()
+
+    def done(self, seg: Segment, moved: int, seconds: float) -> None:
+        """``seg`` was fetched (or cut short by a straggler split at what it wrote)."""
+        with self.cond:
+            self._finish(seg, moved, seconds)
+            seg.source = None
+
+    def put_back(self, seg: Segment, moved: int, seconds: float) -> None:
+        """``seg`` stopped at ``seg.pos``: its remainder waits for another try (if its file's epoch is
+        still the same)."""
+        with self.cond:
+            self._finish(seg, moved, seconds)
+            seg.source = None
+            if seg.remaining and seg.epoch == seg.f.epoch:
+                rest = Segment(seg.f, seg.index, seg.pos, seg.end, seg.epoch, seg.waiting_since)
+                self.pending.insert(self._position(rest), rest)
+
+    def _position(self, seg: Segment) -> int:
+        for i, other in enumerate(self.pending):
+            if (other.f.file.path, other.start) > (seg.f.file.path, seg.start):
+                return i
+        return len(self.pending)
+
+    def refetch(self, f: FileProgress) -> None:
+        """``f`` was thrown away (``FileProgress.refetch``): its segments start over."""
+        with self.cond:
+            self.pending = [s for s in self.pending if s.f is not f]
+            fresh = self._cut(f, 0, f.size, time.monotonic())
+            at = self._position(fresh[0]) if fresh else 0
+            self.pending[at:at] = fresh
+            self.cond.notify_all()
+
+    def wait(self, timeout: float) -> None:
+        with self.cond:
+            self.cond.wait(timeout)
+
+    def wake(self) -> None:
+        with self.cond:
+            self.cond.notify_all()
+
+
+class Finished(Exception):
+    """Every segment is fetched."""

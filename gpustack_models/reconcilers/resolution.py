@@ -1,0 +1,226 @@
+"""Resolution: an artifact's source, turned once into a commit and a manifest digest, written to its status.
+
+``resolve_artifact`` reads the artifact, and unless it is already resolved for its generation:
+
+1. a claim source is resolved when the claim exists;
+2. a hub source reads its Secret's token (if it names one), asks the hub for the revision's commit and
+   file list, selects the files with the patterns, computes the digest and checks ``expectedDigest``;
+3. the manifest and where it came from are kept in the mirror (the plugins' fetch tickets need them);
+4. the resolver's part of the status is applied (``Resolved`` condition, ``status.resolved``).
+
+A failure that may pass (hub unavailable, Secret or claim missing) asks the caller to retry with backoff
+and never revokes an earlier resolution; the others are written as the ``Resolved=False`` reason and tried
+again later (``retries``). Each outcome is also a Kubernetes Event on the artifact: ``Resolved`` naming the
+commit and digest, or ``ResolutionFailed`` with the reason (one series per reason).
+"""
+
+from __future__ import annotations
+
+import base64
+import logging
+from dataclasses import dataclass
+
+from django.conf import settings
+from django.db import transaction
+
+from gpustack_models import kube
+from gpustack_models.kinds.formatting import human_bytes
+from gpustack_models.models import Artifact, ConditionStatus, Manifest, Resolution, SourceKind
+from gpustack_models.reconcilers import budgets, events, retries
+from gpustack_models.reconcilers.writes import RESOLVER, apply_status, artifact_path, condition, find_condition
+from gpustack_models.sources import SourceError, build_manifest, huggingface, modelscope
+
+log = logging.getLogger(__name__)
+
+RETRYABLE = retries.RETRYABLE
+HUBS = {
+    SourceKind.HUGGING_FACE: (huggingface, "HF_ENDPOINT", "main"),
+    SourceKind.MODEL_SCOPE: (modelscope, "MODELSCOPE_ENDPOINT", "master"),
+}
+
+
+def needs_resolution(obj: dict) -> bool:
+    """Not yet resolved for its generation (a written failure for this generation counts as an answer)."""
+    generation = (obj.get("metadata") or {}).get("generation") or 0
+    status = obj.get("status") or {}
+    if status.get("observedGeneration") != generation:
+        return True
+    return find_condition(obj, "Resolved").get("reason") in RETRYABLE
+
+
+@dataclass
+class Outcome:
+    reason: str
+    retry: bool = False
+    retry_after: float | None = None
+    postponed: bool = False  # nothing was asked of the hub: the namespace's share was spent
+
+
+class Failed(Exception):
+    """A resolution step failed for ``reason``; ``retry``: it may pass later."""
+
+    def __init__(self, reason: str, message: str, retry: bool = False, retry_after: float | None = None):
+        super().__init__(message)
+        self.reason, self.message, self.retry, self.retry_after = reason, message, retry, retry_after
+
+
+def resolve_artifact(namespace: str, name: str, force: bool = False) -> Outcome:
+    """Resolve ``namespace/name`` and write its status (see the module's docstring). ``force``: also when
+    it is resolved for its generation already (a branch may have moved)."""
+    try:
+        obj = kube.worker().get(artifact_path(namespace, name))
+    except kube.NotFound:
+        return Outcome("Gone")
+    return ArtifactResolution(obj, force).run()
+
+
+def short_digest(digest: str) -> str:
+    algorithm, _, hexdigest = digest.partition(":")
+    return f"{algorithm}:{hexdigest[:12]}" if hexdigest else digest
+
+
+class ArtifactResolution:
+    """One resolution of one version of an artifact."""
+
+    def __init__(self, obj: dict, force: bool = False):
+        self.obj, self.force = obj, force
+        self.secret_name = self.secret_version = ""
+        meta = obj["metadata"]
+        self.namespace, self.name, self.uid = meta["namespace"], meta["name"], meta["uid"]
+        self.generation = meta.get("generation") or 0
+        self.status = obj.get("status") or {}
+        self.spec = obj.get("spec") or {}
+        self.previous = find_condition(obj, "Resolved")
+
+    def run(self) -> Outcome:
+        current = self.status.get("observedGeneration") == self.generation
+        if current and self.previous.get("status") == "True" and not self.force:
+            return Outcome("Resolved")
+        source = self.spec.get("source") or {}
+        try:
+            if SourceKind.CLAIM in source:
+                return self.resolve_claim(source[SourceKind.CLAIM]["claimName"])
+            kind = SourceKind.HUGGING_FACE if SourceKind.HUGGING_FACE in source else SourceKind.MODEL_SCOPE
+            return self.resolve_hub(kind, source.get(kind) or {})
+        except Failed as failure:
+            return self.fail(failure)
+
+    # --- steps -----------------------------------------------------------------------------------------
+    def resolve_claim(self, claim: str) -> Outcome:
+        try:
+            kube.worker().get(f"/api/v1/namespaces/{self.namespace}/persistentvolumeclaims/{claim}")
+        except kube.NotFound:
+            raise Failed(
+                "ClaimNotFound", f"PersistentVolumeClaim {claim!r} does not exist in {self.namespace}", True
+            ) from None
+        return self.succeed({}, f"claim {claim} exists")
+
+    def resolve_hub(self, kind: str, member: dict) -> Outcome:
+        wait = budgets.take(self.namespace)
+        if wait > 0:
+            return Outcome("Postponed", retry=True, retry_after=wait, postponed=True)
+        self.secret_name = secret_name = (member.get("secretRef") or {}).get("name", "")
+        token = self.read_token(secret_name) if secret_name else None
+        hub, endpoint_setting, default_revision = HUBS[kind]
+        endpoint = getattr(settings, endpoint_setting)
+        revision = member.get("revision") or default_revision
+        try:
+            resolution = hub.resolve(
+                member["repository"],
+                revision,
+                endpoint=endpoint,
+                token=token,
+                proxy=settings.HUB_PROXY or None,
+                ca_bundle=settings.HUB_CA_BUNDLE or None,
+                timeout=settings.HUB_TIMEOUT,
+            )
+            files, digest = build_manifest(
+                resolution.files, self.spec.get("allowPatterns"), self.spec.get("ignorePatterns")
+            )
+        except SourceError as exc:
+            raise Failed(exc.reason, exc.message, exc.retryable, exc.retry_after) from None
+        self.check_expected(digest)
+        origin = {"source": kind, "endpoint": endpoint, "repository": member["repository"]}
+        self.remember(files, digest, dict(origin, commit=resolution.commit, secret_name=secret_name))
+        resolved = {"manifestDigest": digest, "fileCount": len(files), "sizeBytes": sum(f.size for f in files)}
+        if resolution.pinned:
+            resolved["revision"] = resolution.commit
+            message = f"{member['repository']}@{revision} is {resolution.commit}"
+        else:  # the hub named no commit: the files are listed at the revision, and the status says so
+            message = resolution.note
+        return self.succeed(resolved, message)
+
+    def read_token(self, secret_name: str) -> str:
+        try:
+            secret = kube.worker().get(f"/api/v1/namespaces/{self.namespace}/secrets/{secret_name}")
+        except kube.NotFound:
+            raise Failed("SecretNotFound", f"Secret {secret_name!r} does not exist in {self.namespace}", True) from None
+        meta = secret.get("metadata") or {}
+        self.secret_version = f"{meta.get('uid', '')}/{meta.get('resourceVersion', '')}"
+        raw = (secret.get("data") or {}).get("token")
+        if not raw:
+            raise Failed("SecretNotFound", f"Secret {secret_name!r} has no key 'token'", True)
+        return base64.b64decode(raw).decode().strip()
+
+    def check_expected(self, digest: str) -> None:
+        expected = self.spec.get("expectedDigest")
+        if expected and expected != digest:
+            raise Failed("DigestMismatch", f"resolution produced {digest}, spec.expectedDigest is {expected}")
+
+    def remember(self, files: list, digest: str, origin: dict) -> None:
+        """The manifest, and where this artifact's copy of it comes from (for the plugins' tickets)."""
+        size = sum(f.size for f in files)
+        with transaction.atomic():
+            manifest, _ = Manifest.objects.get_or_create(
+                digest=digest,
+                defaults={"files": [f.__dict__ for f in files], "file_count": len(files), "size_bytes": size},
+            )
+            # The row of this very object: one recreated under the name meanwhile is another (its own uid).
+            row = Artifact.objects.filter(namespace=self.namespace, name=self.name, uid=self.uid).first()
+            if row is not None:
+                defaults = {"artifact_uid": self.uid, "generation": self.generation, "manifest": manifest, **origin}
+                Resolution.objects.update_or_create(artifact=row, defaults=defaults)
+
+    # --- writing the outcome ---------------------------------------------------------------------------
+    def regarding(self) -> dict:
+        return events.regarding("ModelArtifact", self.name, self.uid, self.namespace)
+
+    def succeed(self, resolved: dict, message: str) -> Outcome:
+        self.write(resolved, self.resolved_condition(message))
+        retries.succeeded(self.namespace, self.name, self.uid)
+        if resolved.get("manifestDigest"):
+            digest, size = short_digest(resolved["manifestDigest"]), human_bytes(resolved["sizeBytes"]) or "0"
+            message = f"{message}: digest {digest}, {resolved['fileCount']} files, {size}B"
+        events.record(self.regarding(), events.NORMAL, "Resolved", message)
+        return Outcome("Resolved")
+
+    def resolved_condition(self, message: str) -> dict:
+        return condition("Resolved", ConditionStatus.TRUE, "Resolved", message, self.previous, self.generation)
+
+    def fail(self, failure: Failed) -> Outcome:
+        already = bool((self.status.get("resolved") or {}).get("manifestDigest"))
+        # A temporary failure never revokes an earlier resolution: keep Resolved=True then.
+        if not (failure.retry and already):
+            cond = condition(
+                "Resolved", ConditionStatus.FALSE, failure.reason, failure.message, self.previous, self.generation
+            )
+            self.write(None, cond)
+        log.info("resolving %s/%s: %s: %s", self.namespace, self.name, failure.reason, failure.message)
+        if not failure.retry:
+            state = retries.failed(
+                self.namespace, self.name, self.uid, failure.reason, self.secret_name, self.secret_version
+            )
+            log.info("resolving %s/%s again at %s", self.namespace, self.name, state.retry_at)
+        message = f"{failure.reason}: {failure.message}"
+        events.record(self.regarding(), events.WARNING, "ResolutionFailed", message, series_key=failure.reason)
+        return Outcome(failure.reason, retry=failure.retry, retry_after=failure.retry_after)
+
+    def write(self, resolved: dict | None, cond: dict) -> None:
+        """Apply the resolver's part of the status. ``resolved=None`` keeps what it was (a failure)."""
+        status = {"observedGeneration": self.generation, "conditions": [cond]}
+        if resolved:
+            status["resolved"] = resolved
+        elif resolved is None and self.status.get("resolved"):
+            status["resolved"] = self.status["resolved"]
+        metadata = {"name": self.name, "namespace": self.namespace, "uid": self.uid}
+        apply_status(artifact_path(self.namespace, self.name), "ModelArtifact", metadata, status, RESOLVER)

@@ -1,0 +1,105 @@
+"""The artifacts' ``status.nodes`` and ``Degraded`` condition, from the entries of their digest on every node.
+
+``status.nodes`` (how many nodes hold, download or failed the digest) is written on thresholds: a count
+changes, or the mean percent crosses a 5 % step; ``progress`` is the exact answer. ``Degraded`` is True
+while some node reports the digest ``Failed``: its reason is the commonest failure reason, its message
+counts nodes per reason (never naming one); it clears when no node fails.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from gpustack_models.models import Artifact, ConditionStatus, EntryState, StoreEntry
+from gpustack_models.reconcilers import events
+from gpustack_models.reconcilers.writes import ROLLUP, apply_status, artifact_path, condition, find_condition
+
+COUNTS = ("ready", "downloading", "failed")
+_COUNTED_AS = {EntryState.READY: "ready", EntryState.DOWNLOADING: "downloading", EntryState.FAILED: "failed"}
+
+
+def digest_counts(digest: str, nodes: list[str] | None = None) -> dict:
+    """Counts over the entries of ``digest`` (optionally on some nodes only)."""
+    entries = StoreEntry.objects.filter(digest=digest)
+    if nodes is not None:
+        entries = entries.filter(node__in=nodes)
+    out = {"ready": 0, "downloading": 0, "failed": 0}
+    percents = []
+    for state, size, done in entries.values_list("state", "size_bytes", "downloaded_bytes"):
+        if state == EntryState.DOWNLOADING:
+            percents.append(min(100, int(done * 100 / size)) if size else 0)
+        key = _COUNTED_AS.get(state)
+        if key:
+            out[key] += 1
+    if percents:
+        out["downloadingPercent"] = int(sum(percents) / len(percents))
+    return out
+
+
+def failure_reasons(digest: str) -> Counter:
+    failed = StoreEntry.objects.filter(digest=digest, state=EntryState.FAILED)
+    return Counter(failed.values_list("reason", flat=True))
+
+
+def nodes_changed(old: dict, new: dict) -> bool:
+    """Counts change, or the mean percent crosses a 5 % step (or appears/disappears)."""
+    if any((old.get(k) or 0) != new.get(k, 0) for k in COUNTS):
+        return True
+    if ("downloadingPercent" in old) != ("downloadingPercent" in new):
+        return True
+    if "downloadingPercent" in new:
+        return old["downloadingPercent"] // 5 != new["downloadingPercent"] // 5
+    return False
+
+
+def degraded_of(counts: dict, reasons: Counter) -> tuple[str, str, str]:
+    """(status, reason, message) of the ``Degraded`` condition."""
+    failed = sum(reasons.values())
+    if not failed:
+        return ConditionStatus.FALSE, "AsExpected", "no node reports a failure"
+    wanting = counts["ready"] + counts["downloading"] + counts["failed"]
+    detail = ", ".join(f"{reason or 'Unknown'}: {count}" for reason, count in reasons.most_common())
+    return (
+        ConditionStatus.TRUE,
+        reasons.most_common(1)[0][0] or "Unknown",
+        f"{failed} of {wanting} nodes failed ({detail})",
+    )
+
+
+def _regarding(artifact: Artifact) -> dict:
+    return events.regarding("ModelArtifact", artifact.name, artifact.uid, artifact.namespace)
+
+
+def _write(artifact: Artifact, counts: dict, degraded: tuple[str, str, str]) -> bool:
+    previous = find_condition(artifact.body, "Degraded")
+    generation = artifact.generation
+    status = {"nodes": counts, "conditions": [condition("Degraded", *degraded, previous or None, generation)]}
+    metadata = {"name": artifact.name, "namespace": artifact.namespace, "uid": artifact.uid}
+    if not apply_status(artifact_path(artifact.namespace, artifact.name), "ModelArtifact", metadata, status, ROLLUP):
+        return False
+    # Remember what was written so a burst of entry changes writes once per step. The apply merged the
+    # conditions by type: so does the mirror's copy (Resolved stays).
+    old = artifact.body.get("status") or {}
+    kept = [c for c in old.get("conditions") or [] if isinstance(c, dict) and c.get("type") != "Degraded"]
+    body = dict(artifact.body, status=dict(old, nodes=counts, conditions=kept + status["conditions"]))
+    Artifact.objects.filter(pk=artifact.pk).update(nodes=counts, body=body)
+    was = previous.get("status") == ConditionStatus.TRUE
+    if degraded[0] == ConditionStatus.TRUE and (not was or previous.get("reason") != degraded[1]):
+        events.record(_regarding(artifact), "Warning", "Degraded", degraded[2], series_key=degraded[1])
+    elif was and degraded[0] != ConditionStatus.TRUE:
+        events.record(_regarding(artifact), "Normal", "Recovered", "no node reports a failure any more")
+    return True
+
+
+def rollup(digest: str) -> int:
+    """Write ``status.nodes`` and ``Degraded`` of every artifact with ``digest`` whose figures moved enough."""
+    counts, reasons = digest_counts(digest), failure_reasons(digest)
+    degraded = degraded_of(counts, reasons)
+    written = 0
+    for artifact in Artifact.objects.live().filter(digest=digest):
+        previous = find_condition(artifact.body, "Degraded")
+        same = (previous.get("status"), previous.get("reason"), previous.get("message")) == degraded
+        if same and not nodes_changed(artifact.nodes or {}, counts):
+            continue
+        written += _write(artifact, counts, degraded)
+    return written
