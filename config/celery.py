@@ -13,6 +13,8 @@ import threading
 
 from celery import Celery, signals
 
+from gpustack_models.telemetry import registry
+
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
 
 app = Celery("gpustack_models")
@@ -36,41 +38,42 @@ def _prepare_filesystem_broker(sender, **kwargs):
         os.makedirs(backend[len("file://") :], exist_ok=True)
 
 
+def _roles():
+    """The roles' metrics (``telemetry.roles``), imported by the first signal handler that needs them.
+
+    The one project import inside a function in the Celery processes: that module makes its metrics when
+    it is imported, and a worker must choose prometheus_client's multiprocess mode
+    (``_worker_metrics_setup``) before any metric exists; this module is imported with Django's settings,
+    long before."""
+    from gpustack_models.telemetry import roles
+
+    return roles
+
+
 @signals.celeryd_init.connect
 def _worker_metrics_setup(sender=None, **kwargs):
     """A worker (its prefork pool's processes too) counts its tasks in prometheus_client's multiprocess
     mode, so one scrape of its metrics port sums them; set before any of its metrics exist."""
-    from gpustack_models.telemetry import registry
-
     registry.use_multiprocess("celery-worker")
-    from gpustack_models.telemetry import roles
-
-    roles.connect_worker_signals()
+    _roles().connect_worker_signals()
 
 
 @signals.worker_ready.connect
 def _serve_worker_metrics(sender=None, **kwargs):
     """The worker's metrics port (``GPUSTACK_METRICS_PORT``), with the broker's queue depth read at scrape
     time; started once the pool's processes exist, so none of them holds the listening socket."""
-    from gpustack_models.telemetry import registry
-    from gpustack_models.telemetry.roles import QueueDepth
-
-    registry.serve_from_settings(QueueDepth(app))
+    registry.serve_from_settings(_roles().QueueDepth(app))
 
 
 @signals.worker_process_shutdown.connect
 def _pool_process_exited(sender=None, pid=None, **kwargs):
-    from gpustack_models.telemetry import registry
-
     registry.process_exited(pid or os.getpid())
 
 
 @signals.beat_init.connect
 def _serve_beat_metrics(sender=None, **kwargs):
     """Beat's metrics port (``GPUSTACK_METRICS_PORT``): the tasks it sent."""
-    from gpustack_models.telemetry import registry, roles
-
-    roles.count_sent_tasks()
+    _roles().count_sent_tasks()
     registry.serve_from_settings()
 
 

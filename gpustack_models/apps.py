@@ -1,4 +1,5 @@
 from django.apps import AppConfig
+from django.conf import settings
 
 
 class GpustackModelsConfig(AppConfig):
@@ -7,9 +8,10 @@ class GpustackModelsConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self):
-        from django.conf import settings
-
         if settings.SERVER_ROLE == "api":
+            # The one project import inside a function in this process: Django imports this module while it
+            # loads the apps, before the API's modules may be imported, and calls ``ready`` once they may;
+            # only the API process imports its server (the console never does).
             from gpustack_models.api.server import quiet_request_signals
 
             quiet_request_signals()

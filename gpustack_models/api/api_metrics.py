@@ -26,6 +26,7 @@ import time
 
 from prometheus_client import CONTENT_TYPE_LATEST, Counter, Histogram, generate_latest
 
+from gpustack_models.api.verbs import request_verb
 from gpustack_models.kinds import BY_PLURAL
 from gpustack_models.telemetry.registry import scrape_registry
 
@@ -61,8 +62,6 @@ def labels(request, kwargs: dict, route: str) -> tuple[str, str]:
     method = request.method.lower()
     if route.startswith("/"):
         return (method if method in HTTP_METHODS else "other"), route
-    from gpustack_models.api.resources import request_verb
-
     if not route:
         plural = kwargs.get("plural")
         route = plural if plural in BY_PLURAL else "unknown"

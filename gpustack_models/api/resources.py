@@ -28,23 +28,13 @@ from gpustack_models.api.renderers import LIST_RENDERERS, OBJECT_RENDERERS, Stor
 from gpustack_models.api.status import not_found
 from gpustack_models.api.streaming import relay
 from gpustack_models.api.targets import Query, Target
+from gpustack_models.api.verbs import request_verb
 from gpustack_models.api.views import KubeAPIView
 from gpustack_models.kinds import GROUP, MODEL_ARTIFACT, NODE_MODEL_STORE, PUBLIC_VERSION
 from gpustack_models.kube.errors import BadRequest, Forbidden, MethodNotAllowed
 
 FORWARDED_RESPONSE_HEADERS = ("warning",)
 PATCH_CONTENT_TYPES = {parser.patch_type: parser.media_type for parser in PATCH_PARSERS}
-
-
-def request_verb(method: str, named: bool, watching: bool) -> str:
-    """The Kubernetes verb of an HTTP request on a resource."""
-    if method in ("GET", "HEAD"):
-        if watching:
-            return "watch"
-        return "get" if named else "list"
-    if method == "DELETE":
-        return "delete" if named else "deletecollection"
-    return {"POST": "create", "PUT": "update", "PATCH": "patch"}.get(method, method.lower())
 
 
 class ResourceView(KubeAPIView):

@@ -30,6 +30,7 @@ from gunicorn.asgi.protocol import ASGIProtocol
 from gunicorn.workers import gasgi
 
 from gpustack_models.api import api_metrics
+from gpustack_models.api.streaming import close_watches
 
 CLOSE_NOTIFY_SECONDS = 0.5  # while stopping: how long a closed connection may flush before it is aborted
 # How long a keep-alive connection waits for its next request: longer than the 90 s kube-apiserver's proxy
@@ -115,8 +116,6 @@ class TLSASGIWorker(gasgi.ASGIWorker):
         self._end_watches()
 
     def _end_watches(self):
-        from gpustack_models.api.streaming import close_watches
-
         closed = close_watches()
         if closed:
             self.log.info("stopping: ended %d open watches", closed)

@@ -3,6 +3,9 @@ Pods, their events coalesced per object into batches, written to the mirror on o
 
 - ``listwatch``: the informers of each kind;
 - ``coalescing``: events coalesced per object and sent as one Celery task;
-- ``mirror`` / ``batches``: applying objects to the mirror's rows, safe under repeated and reordered delivery;
+- ``sending``: Celery tasks sent by name (nothing here imports the worker's task module);
+- ``mirror``: applying objects to the mirror's rows in batches (one event: a batch of one), safe under
+  repeated and reordered delivery;
+- ``reactions``: what a mirrored change enqueues, as the reconcilers declare it (``reacts_to``);
 - ``lag``: the mirror's lag, from an event's arrival to its row's commit.
 """

@@ -20,6 +20,14 @@ from django.conf import settings
 from gpustack_models import kube
 from gpustack_models.informers.coalescing import BatchingSink
 from gpustack_models.informers.mirror import trimmed
+from gpustack_models.informers.sending import (
+    MIRROR_BATCH,
+    MIRROR_EVENT,
+    MIRROR_EVENTS,
+    MIRROR_PRUNE,
+    RECORD_INFORMER,
+    send,
+)
 from gpustack_models.kinds import GROUP, STORAGE_VERSION
 from gpustack_models.kube.watch import Collection, WatchHandler, watch_forever
 from gpustack_models.telemetry import roles
@@ -30,34 +38,24 @@ BATCH = 100
 
 
 class CelerySink:
-    """Each event becomes a Celery task."""
+    """Each call becomes a Celery task, sent by name (``sending``: the worker's task module is not imported)."""
 
     def event(self, resource: str, kind: str, obj: dict) -> None:
-        from gpustack_models.reconcilers.tasks import mirror_event
-
-        mirror_event.delay(resource, kind, obj, arrived=time.time())
+        send(MIRROR_EVENT, resource, kind, obj, arrived=time.time())
         roles.INFORMER_BATCHES.labels(resource).inc()
 
     def events(self, resource: str, entries: list[list]) -> None:
-        from gpustack_models.reconcilers.tasks import mirror_events
-
-        mirror_events.delay(resource, entries)
+        send(MIRROR_EVENTS, resource, entries)
         roles.INFORMER_BATCHES.labels(resource).inc()
 
     def batch(self, resource: str, objects: list[dict]) -> None:
-        from gpustack_models.reconcilers.tasks import mirror_batch
-
-        mirror_batch.delay(resource, objects)
+        send(MIRROR_BATCH, resource, objects)
 
     def prune(self, resource: str, keys: list[dict], list_rv: int) -> None:
-        from gpustack_models.reconcilers.tasks import mirror_prune
-
-        mirror_prune.delay(resource, keys, list_rv)
+        send(MIRROR_PRUNE, resource, keys, list_rv)
 
     def record(self, resource: str, resource_version: str, expired: bool) -> None:
-        from gpustack_models.reconcilers.tasks import record_informer
-
-        record_informer.delay(resource, resource_version, True, expired)
+        send(RECORD_INFORMER, resource, resource_version, True, expired)
 
 
 @dataclass

@@ -1,24 +1,33 @@
-"""Writing the mirror from Kubernetes objects, safely under repeated and reordered delivery.
+"""Writing the mirror from Kubernetes objects, safely under repeated and reordered delivery, on one path.
 
-``apply_object`` is a conditional ``UPDATE ... WHERE resource_version < new`` (falling back to an
-``INSERT`` when the row does not exist yet): a stale event changes nothing, a duplicate changes nothing,
-and two tasks racing on one row serialise on the row lock with the newer one winning. Deletions leave
-tombstones with the deletion's resourceVersion. ``prune`` removes what a relist no longer returned.
+``apply_events`` applies a batch of watch events (a relist's page, a coalesced batch, or one event: a batch
+of one) in one transaction and a few statements, not a few per event. The rows of every object in the
+batch are locked with one ``SELECT ... FOR UPDATE`` (in key order, so two batches never wait on each other
+in a cycle); each event is applied in memory under its row's resourceVersion guard (a stale or duplicate
+event changes nothing, two tasks racing on one row serialise on its lock with the newer one winning, a
+deletion leaves a tombstone with the deletion's resourceVersion); then the new rows are inserted with one
+``INSERT`` and the changed ones written with one ``INSERT ... ON CONFLICT DO UPDATE``; a NodeModelStore's
+entry rows follow its status the same way, for all stores of the batch at once. A row another task created
+meanwhile (a unique key taken) rolls the batch back, and the batch runs again with that row locked too.
+``prune`` removes what a relist no longer returned.
 """
 
 from __future__ import annotations
 
 import logging
+from collections import defaultdict
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
+from functools import reduce
+from operator import or_
 
 from django.db import IntegrityError, models, transaction
+from django.utils import timezone
 
 from gpustack_models.kinds import GROUP
 from gpustack_models.kinds.formatting import parse_duration, parse_time
 from gpustack_models.models import Artifact, Namespace, Node, NodeStore, PluginPod, Prefetch, StoreEntry
-from gpustack_models.reconcilers.writes import find_condition
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +56,7 @@ def _artifact_fields(obj: dict) -> dict:
     kind = next((k for k in ("huggingFace", "modelScope", "persistentVolumeClaim") if k in source), "")
     member = source.get(kind) or {}
     resolved = status.get("resolved") or {}
-    cond = find_condition(obj, "Resolved")
+    cond = next((c for c in status.get("conditions") or [] if c.get("type") == "Resolved"), {})
     return {
         "generation": (obj.get("metadata") or {}).get("generation") or 0,
         "source": kind,
@@ -156,84 +165,165 @@ class Change:
     after: dict | None = None
 
 
-def apply_object(kind: Kind, obj: dict) -> Change:
-    """Upsert ``obj`` unless the mirror already holds its resourceVersion or a newer one."""
-    rv, key = rv_of(obj), kind.key(obj)
-    body = trimmed(obj)
-    values = {
-        "resource_version": rv,
+@dataclass
+class _Rows:
+    """The batch's rows by key: those locked in the database and those it creates."""
+
+    kind: Kind
+    rows: dict[tuple, models.Model]
+    new: set[tuple] = field(default_factory=set)
+    dirty: set[tuple] = field(default_factory=set)
+    stores: dict[tuple, dict | None] = field(default_factory=dict)  # store key -> its latest object (None: gone)
+    names: list[str] = field(default_factory=list)  # the columns an upsert writes
+
+
+def _key(kind: Kind, obj: dict) -> tuple:
+    key = kind.key(obj)
+    return key.get("namespace", ""), key["name"]
+
+
+def _lock(kind: Kind, keys: set[tuple]) -> dict[tuple, models.Model]:
+    if kind.namespaced:
+        names = defaultdict(set)
+        for namespace, name in keys:
+            names[namespace].add(name)
+        where = reduce(or_, (models.Q(namespace=ns, name__in=sorted(n)) for ns, n in names.items()))
+        order = ("namespace", "name")
+    else:
+        where, order = models.Q(name__in=sorted(name for _, name in keys)), ("name",)
+    rows = kind.model.objects.select_for_update().filter(where).order_by(*order)
+    return {(getattr(r, "namespace", "") if kind.namespaced else "", r.name): r for r in rows}
+
+
+def _values(kind: Kind, obj: dict) -> dict:
+    return {
+        "resource_version": rv_of(obj),
         "uid": (obj.get("metadata") or {}).get("uid", ""),
         "deleted": False,
-        "body": body,
+        "body": trimmed(obj),
         **kind.fields(obj),
     }
-    with transaction.atomic():
-        current = kind.model.objects.select_for_update().filter(**key).first()
-        if current is None:
-            try:
-                with transaction.atomic():
-                    row = kind.model.objects.create(**key, **values)
-            except IntegrityError:  # created meanwhile by a task for the same object: take its lock
-                return apply_object(kind, obj)
-            if kind is STORES:
-                _sync_entries(row, obj)
-            return Change(True, None, body)
-        if current.resource_version >= rv:
-            return Change(False)
-        before = None if current.deleted else current.body
-        for field, value in values.items():
-            setattr(current, field, value)
-        current.save()
-        if kind is STORES:
-            _sync_entries(current, obj)
-        return Change(True, before, body)
 
 
-def delete_object(kind: Kind, obj: dict) -> Change:
-    """Tombstone the row unless something newer is already mirrored."""
-    rv, key = rv_of(obj), kind.key(obj)
-    with transaction.atomic():
-        current = kind.model.objects.select_for_update().filter(**key).first()
-        if current is None:
-            try:
-                with transaction.atomic():
-                    kind.model.objects.create(
-                        **key, resource_version=rv, deleted=True, body=trimmed(obj), **kind.fields(obj)
-                    )
-            except IntegrityError:
-                return delete_object(kind, obj)
-            return Change(False)
-        if current.resource_version > rv or current.deleted:
-            return Change(False)
-        before = current.body
-        current.resource_version, current.deleted = rv, True
-        current.save(update_fields=["resource_version", "deleted", "updated_at"])
-        if kind is STORES:
-            current.entries.all().delete()
-        return Change(True, before, None)
+def _upsert(batch: _Rows, key: tuple, obj: dict) -> Change:
+    """An object's state, unless the row already holds its resourceVersion or a newer one."""
+    kind, row, values = batch.kind, batch.rows.get(key), _values(batch.kind, obj)
+    batch.names = batch.names or [*values, "updated_at"]
+    if row is None:
+        ids = {"name": key[1], **({"namespace": key[0]} if kind.namespaced else {})}
+        batch.rows[key] = kind.model(**ids, **values)
+        batch.new.add(key)
+    elif row.resource_version >= values["resource_version"]:
+        return Change(False)
+    else:
+        before = None if row.deleted else row.body
+        for name, value in values.items():
+            setattr(row, name, value)
+        batch.dirty.add(key)
+        batch.stores[key] = obj
+        return Change(True, before, values["body"])
+    batch.stores[key] = obj
+    return Change(True, None, values["body"])
 
 
-def apply_event(kind: Kind, event_type: str, obj: dict) -> Change:
-    """One watch event: DELETED tombstones, anything else upserts."""
-    return delete_object(kind, obj) if event_type == "DELETED" else apply_object(kind, obj)
+def _tombstone(batch: _Rows, key: tuple, obj: dict) -> Change:
+    """A deletion: the row becomes a tombstone unless something newer is already mirrored."""
+    row, rv = batch.rows.get(key), rv_of(obj)
+    if row is None:
+        _upsert(batch, key, obj)
+        batch.rows[key].deleted = True
+        batch.stores[key] = None
+        return Change(False)
+    if row.resource_version > rv or row.deleted:
+        return Change(False)
+    before = row.body
+    row.resource_version, row.deleted = rv, True
+    batch.dirty.add(key)
+    batch.stores[key] = None
+    return Change(True, before, None)
+
+
+def _write(batch: _Rows) -> None:
+    kind, now = batch.kind, timezone.now()
+    created = [batch.rows[k] for k in sorted(batch.new)]
+    updated = [batch.rows[k] for k in sorted(batch.dirty - batch.new)]
+    for row in created + updated:
+        row.updated_at = now
+    if created:
+        kind.model.objects.bulk_create(created)
+    if updated:
+        _update(kind.model, updated, batch.names or ["resource_version", "deleted", "updated_at"])
+    if kind is STORES:
+        _sync_entries({batch.rows[k]: obj for k, obj in batch.stores.items()})
+
+
+def _update(model: type[models.Model], rows: list[models.Model], names: list[str]) -> None:
+    """Write ``names`` of rows that exist (and are locked) in one statement: an ``INSERT ... ON CONFLICT (id)
+    DO UPDATE`` (Django's ``bulk_update`` compiles a ``CASE`` per row and column, slower than a save per row)."""
+    if rows:
+        model.objects.bulk_create(rows, update_conflicts=True, unique_fields=["id"], update_fields=names)
+
+
+def _sync_entries(stores: dict) -> None:
+    """Make each store's entry rows equal to its object's status.models (none for a store gone)."""
+    existing = defaultdict(dict)
+    for entry in StoreEntry.objects.filter(store_id__in=[s.pk for s in stores]):
+        existing[entry.store_id][entry.digest] = entry
+    stale, create, update = [], [], []
+    for store, obj in stores.items():
+        wanted = {} if obj is None else _wanted(obj)
+        have = existing[store.pk]
+        stale.extend(e.pk for d, e in have.items() if d not in wanted)
+        for digest, values in wanted.items():
+            row = have.get(digest)
+            if row is None:
+                create.append(StoreEntry(store=store, node=store.name, digest=digest, **values))
+            elif any(getattr(row, f) != v for f, v in values.items()):
+                for f, v in values.items():
+                    setattr(row, f, v)
+                update.append(row)
+    if stale:
+        StoreEntry.objects.filter(pk__in=stale).delete()
+    StoreEntry.objects.bulk_create(create)
+    _update(StoreEntry, update, _ENTRY_FIELDS)
+
+
+def _wanted(obj: dict) -> dict[str, dict]:
+    return {e["digest"]: _entry_values(e) for e in (obj.get("status") or {}).get("models") or [] if e.get("digest")}
 
 
 def apply_events(kind: Kind, events: list[tuple[str, dict]]) -> list[Change]:
-    """Apply a batch of events in one transaction, with each row's guards as one by one (the changes in
-    the events' order).
+    """Apply a batch of events (each object's in its order: DELETED tombstones, anything else upserts) in one
+    transaction; the changes in the events' order."""
+    if not events:
+        return []
+    try:
+        with transaction.atomic():
+            keys = [_key(kind, obj) for _, obj in events]
+            batch = _Rows(kind, _lock(kind, set(keys)))
+            changes = [
+                (_tombstone if type_ == "DELETED" else _upsert)(batch, key, obj)
+                for (type_, obj), key in zip(events, keys, strict=True)
+            ]
+            _write(batch)
+            return changes
+    except IntegrityError:  # a row created meanwhile by another task: again, with that row locked too
+        return apply_events(kind, events)
 
-    The rows are locked in the order of their keys (an object's events in their own order), so two
-    batches running at once never wait on each other in a cycle."""
 
-    def lock_order(i: int):
-        key = kind.key(events[i][1])
-        return key.get("namespace", ""), key["name"], i
+def apply_event(kind: Kind, event_type: str, obj: dict) -> Change:
+    """One watch event: a batch of one."""
+    return apply_events(kind, [(event_type, obj)])[0]
 
-    changes: list[Change | None] = [None] * len(events)
-    with transaction.atomic():
-        for i in sorted(range(len(events)), key=lock_order):
-            changes[i] = apply_event(kind, *events[i])
-    return changes
+
+def apply_object(kind: Kind, obj: dict) -> Change:
+    """Upsert ``obj`` unless the mirror already holds its resourceVersion or a newer one (a batch of one)."""
+    return apply_event(kind, "ADDED", obj)
+
+
+def delete_object(kind: Kind, obj: dict) -> Change:
+    """Tombstone the row unless something newer is already mirrored (a batch of one)."""
+    return apply_event(kind, "DELETED", obj)
 
 
 def prune(kind: Kind, keys: list[dict], list_rv: int) -> list[dict]:
@@ -286,24 +376,7 @@ def _time(value) -> datetime | None:
         return None
 
 
-def _sync_entries(store: NodeStore, obj: dict) -> None:
-    """Make the store's entry rows equal to its status.models (inside the store row's lock)."""
-    wanted = {}
-    for entry in (obj.get("status") or {}).get("models") or []:
-        if entry.get("digest"):
-            wanted[entry["digest"]] = _entry_values(entry)
-    existing = {e.digest: e for e in store.entries.all()}
-    stale = [e.pk for d, e in existing.items() if d not in wanted]
-    if stale:
-        StoreEntry.objects.filter(pk__in=stale).delete()
-    for digest, values in wanted.items():
-        row = existing.get(digest)
-        if row is None:
-            StoreEntry.objects.create(store=store, node=store.name, digest=digest, **values)
-        elif any(getattr(row, f) != v for f, v in values.items()):
-            for f, v in values.items():
-                setattr(row, f, v)
-            row.save()
+_ENTRY_FIELDS = list(_entry_values({}).keys())
 
 
 def entries_of(body: dict | None) -> dict[str, dict]:

@@ -11,20 +11,16 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import yaml
-
 from gpustack_models.install.aggregation import api_service, serving_names
+from gpustack_models.install.chart import chart_files
+from gpustack_models.install.common import render
 from gpustack_models.install.csi import csi_driver_objects
 from gpustack_models.install.policies import policy_objects
 from gpustack_models.install.rbac import namespace_objects, rbac_objects
 from gpustack_models.install.webhooks import caller_objects, placement_webhook, webhook_objects
-from gpustack_models.kinds.crd import HEADER, crd_files
+from gpustack_models.kinds.crd import crd_files
 
 DEPLOY_DIR = Path(__file__).resolve().parents[2] / "deploy"
-
-
-def render(objects: list[dict]) -> str:
-    return HEADER + yaml.safe_dump_all(objects, sort_keys=False, width=100)
 
 
 def manifest_files() -> dict[Path, str]:
@@ -39,8 +35,6 @@ def manifest_files() -> dict[Path, str]:
 
 def deploy_files() -> dict[Path, str]:
     """Everything under deploy/ that is generated: the CRDs, the files above and the chart's generated part."""
-    from gpustack_models.install.chart import chart_files
-
     return {**crd_files(), **manifest_files(), **chart_files()}
 
 
@@ -58,6 +52,7 @@ __all__ = [
     "placement_webhook",
     "policy_objects",
     "rbac_objects",
+    "render",
     "serving_names",
     "stale_files",
     "webhook_objects",

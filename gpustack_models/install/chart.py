@@ -14,6 +14,7 @@ from pathlib import Path
 from django.test.utils import override_settings
 
 from gpustack_models.install.aggregation import api_service
+from gpustack_models.install.common import render
 from gpustack_models.install.csi import csi_driver_objects
 from gpustack_models.install.policies import policy_objects
 from gpustack_models.install.rbac import rbac_objects, service_accounts
@@ -63,8 +64,6 @@ def _aggregation() -> list[dict]:
 
 def templated(objects: list[dict]) -> str:
     """``objects`` as a template: sentinels replaced."""
-    from gpustack_models.install import render
-
     out = []
     for line in render(objects).splitlines():
         stripped = line.lstrip(" ")

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import yaml
 
+from gpustack_models.kinds import KINDS
 from gpustack_models.kinds.base import GROUP, STORAGE_VERSION, ResourceKind
 
 CRD_DIR = Path(__file__).resolve().parents[2] / "deploy" / "crds"
@@ -50,6 +51,4 @@ def render(kind: ResourceKind) -> str:
 
 
 def crd_files() -> dict[Path, str]:
-    from gpustack_models.kinds import KINDS
-
     return {CRD_DIR / f"{GROUP}_{kind.plural}.yaml": render(kind) for kind in KINDS}

@@ -33,9 +33,10 @@ import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
+from django.conf import settings
 from prometheus_client import Counter, Gauge
 
-from gpustack_models.kube.client import Kube
+from gpustack_models.kube.client import Kube, worker
 from gpustack_models.kube.errors import Conflict, NotFound
 
 log = logging.getLogger(__name__)
@@ -92,8 +93,6 @@ class Timing:
 
     @classmethod
     def from_settings(cls) -> Timing:
-        from django.conf import settings
-
         return cls(settings.LEADER_LEASE_SECONDS, settings.LEADER_RENEW_DEADLINE_SECONDS, settings.LEADER_RETRY_SECONDS)
 
 
@@ -253,8 +252,4 @@ class LeaseElector:
 def elector_for(name: str, client: Kube | None = None) -> LeaseElector:
     """An elector of the Lease ``name`` in the service's namespace, with the worker's identity and the
     timing of the settings."""
-    from django.conf import settings
-
-    from gpustack_models.kube.client import worker
-
     return LeaseElector(client or worker(), settings.NAMESPACE, name, Timing.from_settings())

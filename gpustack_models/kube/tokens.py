@@ -12,7 +12,7 @@ import time
 
 from django.conf import settings
 
-from gpustack_models.kube.client import Kube
+from gpustack_models.kube.client import Kube, worker
 
 
 class AudienceToken:
@@ -50,7 +50,5 @@ def plugin_token() -> AudienceToken:
     """The process-wide token the worker shows the node plugins."""
     global _plugin_token
     if _plugin_token is None:
-        from gpustack_models.kube.client import worker
-
         _plugin_token = AudienceToken(worker, settings.PLUGIN_TOKEN_AUDIENCE, settings.PLUGIN_TOKEN_SECONDS)
     return _plugin_token

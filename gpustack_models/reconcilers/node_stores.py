@@ -19,10 +19,14 @@ from django.db import transaction
 from django.utils import timezone
 
 from gpustack_models import kube
+from gpustack_models.informers import mirror
+from gpustack_models.informers.reactions import enqueue, reacts_to
+from gpustack_models.informers.sending import send
 from gpustack_models.kinds import GROUP
 from gpustack_models.kinds.nodemodelstore import MAX_BYTES_PER_SECOND, MAX_DOWNLOAD_CONCURRENCY, MAX_UPLOAD_CONNECTIONS
 from gpustack_models.models import Holding, Node, NodeStore, PluginPod, PrefetchTarget
 from gpustack_models.reconcilers.references import Placement, models_per_node, namespace_quotas, node_references, place
+from gpustack_models.reconcilers.task_names import RECONCILE_NODE_STORE, RECONCILE_PREFETCH, ROLLUP_DIGEST
 from gpustack_models.reconcilers.writes import API, WORKER, store_path
 
 log = logging.getLogger(__name__)
@@ -172,12 +176,6 @@ def store_spec(annotations: dict, models: list[dict]) -> dict:
     }
 
 
-def _tasks():
-    from gpustack_models.reconcilers import tasks
-
-    return tasks
-
-
 def _owned_by(body: dict, owner: dict) -> bool:
     owners = (body.get("metadata") or {}).get("ownerReferences") or []
     return owner in [{k: o.get(k) for k in ("apiVersion", "kind", "name", "uid")} for o in owners]
@@ -194,7 +192,7 @@ def plan_models(node: str) -> list[dict]:
         models = desired_models(node, placement)
         touched = _record_states(placement.states)
     for namespace, name in sorted(touched):
-        _tasks().reconcile_prefetch.delay(namespace, name)
+        send(RECONCILE_PREFETCH, namespace, name)
     return models
 
 
@@ -225,3 +223,28 @@ def reconcile_node_store(node: str) -> str:
             return "terminating"  # recreated when the deletion event arrives
         raise
     return "applied"
+
+
+# --- What the mirror's changes concern --------------------------------------------------------------------
+
+
+@reacts_to(mirror.STORES)
+def store_changed(before: dict | None, after: dict | None, namespace: str, name: str) -> None:
+    """A store gone or whose spec changed is reconciled; each digest whose entries changed is rolled up."""
+    if after is None or (before or {}).get("spec") != after.get("spec"):
+        enqueue(RECONCILE_NODE_STORE, name)
+    old, new = mirror.entries_of(before), mirror.entries_of(after)
+    for digest in sorted(d for d in set(old) | set(new) if old.get(d) != new.get(d)):
+        enqueue(ROLLUP_DIGEST, digest)
+
+
+@reacts_to(mirror.NAMESPACES)
+def namespace_changed(before: dict | None, after: dict | None, namespace: str, name: str) -> None:
+    """A namespace's byte limit per node changed: the nodes its prefetches target are placed again."""
+    limit = mirror.PREFETCH_BYTES_ANNOTATION
+    old, new = (((b or {}).get("metadata") or {}).get("annotations") or {} for b in (before, after))
+    if old.get(limit) == new.get(limit):
+        return
+    nodes = PrefetchTarget.objects.filter(prefetch__namespace=name).values_list("node", flat=True)
+    for node in sorted(set(nodes)):
+        enqueue(RECONCILE_NODE_STORE, node)

@@ -24,9 +24,17 @@ from django.conf import settings
 from django.db import transaction
 
 from gpustack_models import kube
+from gpustack_models.informers import mirror
+from gpustack_models.informers.reactions import enqueue, reacts_to
 from gpustack_models.kinds.formatting import human_bytes
-from gpustack_models.models import Artifact, ConditionStatus, Manifest, Resolution, SourceKind
+from gpustack_models.models import Artifact, ConditionStatus, Manifest, Prefetch, PrefetchTarget, Resolution, SourceKind
 from gpustack_models.reconcilers import budgets, events, retries
+from gpustack_models.reconcilers.task_names import (
+    RECONCILE_NODE_STORE,
+    RECONCILE_PREFETCH,
+    RESOLVE_ARTIFACT,
+    ROLLUP_DIGEST,
+)
 from gpustack_models.reconcilers.writes import RESOLVER, apply_status, artifact_path, condition, find_condition
 from gpustack_models.sources import SourceError, build_manifest, huggingface, modelscope
 
@@ -46,6 +54,31 @@ def needs_resolution(obj: dict) -> bool:
     if status.get("observedGeneration") != generation:
         return True
     return find_condition(obj, "Resolved").get("reason") in RETRYABLE
+
+
+def _resolved_digest(body: dict | None) -> str:
+    return ((body or {}).get("status") or {}).get("resolved", {}).get("manifestDigest", "")
+
+
+@reacts_to(mirror.ARTIFACTS)
+def artifact_changed(before: dict | None, after: dict | None, namespace: str, name: str) -> None:
+    """An artifact to resolve (its generation, or ``worker.gpustack.ai/requested-at``, asks for it); one whose
+    resolved digest changed concerns its prefetches, the nodes they target and the digest's roll-up."""
+    if after is not None and retries.take_request(after):  # worker.gpustack.ai/requested-at took a new value
+        enqueue(RESOLVE_ARTIFACT, namespace, name, force=True)
+    elif after is not None and needs_resolution(after):
+        enqueue(RESOLVE_ARTIFACT, namespace, name)
+    old_digest, new_digest = _resolved_digest(before), _resolved_digest(after)
+    if old_digest == new_digest and after is not None:
+        return
+    for prefetch in Prefetch.objects.live().filter(namespace=namespace, artifact_name=name):
+        enqueue(RECONCILE_PREFETCH, namespace, prefetch.name)
+    # The digest its prefetches place changed (resolved, or gone): their nodes' spec.models with it.
+    targets = PrefetchTarget.objects.filter(prefetch__namespace=namespace, prefetch__artifact_name=name)
+    for node in sorted(set(targets.values_list("node", flat=True))):
+        enqueue(RECONCILE_NODE_STORE, node)
+    if new_digest:
+        enqueue(ROLLUP_DIGEST, new_digest)
 
 
 @dataclass

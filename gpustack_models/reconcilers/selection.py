@@ -13,7 +13,10 @@ import logging
 
 from django.db import transaction
 
+from gpustack_models.informers import mirror
+from gpustack_models.informers.reactions import enqueue, reacts_to
 from gpustack_models.models import Node, PluginPod, Prefetch, PrefetchTarget
+from gpustack_models.reconcilers.task_names import RECONCILE_NODE_STORE, RETARGET_NODE, RETARGET_PREFETCH
 
 log = logging.getLogger(__name__)
 
@@ -112,3 +115,36 @@ def retarget_node(node: str) -> set[tuple[str, str]]:
     if changed:
         log.info("node %s: %d label-selecting prefetches now target it differently", node, len(changed))
     return changed
+
+
+# --- What the mirror's changes concern --------------------------------------------------------------------
+
+
+@reacts_to(mirror.PREFETCHES)
+def prefetch_changed(before: dict | None, after: dict | None, namespace: str, name: str) -> None:
+    """A new, changed or deleted spec retargets the prefetch (which reconciles its nodes); a status
+    written by the worker itself concerns nobody."""
+    if before is not None and after is not None and before.get("spec") == after.get("spec"):
+        return
+    enqueue(RETARGET_PREFETCH, namespace, name)
+
+
+def _labels(body: dict | None) -> dict | None:
+    return None if body is None else (body.get("metadata") or {}).get("labels") or {}
+
+
+@reacts_to(mirror.NODES)
+def node_changed(before: dict | None, after: dict | None, namespace: str, name: str) -> None:
+    """A node that appears, goes or changes labels is re-evaluated against every label selector."""
+    if _labels(before) != _labels(after):
+        enqueue(RETARGET_NODE, name)
+    else:
+        enqueue(RECONCILE_NODE_STORE, name)
+
+
+@reacts_to(mirror.PODS)
+def plugin_pod_changed(before: dict | None, after: dict | None, namespace: str, name: str) -> None:
+    """A plugin that starts or stops on a node makes the node selectable, or not."""
+    nodes = {(body or {}).get("spec", {}).get("nodeName") for body in (before, after)}
+    for node in sorted(n for n in nodes if n):
+        enqueue(RETARGET_NODE, node)

@@ -12,16 +12,20 @@ versions, records what happened to that digest on that node:
     Evicted          (Warning)  an entry went away while its digest was still in spec.models: the node
                                 removed it under disk pressure
 
-Each names the digest (short form) and its size. The Events are recorded by a task, off the mirror's path.
+Each names the digest (short form) and its size. The Events are recorded by a task, off the mirror's path
+(``store_changed``, a reaction to the mirror's NodeModelStores).
 """
 
 from __future__ import annotations
 
-from gpustack_models.informers.mirror import entries_of
+from gpustack_models.informers import mirror
+from gpustack_models.informers.reactions import reacts_to
+from gpustack_models.informers.sending import send
 from gpustack_models.kinds.formatting import human_bytes
 from gpustack_models.reconcilers import events
 from gpustack_models.reconcilers.events import NORMAL, WARNING
 from gpustack_models.reconcilers.resolution import short_digest
+from gpustack_models.reconcilers.task_names import RECORD_EVENTS
 
 STATE_EVENTS = {
     "Downloading": (NORMAL, "DownloadStarted", "downloading {what}"),
@@ -59,7 +63,7 @@ def transitions(before: dict | None, after: dict | None) -> list[list[str]]:
     """``[type, reason, message, series key]`` of each entry that changed from ``before`` to ``after``."""
     if before is None or after is None:  # a store first seen (or rebuilt mirror) or deleted: nothing happened
         return []
-    old, new = entries_of(before), entries_of(after)
+    old, new = mirror.entries_of(before), mirror.entries_of(after)
     wanted = {m.get("digest") for m in (after.get("spec") or {}).get("models") or [] if isinstance(m, dict)}
     found = []
     for digest in sorted(set(old) | set(new)):
@@ -72,13 +76,12 @@ def transitions(before: dict | None, after: dict | None) -> list[list[str]]:
     return found
 
 
-def store_changed(before: dict | None, after: dict | None) -> None:
-    """Enqueue the Events a mirrored change of a NodeModelStore means."""
+@reacts_to(mirror.STORES)
+def store_changed(before: dict | None, after: dict | None, namespace: str, name: str) -> None:
+    """Send the Events a mirrored change of a NodeModelStore means (at once: never held for a batch's end)."""
     found = transitions(before, after)
     if not found:
         return
     meta = after.get("metadata") or {}
     regarding = events.regarding("NodeModelStore", meta.get("name", ""), meta.get("uid", ""))
-    from gpustack_models.reconcilers import tasks
-
-    tasks.record_events.delay(regarding, found)
+    send(RECORD_EVENTS, regarding, found)

@@ -1,9 +1,10 @@
 """Celery tasks: thin entry points into ``gpustack_models.reconcilers``. Each takes ids or small payloads and
-is safe to run twice, in any order.
+is safe to run twice, in any order. Each is named (``informers.sending``, ``task_names``): whoever enqueues
+one sends it by that name, so no module imports this one but Celery's task discovery.
 
-Mirror tasks apply informer events (one, or a batch the informer coalesced, or a relist page) and then
-enqueue the reconcilers the changes concern (``worker.reactions``, once per batch and key); the
-reconcilers read the mirror and write to Kubernetes as the worker.
+Mirror tasks apply informer events (one, or a batch the informer coalesced, or a relist page) and then run
+the reactions the reconcilers declared (``informers.reactions``: what each change concerns, enqueued once
+per batch and key); the reconcilers read the mirror and write to Kubernetes as the worker.
 """
 
 from __future__ import annotations
@@ -11,14 +12,17 @@ from __future__ import annotations
 import logging
 import socket
 import time
+from datetime import timedelta
 
 from celery import shared_task
 from django.conf import settings
 from django.db import close_old_connections
+from django.utils import timezone
 
-from gpustack_models.informers import batches, lag, mirror
+from gpustack_models.informers import lag, mirror, sending
+from gpustack_models.informers.reactions import once_per_key, react
 from gpustack_models.models import InformerState, NodeStore, PluginPod, Prefetch
-from gpustack_models.reconcilers import (
+from gpustack_models.reconcilers import (  # each declares its reactions to the mirror's changes on import
     collection,
     events,
     mount_checks,
@@ -28,8 +32,9 @@ from gpustack_models.reconcilers import (
     retries,
     rollup,
     selection,
+    store_events,  # noqa: F401 (imported for the reactions it declares)
 )
-from gpustack_models.reconcilers.reactions import once_per_key, react
+from gpustack_models.reconcilers import task_names as names
 from gpustack_models.telemetry import roles
 
 log = logging.getLogger(__name__)
@@ -44,12 +49,12 @@ def ping(payload: str) -> dict:
 # --- The mirror ------------------------------------------------------------------------------------------
 
 
-@shared_task(name="gpustack_models.mirror_event", acks_late=True)
+@shared_task(name=sending.MIRROR_EVENT, acks_late=True)
 def mirror_event(resource: str, event_type: str, obj: dict, arrived: float | None = None) -> bool:
     """Apply one watch event (ADDED, MODIFIED, DELETED) to the mirror (``arrived``: when the informer
     got it, for the lag)."""
     kind = mirror.KINDS[resource]
-    change = mirror.apply_event(kind, event_type, obj)
+    (change,) = mirror.apply_events(kind, [(event_type, obj)])
     if arrived is not None:
         committed = time.time()
         roles.mirror_lag(resource, (arrived,), committed)
@@ -59,13 +64,13 @@ def mirror_event(resource: str, event_type: str, obj: dict, arrived: float | Non
     return change.applied
 
 
-@shared_task(name="gpustack_models.mirror_events", acks_late=True)
+@shared_task(name=sending.MIRROR_EVENTS, acks_late=True)
 def mirror_events(resource: str, entries: list[list]) -> dict:
     """Apply a batch of watch events the informer coalesced (``[type, object, arrived, events]`` each,
     an object's in order) in one transaction; then enqueue what the changes concern, once per task and
     arguments."""
     kind = mirror.KINDS[resource]
-    changes = batches.apply_events(kind, [(entry[0], entry[1]) for entry in entries])
+    changes = mirror.apply_events(kind, [(entry[0], entry[1]) for entry in entries])
     committed = time.time()
     roles.mirror_lag(resource, (entry[2] for entry in entries), committed)
     lag.record([lag.line(resource, e[1], e[3], e[2], committed) for e in entries])
@@ -76,11 +81,11 @@ def mirror_events(resource: str, entries: list[list]) -> dict:
     return {"applied": sum(c.applied for c in changes), "enqueued": enqueued}
 
 
-@shared_task(name="gpustack_models.mirror_batch", acks_late=True)
+@shared_task(name=sending.MIRROR_BATCH, acks_late=True)
 def mirror_batch(resource: str, objects: list[dict]) -> int:
     """Apply the objects of a (re)list."""
     kind = mirror.KINDS[resource]
-    changes = batches.apply_events(kind, [("ADDED", obj) for obj in objects])
+    changes = mirror.apply_events(kind, [("ADDED", obj) for obj in objects])
     with once_per_key():
         for change in changes:
             if change.applied:
@@ -88,7 +93,7 @@ def mirror_batch(resource: str, objects: list[dict]) -> int:
     return sum(c.applied for c in changes)
 
 
-@shared_task(name="gpustack_models.mirror_prune", acks_late=True)
+@shared_task(name=sending.MIRROR_PRUNE, acks_late=True)
 def mirror_prune(resource: str, keys: list[dict], list_rv: int) -> int:
     """Remove what a relist at ``list_rv`` no longer returned."""
     kind = mirror.KINDS[resource]
@@ -99,7 +104,7 @@ def mirror_prune(resource: str, keys: list[dict], list_rv: int) -> int:
     return len(removed)
 
 
-@shared_task(name="gpustack_models.record_informer")
+@shared_task(name=sending.RECORD_INFORMER)
 def record_informer(resource: str, resource_version: str, relisted: bool, expired: bool) -> None:
     state, _ = InformerState.objects.get_or_create(resource=resource)
     state.resource_version = resource_version
@@ -111,7 +116,7 @@ def record_informer(resource: str, resource_version: str, relisted: bool, expire
 # --- Reconcilers -----------------------------------------------------------------------------------------
 
 
-@shared_task(name="gpustack_models.resolve_artifact", acks_late=True)
+@shared_task(name=names.RESOLVE_ARTIFACT, acks_late=True)
 def resolve_artifact(namespace: str, name: str, attempt: int = 0, force: bool = False) -> str:
     """Resolve an artifact's source to a commit and manifest digest and write its status (``force``: even
     when resolved for its generation, as the requested-at annotation asks).
@@ -136,12 +141,12 @@ def resolve_artifact(namespace: str, name: str, attempt: int = 0, force: bool = 
     return outcome.reason
 
 
-@shared_task(name="gpustack_models.reconcile_node_store", acks_late=True)
+@shared_task(name=names.RECONCILE_NODE_STORE, acks_late=True)
 def reconcile_node_store(node: str) -> str:
     return node_stores.reconcile_node_store(node)
 
 
-@shared_task(name="gpustack_models.retarget_prefetch", acks_late=True)
+@shared_task(name=names.RETARGET_PREFETCH, acks_late=True)
 def retarget_prefetch(namespace: str, name: str) -> int:
     """A prefetch's spec changed: its targets again, then the nodes it concerns and its status."""
     nodes = selection.retarget_prefetch(namespace, name)
@@ -151,7 +156,7 @@ def retarget_prefetch(namespace: str, name: str) -> int:
     return len(nodes)
 
 
-@shared_task(name="gpustack_models.retarget_node", acks_late=True)
+@shared_task(name=names.RETARGET_NODE, acks_late=True)
 def retarget_node(node: str) -> int:
     """A node's labels, existence or plugin changed: which label-selecting prefetches target it."""
     changed = selection.retarget_node(node)
@@ -161,12 +166,12 @@ def retarget_node(node: str) -> int:
     return len(changed)
 
 
-@shared_task(name="gpustack_models.reconcile_prefetch", acks_late=True)
+@shared_task(name=names.RECONCILE_PREFETCH, acks_late=True)
 def reconcile_prefetch(namespace: str, name: str) -> bool:
     return prefetches.reconcile_prefetch(namespace, name)
 
 
-@shared_task(name="gpustack_models.rollup_digest", acks_late=True)
+@shared_task(name=names.ROLLUP_DIGEST, acks_late=True)
 def rollup_digest(digest: str) -> int:
     written = rollup.rollup(digest)
     for namespace, name in prefetches.prefetches_of_digest(digest):
@@ -205,7 +210,7 @@ def check_mounts() -> int:
     return len(nodes)
 
 
-@shared_task(name="gpustack_models.record_events")
+@shared_task(name=names.RECORD_EVENTS)
 def record_events(regarding: dict, recorded: list[list[str]]) -> int:
     """Record Kubernetes Events about one object: ``[type, reason, message, series key]`` each."""
     for type_, reason, message, series_key in recorded:
@@ -247,10 +252,6 @@ def resync_node_stores() -> int:
 
 @shared_task(name="gpustack_models.purge_tombstones")
 def purge_tombstones(older_than_seconds: int = 600) -> int:
-    from datetime import timedelta
-
-    from django.utils import timezone
-
     cutoff = timezone.now() - timedelta(seconds=older_than_seconds)
     total = mirror.purge_tombstones(cutoff) + events.purge()
     close_old_connections()
