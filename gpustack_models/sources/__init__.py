@@ -4,6 +4,8 @@ No Django and no Kubernetes here: callers pass the endpoint, token, proxy and CA
 
 - ``huggingface.resolve`` / ``modelscope.resolve`` -> ``Resolution(commit, files, pinned, note)`` or
   ``SourceError`` (``pinned`` False: the hub named no commit, see ``Resolution``);
+- ``hub_errors``: what a hub's (or a peer's) status, error code and ``Retry-After`` mean, and the one
+  failure type (``Failure``: reason, message, retry-after) of resolution, downloads and peers;
 - ``manifest``: ``ManifestFile``, ``select_files`` (the patterns, exactly as huggingface_hub applies
   them), ``manifest_text`` / ``manifest_digest`` and ``build_manifest`` (select, refuse an empty
   result, digest).
@@ -14,6 +16,15 @@ import os
 # Read by huggingface_hub once, at import: set before anything here imports it.
 os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 
+from gpustack_models.sources.hub_errors import (
+    AccessDenied,
+    EmptyManifest,
+    Failure,
+    InvalidManifest,
+    RevisionNotFound,
+    SourceError,
+    SourceUnavailable,
+)
 from gpustack_models.sources.manifest import (
     InvalidPath,
     ManifestFile,
@@ -24,18 +35,11 @@ from gpustack_models.sources.manifest import (
     select_files,
     validate_path,
 )
-from gpustack_models.sources.resolution_errors import (
-    AccessDenied,
-    EmptyManifest,
-    InvalidManifest,
-    RevisionNotFound,
-    SourceError,
-    SourceUnavailable,
-)
 
 __all__ = [
     "AccessDenied",
     "EmptyManifest",
+    "Failure",
     "InvalidManifest",
     "InvalidPath",
     "ManifestFile",

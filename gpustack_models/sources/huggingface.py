@@ -49,15 +49,20 @@ from huggingface_hub.hf_api import ModelInfo, RepoFile
 from huggingface_hub.utils import get_session, parse_ratelimit_headers, set_client_factory
 from huggingface_hub.utils._http import hf_request_event_hook
 
-from gpustack_models.sources.manifest import ManifestFile, Resolution
-from gpustack_models.sources.resolution_errors import (
+from gpustack_models.sources.hub_errors import (
+    ACCESS_DENIED,
     AccessDenied,
+    Failure,
     InvalidManifest,
     RevisionNotFound,
-    SourceError,
     SourceUnavailable,
+    api_reason,
+    failure,
     missing_repository,
+    retry_after_seconds,
+    transient,
 )
+from gpustack_models.sources.manifest import ManifestFile, Resolution
 
 hf_constants.HF_HUB_DISABLE_TELEMETRY = True
 
@@ -91,15 +96,10 @@ class _HubUnavailable(Exception):
 
 
 def _retry_after(response: httpx2.Response) -> float | None:
-    """The hub's hint: ``Retry-After`` seconds, else the reset time of an exhausted ``RateLimit``."""
-    value = response.headers.get("Retry-After")
-    if value:
-        try:
-            seconds = float(value.strip())
-        except ValueError:
-            seconds = -1.0  # an HTTP date: not worth parsing, the caller backs off anyway
-        if seconds >= 0:
-            return seconds
+    """The hub's hint: its ``Retry-After``, else the reset time of an exhausted ``RateLimit``."""
+    seconds = retry_after_seconds(response.headers.get("Retry-After"))
+    if seconds is not None:
+        return seconds
     if response.status_code == 429:
         limit = parse_ratelimit_headers(response.headers)
         if limit is not None and limit.remaining == 0:
@@ -146,7 +146,7 @@ class _RoutingTransport(httpx2.BaseTransport):
             raise _HubUnavailable(
                 f"{request.method} {request.url.copy_with(query=None)}: {type(exc).__name__}: {exc}"
             ) from exc
-        if response.status_code == 429 or response.status_code >= 500:
+        if transient(response.status_code):
             try:
                 response.read()
             except httpx2.HTTPError:
@@ -201,27 +201,28 @@ def _call_settings(settings: _CallSettings):
 
 
 # --------------------------------------------------------------------------------------------------
-# Hub errors -> SourceError
+# Hub errors -> Failure (what a status means: ``hub_errors``)
 # --------------------------------------------------------------------------------------------------
 
 
-def _refused(error: type[SourceError], message: str) -> Callable[[Exception, str], SourceError]:
+def _refused(error: type[Failure], message: str) -> Callable[[Exception, str], Failure]:
     return lambda exc, where: error(f"{where}: {message}")
 
 
-def _transport_failed(exc: _HubUnavailable, where: str) -> SourceError:
+def _transport_failed(exc: _HubUnavailable, where: str) -> Failure:
     return SourceUnavailable(f"{where}: {exc}", retry_after=exc.retry_after)
 
 
-def _http_refused(exc: HfHubHTTPError, where: str) -> SourceError:
+def _http_refused(exc: HfHubHTTPError, where: str) -> Failure:
     status = exc.response.status_code if exc.response is not None else None
-    if status in (401, 403, 404):
+    reason = api_reason(status)
+    if reason == ACCESS_DENIED:
         return AccessDenied(f"{where}: HTTP {status}: {exc.server_message or 'refused'}")
-    return SourceUnavailable(f"{where}: unexpected HTTP {status}: {exc.server_message or exc}")
+    return failure(reason, f"{where}: unexpected HTTP {status}: {exc.server_message or exc}")
 
 
 # What each failure of the client means, first match wins (subclasses before their bases).
-_HUB_ERRORS: tuple[tuple[type[Exception] | tuple[type[Exception], ...], Callable[[Any, str], SourceError]], ...] = (
+_HUB_ERRORS: tuple[tuple[type[Exception] | tuple[type[Exception], ...], Callable[[Any, str], Failure]], ...] = (
     (_HubUnavailable, _transport_failed),
     (GatedRepoError, _refused(AccessDenied, "the repository is gated and this token has not been granted access")),
     (DisabledRepoError, _refused(AccessDenied, "access to the repository is disabled")),
@@ -239,7 +240,7 @@ _HUB_ERRORS: tuple[tuple[type[Exception] | tuple[type[Exception], ...], Callable
 )
 
 
-def _missing_repository(exc: Exception, where: str, token_given: bool) -> SourceError | None:
+def _missing_repository(exc: Exception, where: str, token_given: bool) -> Failure | None:
     """A repository the hub would not show (absent, or private to this caller), said for this caller."""
     if not isinstance(exc, HfHubHTTPError) or isinstance(exc, GatedRepoError):
         return None
@@ -251,7 +252,7 @@ def _missing_repository(exc: Exception, where: str, token_given: bool) -> Source
     return AccessDenied(f"{where}: {missing_repository(token_given)}{detail}")
 
 
-def _source_error(exc: Exception, where: str, token_given: bool = False) -> SourceError | None:
+def _source_error(exc: Exception, where: str, token_given: bool = False) -> Failure | None:
     missing = _missing_repository(exc, where, token_given)
     if missing is not None:
         return missing
@@ -263,7 +264,7 @@ def _source_error(exc: Exception, where: str, token_given: bool = False) -> Sour
 
 @contextlib.contextmanager
 def _hub_errors(where: str, token_given: bool):
-    """Turn the client's failures inside the block into the ``SourceError`` they mean."""
+    """Turn the client's failures inside the block into the ``Failure`` they mean."""
     try:
         yield
     except Exception as exc:

@@ -25,7 +25,7 @@ from typing import Literal
 
 from huggingface_hub.utils import filter_repo_objects
 
-from gpustack_models.sources.resolution_errors import EmptyManifest, InvalidManifest
+from gpustack_models.sources.hub_errors import EmptyManifest, InvalidManifest
 
 MANIFEST_HEADER = "gpustack-manifest v1\n"
 

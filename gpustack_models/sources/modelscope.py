@@ -57,15 +57,20 @@ from modelscope_hub.errors import (
 )
 from modelscope_hub.utils import build_user_agent
 
-from gpustack_models.sources.manifest import ManifestFile, Resolution, validate_path
-from gpustack_models.sources.resolution_errors import (
+from gpustack_models.sources.hub_errors import (
+    ACCESS_DENIED,
+    MISSING,
+    REVISION_NOT_FOUND,
     AccessDenied,
     InvalidManifest,
     RevisionNotFound,
-    SourceError,
     SourceUnavailable,
+    failure,
     missing_repository,
+    modelscope_reason,
+    retry_after_seconds,
 )
+from gpustack_models.sources.manifest import ManifestFile, Resolution, validate_path
 
 DEFAULT_REVISION = "master"
 # ModelScope's ``repo/files`` returns at most this many entries, whatever the directory holds.
@@ -78,29 +83,12 @@ _COMMIT = re.compile(r"[0-9a-f]{40}")
 _SHORT_ID = re.compile(r"[0-9a-f]{7,40}")
 # At most this many commits of the listed files are listed to find the revision's commit.
 MAX_COMMIT_CANDIDATES = 3
-# ModelScope answers many refusals with HTTP 200 and ``{"Code": <business code>, "Message", "RequestId",
-# "Success": false}``; modelscope_hub reads these codes (its ``errors`` module) as: HTTP statuses echoed
-# by the ``/api/v1`` surface, numeric business codes, and the OpenAPI surface's names. What each means
-# here: "denied" is ``AccessDenied``, "missing" the caller's ``on_missing`` (``AccessDenied`` for the
-# repository, ``RevisionNotFound`` for a listing at a revision). Any other code, the client's retryable
-# ones (429, 5xx, ``RateLimitExceed``) included, is ``SourceUnavailable``.
-_REFUSALS = {
-    "401": "denied",
-    "403": "denied",
-    "10010103009": "denied",  # AccessToken is invalid or expired
-    "InvalidAuthentication": "denied",
-    "OperationNotAllowed": "denied",
-    "400": "missing",
-    "404": "missing",
-    "InputParameterError": "missing",
-    "ResourceNotFound": "missing",
-}
 # Stable per process, so the client's user agent never needs the credentials directory.
 _SESSION_ID = uuid.uuid4().hex
 
 
 class _Hub:
-    """One resolution's view of the ``/api/v1`` surface, errors mapped to ``SourceError``."""
+    """One resolution's view of the ``/api/v1`` surface, errors mapped to ``Failure``."""
 
     def __init__(
         self,
@@ -134,13 +122,13 @@ class _Hub:
         params: dict[str, Any] | None,
         *,
         what: str,
-        on_missing: type[SourceError],
+        on_missing: str,
         missing: str,
     ) -> Any:
         """GET an ``/api/v1`` path and return the envelope's ``Data``.
 
         ``what`` names the call in messages; a 404 or 400 (as an HTTP status or as the business code
-        of a refused envelope) raises ``on_missing`` saying ``missing``.
+        of a refused envelope) fails for the reason ``on_missing``, saying ``missing``.
         """
         with _client_errors(what, on_missing, missing, self.denied):
             response = self.client._request("GET", path, params=params, timeout=self.timeout, single_attempt=True)
@@ -155,7 +143,7 @@ class _Hub:
             f"models/{self.repository}",
             None,
             what=f"{self.repository}: model info",
-            on_missing=AccessDenied,
+            on_missing=ACCESS_DENIED,
             missing=self.denied,
         )
 
@@ -164,7 +152,7 @@ class _Hub:
             f"models/{self.repository}/revisions",
             None,
             what=f"{self.repository}: revisions",
-            on_missing=AccessDenied,
+            on_missing=ACCESS_DENIED,
             missing=self.denied,
         )
         names: set[str] = set()
@@ -187,7 +175,7 @@ class _Hub:
             f"models/{self.repository}/repo/files",
             params,
             what=f"{where}: file listing",
-            on_missing=RevisionNotFound,
+            on_missing=REVISION_NOT_FOUND,
             missing="no such revision or directory",
         )
         if not isinstance(data, dict) or not isinstance(data.get("Files"), list):
@@ -200,21 +188,25 @@ class _Hub:
 
 
 # --------------------------------------------------------------------------------------------------
-# Hub errors -> SourceError
+# Hub errors -> Failure (what a business code means: ``hub_errors.modelscope_reason``)
 # --------------------------------------------------------------------------------------------------
 
 
 @contextlib.contextmanager
-def _client_errors(what: str, on_missing: type[SourceError], missing: str, denied: str):
-    """Turn the client's failures inside the block (HTTP errors, network) into ``SourceError``."""
+def _client_errors(what: str, on_missing: str, missing: str, denied: str):
+    """Turn the client's failures inside the block (HTTP errors, network) into ``Failure``.
+
+    The client reads statuses and business codes into its error classes; they mean what the same
+    codes mean in a refused envelope (``_check_envelope``)."""
     try:
         yield
     except (RateLimitError, ServerError, NetworkError) as exc:
-        raise SourceUnavailable(f"{what}: {_first_line(exc)}", retry_after=_seconds(exc)) from None
+        retry_after = retry_after_seconds(getattr(exc, "retry_after", None))
+        raise SourceUnavailable(f"{what}: {_first_line(exc)}", retry_after=retry_after) from None
     except (AuthenticationError, PermissionDeniedError) as exc:
         raise AccessDenied(f"{what}: {denied} ({_first_line(exc)})") from None
     except (NotExistError, InvalidParameter) as exc:
-        raise on_missing(f"{what}: {missing} ({_first_line(exc)})") from None
+        raise failure(on_missing, f"{what}: {missing} ({_first_line(exc)})") from None
     except APIError as exc:
         raise SourceUnavailable(f"{what}: {_first_line(exc)}") from None
     except (HubError, requests.RequestException, ValueError) as exc:
@@ -228,12 +220,13 @@ def _field(body: dict[str, Any], name: str, default: Any = None) -> Any:
     return body.get(name.lower(), default)
 
 
-def _check_envelope(body: dict[str, Any], what: str, on_missing: type[SourceError], missing: str, denied: str) -> None:
-    """Raise the ``SourceError`` an envelope refusing the request (even with HTTP 200) means.
+def _check_envelope(body: dict[str, Any], what: str, on_missing: str, missing: str, denied: str) -> None:
+    """Raise the ``Failure`` an envelope refusing the request (even with HTTP 200) means.
 
     An envelope is a refusal when ``Success`` is false or ``Code`` is not 200 (an absent ``Code``
-    counts as 200). The business code decides what it means, see ``_REFUSALS``; a code not listed
-    there (a server-side failure, a quota, anything new) is ``SourceUnavailable``, never a success.
+    counts as 200). The business code decides what it means, see ``hub_errors.modelscope_reason``; a
+    code it does not list (a server-side failure, a quota, anything new) is ``SourceUnavailable``,
+    never a success.
     """
     code = _field(body, "Code", 200)
     if _field(body, "Success") is not False and str(code) == "200":
@@ -241,25 +234,17 @@ def _check_envelope(body: dict[str, Any], what: str, on_missing: type[SourceErro
     message = _field(body, "Message") or "no message"
     request_id = _field(body, "RequestId")
     detail = f"the hub refused with code {code}: {message}" + (f", request id {request_id}" if request_id else "")
-    refusal = _REFUSALS.get(str(code).strip())
-    if refusal == "denied":
+    reason = modelscope_reason(code)
+    if reason == ACCESS_DENIED:
         raise AccessDenied(f"{what}: {denied} ({detail})")
-    if refusal == "missing":
-        raise on_missing(f"{what}: {missing} ({detail})")
-    raise SourceUnavailable(f"{what}: {detail}")
+    if reason == MISSING:
+        raise failure(on_missing, f"{what}: {missing} ({detail})")
+    raise failure(reason, f"{what}: {detail}")
 
 
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip()
     return text.splitlines()[0] if text else type(exc).__name__
-
-
-def _seconds(exc: BaseException) -> float | None:
-    value = getattr(exc, "retry_after", None)
-    try:
-        return float(value) if value is not None and float(value) >= 0 else None
-    except (TypeError, ValueError):
-        return None
 
 
 def _entry_path(entry: Any) -> str:

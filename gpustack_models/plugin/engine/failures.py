@@ -1,10 +1,11 @@
 """Why a download on a node failed, and when it may be tried again.
 
-The reasons are the ones a NodeModelStore reports for a model on its node:
+The reasons are the ones a NodeModelStore reports for a model on its node (named, like what a hub's
+statuses mean, in ``sources.hub_errors``):
 
 - ``InvalidRequest``: the fetch ticket is unusable (bad digest, manifest not matching its digest,
-  unknown source, bad endpoint);
-- ``AccessDenied``: the hub refused the files (401, 403, 404);
+  unknown source, bad endpoint), or the hub said so (400, 422);
+- ``AccessDenied``: the hub refused the files (401, 403, 404, 410);
 - ``SourceUnavailable``: the hub did not answer usefully (5xx, 429, network errors, stalls past the
   retries);
 - ``IntegrityMismatch``: a file's size or hash, or the manifest digest recomputed from the
@@ -28,12 +29,15 @@ import time
 from collections.abc import Callable, Hashable, Iterable
 from typing import TypeVar
 
-INVALID_REQUEST = "InvalidRequest"
-ACCESS_DENIED = "AccessDenied"
-SOURCE_UNAVAILABLE = "SourceUnavailable"
-INTEGRITY_MISMATCH = "IntegrityMismatch"
-INSUFFICIENT_CAPACITY = "InsufficientCapacity"
-CANCELED = "Canceled"
+from gpustack_models.sources.hub_errors import (
+    ACCESS_DENIED,
+    CANCELED,
+    INSUFFICIENT_CAPACITY,
+    INTEGRITY_MISMATCH,
+    INVALID_REQUEST,
+    SOURCE_UNAVAILABLE,
+    Failure,
+)
 
 REASONS = (INVALID_REQUEST, ACCESS_DENIED, SOURCE_UNAVAILABLE, INTEGRITY_MISMATCH, INSUFFICIENT_CAPACITY, CANCELED)
 
@@ -47,8 +51,8 @@ SOURCE_PENALTY_SECONDS = 300.0
 S = TypeVar("S")
 
 
-class DownloadFailed(Exception):
-    """A download stopped for ``reason`` (one of ``REASONS``); ``message`` is for humans.
+class DownloadFailed(Failure):
+    """A download stopped for ``reason``, one of the node's ``REASONS`` (any other is a ``ValueError``).
 
     ``retry_after`` carries the hub's own ``Retry-After`` hint (seconds) when it gave one; the
     backoff never retries earlier than that hint.
@@ -57,16 +61,7 @@ class DownloadFailed(Exception):
     def __init__(self, reason: str, message: str, *, retry_after: float | None = None):
         if reason not in REASONS:
             raise ValueError(f"unknown failure reason {reason!r}")
-        super().__init__(message)
-        self.reason = reason
-        self.message = message
-        self.retry_after = retry_after
-
-    def __str__(self) -> str:
-        return f"{self.reason}: {self.message}"
-
-    def __repr__(self) -> str:
-        return f"DownloadFailed({self.reason!r}, {self.message!r})"
+        super().__init__(reason, message, retry_after=retry_after)
 
 
 def backoff_seconds(failures: int, retry_after: float | None = None, initial: float = BACKOFF_INITIAL_SECONDS) -> float:

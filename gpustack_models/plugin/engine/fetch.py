@@ -6,8 +6,9 @@ worker's buffer, each read first taking its bytes from the node-wide rate limite
 ``pwrite`` at its offset and handed to the hash frontier. A read that stalls (no byte for
 ``stall_timeout``) or a connection that drops is retried from the part's first byte not written,
 at most ``range_retries`` times; a 5xx or 429 answer is retried ``http_retries`` times, honouring
-the hub's ``Retry-After`` up to ``http_retry_max_wait``. Disk errors are not retried: they come out
-of ``disk`` as ``DiskError`` and pass through untouched.
+the hub's ``Retry-After`` up to ``http_retry_max_wait``; any other status fails the part for the reason
+``sources.hub_errors.file_reason`` names. Disk errors are not retried: they come out of ``disk`` as
+``DiskError`` and pass through untouched.
 
 A part is asked of the ticket's sources in turn: when one fails it (a refusal, a 404, the hub
 unavailable past the retries: ``FALLTHROUGH_REASONS``), the next one takes over from the part's first
@@ -27,24 +28,24 @@ from collections.abc import Callable
 from urllib.parse import urlsplit
 
 from gpustack_models.plugin.engine import disk
-from gpustack_models.plugin.engine.failures import (
-    ACCESS_DENIED,
-    FALLTHROUGH_REASONS,
-    INTEGRITY_MISMATCH,
-    INVALID_REQUEST,
-    SOURCE_UNAVAILABLE,
-    DownloadFailed,
-    SourcePenalties,
-)
+from gpustack_models.plugin.engine.failures import FALLTHROUGH_REASONS, DownloadFailed, SourcePenalties
 from gpustack_models.plugin.engine.frontier import HashFrontier
 from gpustack_models.plugin.engine.limits import RateLimiter
 from gpustack_models.plugin.engine.ranges import FileProgress
 from gpustack_models.plugin.engine.ticket import FetchTicket, HubSource, origin
 from gpustack_models.plugin.engine.transport import ConnectionPool, HttpError, Response
+from gpustack_models.sources.hub_errors import (
+    ACCESS_DENIED,
+    INTEGRITY_MISMATCH,
+    SOURCE_UNAVAILABLE,
+    error_code_detail,
+    file_reason,
+    retry_after_seconds,
+    transient,
+)
 
 log = logging.getLogger(__name__)
 _CONTENT_RANGE = re.compile(r"bytes\s+(\d+)-(\d+)/(\d+|\*)")
-_REFUSED = (401, 403, 404, 410)
 
 
 class _Retry(Exception):
@@ -63,17 +64,6 @@ class _HubStatus(Exception):
         self.retry_after = retry_after
 
 
-def _retry_after(response: Response) -> float | None:
-    value = response.header("Retry-After")
-    if not value:
-        return None
-    try:
-        seconds = float(value.strip())
-    except ValueError:
-        return None
-    return seconds if seconds >= 0 else None
-
-
 def _where(url: str) -> str:
     """A URL for messages: the origin only. Messages end up in the node's status, which must not
     name a repository; signed CDN links also carry signatures in their query."""
@@ -82,10 +72,9 @@ def _where(url: str) -> str:
 
 
 def _error_detail(response: Response) -> str:
-    # The hub's error code only: its free-text message may name the repository.
     code = response.header("X-Error-Code")
     response.drain_small()
-    return f" ({code[:64]})" if code and code.isprintable() else ""
+    return error_code_detail(code)
 
 
 def _status_error(f: FileProgress, response: Response, pos: int, end: int) -> Exception:
@@ -93,18 +82,16 @@ def _status_error(f: FileProgress, response: Response, pos: int, end: int) -> Ex
     status = response.status
     detail = _error_detail(response)
     where = f"{f.file.path}: GET {_where(response.url)}"
-    if status in _REFUSED:
-        return DownloadFailed(ACCESS_DENIED, f"{where} answered HTTP {status}{detail}")
-    if status == 416:
+    if transient(status):
+        retry_after = retry_after_seconds(response.header("Retry-After"))
+        return _HubStatus(f"{where} answered HTTP {status}{detail}", retry_after)
+    reason = file_reason(status)
+    if reason == INTEGRITY_MISMATCH:
         f.bad = True
-        return DownloadFailed(
-            INTEGRITY_MISMATCH, f"{where} refused bytes {pos}-{end - 1}: the hub's file is shorter than {f.size}"
-        )
-    if status == 429 or status >= 500:
-        return _HubStatus(f"{where} answered HTTP {status}{detail}", _retry_after(response))
-    if status in (400, 422):
-        return DownloadFailed(INVALID_REQUEST, f"{where} answered HTTP {status}{detail}")
-    return DownloadFailed(SOURCE_UNAVAILABLE, f"{where} answered unexpected HTTP {status}{detail}")
+        return DownloadFailed(reason, f"{where} refused bytes {pos}-{end - 1}: the hub's file is shorter than {f.size}")
+    if reason == SOURCE_UNAVAILABLE:
+        return DownloadFailed(reason, f"{where} answered unexpected HTTP {status}{detail}")
+    return DownloadFailed(reason, f"{where} answered HTTP {status}{detail}")
 
 
 def _size_mismatch(f: FileProgress, served) -> DownloadFailed:
@@ -316,7 +303,7 @@ class RangeFetcher:
                 # Later parts go straight to where the redirect led (the CDN), not via the hub.
                 f.url = response.url if origin(response.url) != origin(hub.endpoint) else None
                 return response
-            if response.status in _REFUSED and cached:
+            if cached and file_reason(response.status) == ACCESS_DENIED:
                 _error_detail(response)
                 f.url = None  # an expired or revoked CDN link: ask the hub again
                 continue

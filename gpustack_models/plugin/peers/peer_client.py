@@ -4,7 +4,7 @@
   [[start, end], ...]}]}``, the half-open ranges the peer holds; 404 when it holds nothing.
 - ``GET {url}/peer/v1/trees/<hex>/files/<path>`` with ``Range: bytes=a-b``: 206 with exactly those
   bytes; 416 when the peer does not hold the whole range; 503 with ``Retry-After`` at its connection
-  limit; 401/403 refusals.
+  limit; 401/403 refusals (``sources.hub_errors.peer_reason`` says what each status means).
 
 Every request carries ``Authorization: Bearer <peer token>`` (``PeerAccess.token()``, read per
 request so a rotated token is used at once) and the peer's certificate is verified against the
@@ -31,6 +31,7 @@ from gpustack_models.plugin.engine.ticket import FetchTicket, PeerSource, origin
 from gpustack_models.plugin.engine.transport import ConnectionPool, HttpError, Response
 from gpustack_models.plugin.peers.contract import PREFIX
 from gpustack_models.plugin.peers.swarm import Segment
+from gpustack_models.sources.hub_errors import ACCESS_DENIED, BUSY, NOT_HELD, peer_reason, retry_after_seconds
 
 _CONTENT_RANGE = re.compile(r"bytes\s+(\d+)-(\d+)/(\d+|\*)")
 _MAX_TREE_BYTES = 8 * 1024 * 1024
@@ -72,10 +73,9 @@ class Stale(Exception):
 
 
 def _retry_after(response: Response) -> float:
-    try:
-        return max(0.0, float((response.header("Retry-After") or "1").strip()))
-    except ValueError:
-        return 1.0
+    """A busy peer's ``Retry-After``, 1 second when it gave none that reads."""
+    seconds = retry_after_seconds(response.header("Retry-After"))
+    return 1.0 if seconds is None else seconds
 
 
 def parse_tree(document, sizes: dict[str, int]) -> tuple[str, dict[str, list[tuple[int, int]]]]:
@@ -141,10 +141,11 @@ class PeerClient:
 
     def tree(self, peer: PeerSource, sizes: dict[str, int]) -> tuple[str, dict[str, list[tuple[int, int]]]]:
         response = self._get(self._polls, peer, "", {})
+        answer = peer_reason(response.status, tree=True)
         try:
-            if response.status in (401, 403):
+            if answer == ACCESS_DENIED:
                 raise PeerRefused(f"tree answered HTTP {response.status}")
-            if response.status in (404, 503):  # nothing held yet, or busy: nothing to take from it now
+            if answer in (NOT_HELD, BUSY):  # nothing held yet, or busy: nothing to take from it now
                 response.drain_small()
                 return "Downloading", {}
             if response.status != 200 or (response.length or 0) > _MAX_TREE_BYTES:
@@ -188,11 +189,12 @@ class PeerClient:
                 raise PeerError(f"unexpected Content-Range {response.header('Content-Range')!r}")
             return
         response.drain_small()
-        if status == 416:
+        answer = peer_reason(status)
+        if answer == NOT_HELD:
             raise PeerMissing()
-        if status == 503:
+        if answer == BUSY:
             raise PeerBusy(_retry_after(response))
-        if status in (401, 403, 404):
+        if answer == ACCESS_DENIED:
             raise PeerRefused(f"answered HTTP {status}")
         raise PeerError(f"answered HTTP {status}")
 
