@@ -10,8 +10,8 @@ from prometheus_client import generate_latest
 
 from gpustack_models.plugin.engine import DOWNLOADING, FAILED, READY, Metrics, backoff_seconds
 from gpustack_models.plugin.engine.cache import read_json
-from gpustack_models.plugin.engine.jobs import rfc3339
 from gpustack_models.plugin.engine.limits import RateLimiter
+from gpustack_models.plugin.engine.records import rfc3339
 from tests.plugin.conftest import InFlight, KiB, MiB, random_bytes, settings, ticket_for, tree_files, wait_for
 
 
@@ -549,7 +549,7 @@ def test_it_evicts_to_make_room_and_says_how_many_bytes_are_missing(fakehub, mak
     engine.set_wanted([{"digest": t["kept"].digest}, {"digest": big.digest}, {"digest": huge.digest}])
     assert engine.collect() == []  # 30 %: no pressure
 
-    with caplog.at_level("INFO", logger="gpustack_models.plugin.engine.jobs"):
+    with caplog.at_level("INFO", logger="gpustack_models.plugin.engine.capacity"):
         engine.ensure(big)  # 3 MiB held + 3 MiB > 5 MiB: the least recently used out-of-spec tree goes
         assert engine.wait(big.digest, timeout=30).state == READY
     assert engine.entry(t["older"].digest) is None and engine.path(t["older"].digest) is None

@@ -13,6 +13,7 @@ from gpustack_models.local import pki
 from gpustack_models.plugin.engine import READY, DownloadSettings
 from gpustack_models.plugin.engine.ranges import FileProgress
 from gpustack_models.plugin.engine.ticket import PeerSource, usable_peers
+from gpustack_models.plugin.node.agent import peer_fan_out
 from gpustack_models.plugin.peers.peer_client import PeerAccess, PeerError, parse_tree
 from gpustack_models.plugin.peers.swarm import HUB, Board, Finished, SwarmSettings, segment_size
 from gpustack_models.sources.manifest import ManifestFile
@@ -67,7 +68,7 @@ def with_peers(ticket, hubs, names=None, state="Ready"):
 
 def engine_with_peers(make_engine, ca, **swarm):
     access = PeerAccess(token=lambda: TOKEN, ca_file=ca)
-    return make_engine(settings=DownloadSettings(**FAST), node="me", peers=access, swarm=SwarmSettings(**swarm))
+    return make_engine(settings=DownloadSettings(**FAST), fan_out=peer_fan_out("me", access, SwarmSettings(**swarm)))
 
 
 def served(hub) -> int:
@@ -292,7 +293,7 @@ def test_a_lone_download_takes_the_hubs_parts_until_a_peer_shows_up_then_the_res
 
     access = PeerAccess(token=lambda: TOKEN, ca_file=pki_files[0], refresh=refresh)
     swarm = SwarmSettings(peer_refresh=0.2, peer_poll=0.1)
-    engine = make_engine(settings=DownloadSettings(**FAST), node="me", peers=access, swarm=swarm)
+    engine = make_engine(settings=DownloadSettings(**FAST), fan_out=peer_fan_out("me", access, swarm))
 
     engine.ensure(alone)  # no peer in the ticket
     wait_for(lambda: served(fakehub) > 0, timeout=10)
@@ -310,7 +311,7 @@ def test_a_node_alone_asks_the_hub_at_once(fakehub, origin, pki_files, make_engi
     alone = dataclasses.replace(origin, joining=0)
     access = PeerAccess(token=lambda: TOKEN, ca_file=pki_files[0], refresh=lambda digest: alone)
     swarm = SwarmSettings(peer_settle=60.0)  # a wait for peers would outlast the test
-    engine = make_engine(settings=DownloadSettings(**FAST), node="me", peers=access, swarm=swarm)
+    engine = make_engine(settings=DownloadSettings(**FAST), fan_out=peer_fan_out("me", access, swarm))
 
     engine.ensure(alone)
     entry = engine.wait(origin.digest, timeout=30)
@@ -330,7 +331,7 @@ def test_the_hub_waits_for_nodes_still_joining_and_not_once_none_is(joining, fak
 
     access = PeerAccess(token=lambda: TOKEN, ca_file=pki_files[0], refresh=refresh)
     swarm = SwarmSettings(peer_settle=60.0, peer_poll=0.1, peer_refresh=5.0)
-    engine = make_engine(settings=DownloadSettings(**FAST), node="me", peers=access, swarm=swarm)
+    engine = make_engine(settings=DownloadSettings(**FAST), fan_out=peer_fan_out("me", access, swarm))
 
     engine.ensure(dataclasses.replace(origin, joining=joining))
     wait_for(lambda: len(asked) >= 5, timeout=10)  # the ticket asked for again at every poll meanwhile

@@ -1,11 +1,19 @@
 """The node plugin's download engine: a node-local, content-addressed cache filled from the hubs.
 
-No Django and no Kubernetes here: the plugin's glue (watching the node's NodeModelStore, writing its
-status, fetching tickets from the worker, serving live progress) drives an ``Engine``.
+No Django, no Kubernetes and no peers here: the plugin's glue (watching the node's NodeModelStore,
+writing its status, fetching tickets from the worker, serving live progress, building the fan-out to
+the tickets' peers from ``plugin.peers``) drives an ``Engine``.
 
+- ``facade``: ``Engine``, the API for the glue; it puts together the three parts below:
+  - ``records``: what is known of each digest (``Item``), its record on disk, and the ``Entry`` the
+    status reports;
+  - ``capacity``: how long what left ``spec.models`` stays (``Retention``), the bytes the cache holds
+    against the volume's watermarks and what is evicted first (``Capacity``);
+  - ``jobs``: the running downloads, one per digest: started, reserved, settled, cancelled; the backoff;
+- ``lifecycle``: a ``spec.models`` item as the engine needs it (``Wanted``);
 - ``ticket``: ``FetchTicket``, what to download, from which sources (``HubSource``) in which order, and
   how each hub names a file's bytes;
-- ``cache``: the layout on disk (published trees, partial work, per-digest records), capacity;
+- ``cache``: the layout on disk (published trees, partial work, per-digest records);
 - ``download``: the resumable, parallel range downloader that hashes while it writes and publishes
   a verified tree with one rename; it runs the steps of the modules below:
   - ``ranges``: one file's written ranges, hash frontier and hash;
@@ -15,18 +23,18 @@ status, fetching tickets from the worker, serving live progress) drives an ``Eng
   - ``publish``: the final verification of the tree and its publishing rename;
   - ``sharing``: files a Ready tree of the node holds, hard-linked instead of fetched, counted once;
   - ``disk``: the partial files' disk operations, whose failures (``DiskError``) are never retried;
-  - ``swarm``, ``fanout``, ``peer_client``: fetching from the ticket's peers and the hub at once (which
-    segment from which source), carrying it out, and the peers' endpoints as a client;
+  - ``peering``: what a download asks of the fan-out to the ticket's peers (``plugin.peers.fanout``
+    is the one the glue gives);
 - ``hashing``: sha256 / git blob sha1 whose running state can be checkpointed;
 - ``limits``: node-wide connection slots and rate limiter;
 - ``transport``: keep-alive HTTP with the ticket's proxy and CA bundle, redirects followed;
-- ``engine``: ``Engine``, the API for the glue;
 - ``metrics``: Prometheus metrics (no tenant or digest in any label);
 - ``failures``: the failure reasons, the retry backoff, and the sources that failed lately.
 """
 
 from gpustack_models.plugin.engine.cache import Cache
 from gpustack_models.plugin.engine.download import Download, DownloadSettings, Limits
+from gpustack_models.plugin.engine.facade import Engine
 from gpustack_models.plugin.engine.failures import (
     ACCESS_DENIED,
     CANCELED,
@@ -40,8 +48,9 @@ from gpustack_models.plugin.engine.failures import (
     backoff_seconds,
 )
 from gpustack_models.plugin.engine.hashing import FileHash, resumable_available
-from gpustack_models.plugin.engine.jobs import DOWNLOADING, FAILED, READY, Engine, Entry
 from gpustack_models.plugin.engine.metrics import Metrics
+from gpustack_models.plugin.engine.peering import FanOutFactory
+from gpustack_models.plugin.engine.records import DOWNLOADING, FAILED, READY, Entry
 from gpustack_models.plugin.engine.ticket import HUGGING_FACE, MODEL_SCOPE, FetchTicket, HubSource
 
 __all__ = [
@@ -63,6 +72,7 @@ __all__ = [
     "DownloadSettings",
     "Engine",
     "Entry",
+    "FanOutFactory",
     "FetchTicket",
     "FileHash",
     "HubSource",

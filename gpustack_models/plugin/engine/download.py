@@ -62,13 +62,11 @@ from gpustack_models.plugin.engine.failures import (
 from gpustack_models.plugin.engine.fetch import RangeFetcher
 from gpustack_models.plugin.engine.frontier import HashFrontier
 from gpustack_models.plugin.engine.limits import Limits
+from gpustack_models.plugin.engine.peering import FanOutFactory
 from gpustack_models.plugin.engine.publish import verify_and_publish
 from gpustack_models.plugin.engine.ranges import FileProgress
 from gpustack_models.plugin.engine.sharing import link_existing
 from gpustack_models.plugin.engine.ticket import FetchTicket, ticket_files
-from gpustack_models.plugin.peers.fanout import FanOut
-from gpustack_models.plugin.peers.peer_client import PeerAccess
-from gpustack_models.plugin.peers.swarm import SwarmSettings
 from gpustack_models.sources.manifest import ManifestFile
 
 __all__ = ["CHECKPOINT_VERSION", "Download", "DownloadSettings", "Limits"]
@@ -117,9 +115,8 @@ class Download:
     any thread. ``downloaded_bytes`` (bytes written and hashed so far), ``size`` and
     ``remaining_bytes`` (not yet on disk) are cheap to read at any time. ``penalties``: the sources
     that failed lately on the node, shared by its downloads (the download's own when not given).
-    ``node`` and ``peers`` (``PeerAccess``): this node's name and how it reaches other nodes' plugins;
-    with both, the ticket's peers are asked too (``fanout``), ``on_peer_bytes(node, n)`` hearing of
-    the bytes each sends; ``swarm`` tunes the fan-out.
+    ``fan_out`` (``peering``): with it, the ticket's peers are asked too, through the fan-out it builds
+    for this download, ``on_peer_bytes(node, n)`` hearing of the bytes each sends.
     """
 
     def __init__(
@@ -131,10 +128,8 @@ class Download:
         *,
         on_bytes: Callable[[int], None] | None = None,
         penalties: SourcePenalties | None = None,
-        node: str = "",
-        peers: PeerAccess | None = None,
+        fan_out: FanOutFactory | None = None,
         on_peer_bytes: Callable[[str, int], None] | None = None,
-        swarm: SwarmSettings | None = None,
     ):
         self.ticket = ticket
         self.digest = ticket.digest
@@ -160,7 +155,7 @@ class Download:
         self._fetcher = RangeFetcher(
             ticket, self.settings, self.limits.rate, self._frontier, self._stop, self._stat, on_bytes, penalties
         )
-        self.fanout = FanOut(ticket, node, peers, self, swarm, on_peer_bytes) if node and peers else None
+        self.fanout = fan_out(ticket, self, on_peer_bytes) if fan_out is not None else None
 
     # ---------------------------------------------------------------- progress (any thread)
 

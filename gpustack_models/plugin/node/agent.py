@@ -26,13 +26,14 @@ from gpustack_models.kube.watch import Collection, WatchHandler, watch_forever
 from gpustack_models.plugin.csi.driver import Driver, IdentityService, NodeService
 from gpustack_models.plugin.csi.mount_client import WorkerMounts
 from gpustack_models.plugin.csi.registration import CsiServers
-from gpustack_models.plugin.engine import FAILED, READY, DownloadSettings, Engine, FetchTicket
+from gpustack_models.plugin.engine import FAILED, READY, DownloadSettings, Engine, FanOutFactory, FetchTicket
 from gpustack_models.plugin.engine.failures import DownloadFailed
 from gpustack_models.plugin.engine.metrics import Metrics
 from gpustack_models.plugin.node.endpoints import serve
 from gpustack_models.plugin.node.serving_cert import WorkerCertificate
 from gpustack_models.plugin.node.status_writer import StatusWriter
 from gpustack_models.plugin.peers.contract import FileToken
+from gpustack_models.plugin.peers.fanout import FanOut
 from gpustack_models.plugin.peers.peer_client import PeerAccess
 from gpustack_models.plugin.peers.peer_server import (
     PeerAdmission,
@@ -42,6 +43,7 @@ from gpustack_models.plugin.peers.peer_server import (
     set_upload_limits,
     upload_limits,
 )
+from gpustack_models.plugin.peers.swarm import SwarmSettings
 
 log = logging.getLogger(__name__)
 
@@ -83,6 +85,18 @@ MOUNT_TOUCH_SECONDS = 60.0  # a mounted tree's lastUsedTime is moved this often
 RELEASE_RETRY_EVERY = 5  # reconcile passes (2 s each) between retries of releases the worker did not take
 
 
+def peer_fan_out(node: str, access: PeerAccess | None, swarm: SwarmSettings | None = None) -> FanOutFactory | None:
+    """How the engine's downloads take what the tickets' peers hold (``peers.fanout``): this node's name,
+    how it reaches other nodes' plugins, and the swarm's tuning; ``None`` (hubs only) without either."""
+    if not node or access is None:
+        return None
+
+    def fan_out(ticket: FetchTicket, download, on_peer_bytes) -> FanOut:
+        return FanOut(ticket, node, access, download, swarm, on_peer_bytes)
+
+    return fan_out
+
+
 class StoreWatch(WatchHandler):
     """The plugin's own NodeModelStore, as the watch sees it."""
 
@@ -117,8 +131,7 @@ class Plugin:
             retry_base=settings.retry_base,
             removal_delay=settings.removal_delay_seconds,
             partial_retention=settings.partial_retention_seconds,
-            node=settings.node,
-            peers=self._peer_access(),
+            fan_out=peer_fan_out(settings.node, self._peer_access()),
         )
         self.writer = StatusWriter(self)
         self.generation = 0
