@@ -34,10 +34,12 @@ helm:
 run: venv controlplane
 	$(PY) manage.py runlocal
 
-# Lint, format, the Dockerfile, and nothing generated out of date (migrations, deploy/).
+# Lint, format, the imports' contracts (pyproject.toml), the Dockerfile, and nothing generated out of date
+# (migrations, deploy/).
 lint: venv
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/lint-imports --no-cache
 	$(VENV)/bin/hadolint Dockerfile
 	$(PY) manage.py makemigrations --check --dry-run
 	$(PY) manage.py writemanifests --check
