@@ -2,9 +2,10 @@
 worker's task module, which imports them.
 
 ``send(name, *args, **kwargs)`` is ``delay(*args, **kwargs)`` of the task registered under ``name`` where
-this process registered it (the Celery worker: the task's own options, ``CELERY_TASK_ALWAYS_EAGER``);
-elsewhere (the informers' process) the same message goes out by name through the Celery app: one name,
-one route, one queue either way.
+this process registered it (the Celery worker: the task's own options); elsewhere (the informers' process)
+the same message goes out by name through the Celery app: one name, one route, one queue either way. With
+``CELERY_TASK_ALWAYS_EAGER`` (tasks run where they are sent) a process loads the app's task modules first,
+as a worker does, so the task runs in it.
 """
 
 from __future__ import annotations
@@ -19,9 +20,17 @@ MIRROR_PRUNE = "gpustack_models.mirror_prune"
 RECORD_INFORMER = "gpustack_models.record_informer"
 
 
+def _registered(name: str):
+    task = current_app.tasks.get(name)
+    if task is None and current_app.conf.task_always_eager:
+        current_app.loader.import_default_modules()  # Celery's task discovery, as a worker starts it
+        task = current_app.tasks.get(name)
+    return task
+
+
 def send(name: str, *args, **kwargs) -> None:
     """Enqueue the task ``name`` with these arguments (see the module's docstring)."""
-    task = current_app.tasks.get(name)
+    task = _registered(name)
     if task is not None:
         task.delay(*args, **kwargs)
     else:
