@@ -7,11 +7,11 @@ recorded ``Failed`` instead). A started download first reserves its remaining by
 high watermark, beside what the other running downloads still have to write (``capacity``: what may be
 evicted goes when that makes it fit; else it fails with ``InsufficientCapacity``), then runs.
 
-How it ended is recorded: ``Ready`` (failures forgotten, last use now, ``Hub`` or ``Peer`` by where most
-bytes came from); ``Failed`` with the reason and the next ``retryTime`` of the backoff (none after a
-cancel: the caller's decision, not the hub's fault); or, stopped by shutdown or removal, still
-``Downloading`` on disk, resumed when asked again. A download that stops early leaves its partial work
-for the next attempt.
+How it ended is recorded (``Outcomes``): ``Ready`` (failures forgotten, last use now, ``Hub`` or
+``Peer`` by where most bytes came from); ``Failed`` with the reason and the next ``retryTime`` of the
+backoff (none after a cancel: the caller's decision, not the hub's fault); or, stopped by shutdown or
+removal, still ``Downloading`` on disk, resumed when asked again. A download that stops early leaves
+its partial work for the next attempt.
 
 Every download shares the node's limits (connections, bytes per second), the sources that failed lately
 (``penalties``) and, when the glue gives one, the fan-out to the tickets' peers (``peering``).
@@ -42,7 +42,7 @@ from gpustack_models.plugin.engine.records import DOWNLOADING, FAILED, READY, En
 from gpustack_models.plugin.engine.ticket import FetchTicket, digest_hex
 
 # The states and the entry, for callers that import them from here.
-__all__ = ["DOWNLOADING", "FAILED", "READY", "Entry", "Job", "Jobs"]
+__all__ = ["DOWNLOADING", "FAILED", "READY", "Entry", "Job", "Jobs", "Outcomes"]
 
 log = logging.getLogger(__name__)
 
@@ -81,6 +81,69 @@ class Job:
     shutdown: bool = False  # stopped by shutdown or removal: stays Downloading, resumable
     done: threading.Event = field(default_factory=threading.Event)
 
+    def stop(self, why: str, *, shutdown: bool = False) -> None:
+        """Cancel the download; ``shutdown``: for good (it stays ``Downloading`` on disk, resumable)."""
+        if shutdown:
+            self.shutdown = True
+        self.download.cancel(why)
+
+    def progress(self, digest: str) -> dict:
+        """What ``running()`` says of it."""
+        download = self.download
+        return {
+            "digest": digest,
+            "downloadedBytes": download.downloaded_bytes,
+            "sizeBytes": download.size,
+            "source": source_of(download.source_bytes),
+        }
+
+    def finished(self, seconds: float) -> dict:
+        """The download's counters once it ended after ``seconds``, with its bytes by source."""
+        download = self.download
+        stats = dict(download.stats, seconds=round(seconds, 3), by_source=download.source_bytes)
+        if download.fanout is not None:
+            stats["banned"] = download.fanout.banned()
+        return stats
+
+
+class Outcomes:
+    """How the end of a download is recorded on its item (see the module's docstring): ``retry_base`` is
+    the backoff's first wait, ``metrics`` counts the ends. Caller holds the engine's lock."""
+
+    def __init__(self, records: Records, retry_base: float, metrics=None):
+        self._records = records
+        self._retry_base = float(retry_base)
+        self._metrics = metrics
+
+    def settle(self, item: Item, job: Job, failure: DownloadFailed | None, now: float) -> None:
+        """Record how the download of ``item`` ended (``failure``, or ``None`` once published)."""
+        item.downloaded = job.download.downloaded_bytes
+        if failure is None:
+            item.state, item.downloaded = READY, item.size
+            item.source = source_of(job.download.source_bytes)
+            item.failures, item.reason, item.message, item.retry_time = 0, None, None, None
+            self._records.touch(item, now, persist=True)
+            if self._metrics is not None:
+                self._metrics.download_finished(READY, None)
+        elif job.shutdown:
+            self._records.persist(item)  # stays Downloading: resumed when asked again
+        else:
+            self.failed(item, failure, now)
+        if item.state != READY:
+            self._records.set_aside(item.digest)
+
+    def failed(self, item: Item, failure: DownloadFailed, now: float) -> None:
+        """``item`` failed at ``now``: ``Failed`` with the reason, and the next retry of the backoff."""
+        item.state, item.reason, item.message = FAILED, failure.reason, failure.message[:1024]
+        if failure.reason == CANCELED:
+            item.retry_time = None  # the caller's decision, not the hub's fault: no backoff
+        else:
+            item.failures += 1
+            item.retry_time = now + backoff_seconds(item.failures, failure.retry_after, self._retry_base)
+        self._records.persist(item)
+        if self._metrics is not None:
+            self._metrics.download_finished(FAILED, failure.reason)
+
 
 class Jobs:
     """The downloads of the node (see the module's docstring). Thread-safe: ``lock`` is the engine's.
@@ -107,13 +170,13 @@ class Jobs:
         metrics=None,
     ):
         self._records, self._retention, self._capacity = records, retention, capacity
+        self._outcomes = Outcomes(records, retry_base, metrics)
         self._cache = records.cache
         self._limits, self._settings, self._penalties, self._fan_out = limits, settings, penalties, fan_out
         self._metrics = metrics
         self._lock = lock
         self._view, self._emit = view, emit
         self._clock = clock
-        self._retry_base = float(retry_base)
         self._jobs: dict[str, Job] = {}
         self._closed = False
 
@@ -132,15 +195,7 @@ class Jobs:
         """The downloads in progress: ``digest, downloadedBytes, sizeBytes, source``."""
         with self._lock:
             jobs = list(self._jobs.items())
-        return [
-            {
-                "digest": digest,
-                "downloadedBytes": job.download.downloaded_bytes,
-                "sizeBytes": job.download.size,
-                "source": source_of(job.download.source_bytes),
-            }
-            for digest, job in sorted(jobs)
-        ]
+        return [job.progress(digest) for digest, job in sorted(jobs)]
 
     def written(self, digest: str) -> list[tuple[str, int, list[list[int]]]] | None:
         """``Download.written`` of the running download of ``digest``, or ``None``."""
@@ -197,7 +252,7 @@ class Jobs:
         try:
             ticket.validate()
         except DownloadFailed as failure:
-            self._record_failure(item, failure, now)
+            self._outcomes.failed(item, failure, now)
         else:
             self._start(item, ticket)
         return True
@@ -244,9 +299,7 @@ class Jobs:
         failure = self._download(digest, job)
         now = self._clock()
         seconds = time.monotonic() - started
-        stats = dict(job.download.stats, seconds=round(seconds, 3), by_source=job.download.source_bytes)
-        if job.download.fanout is not None:
-            stats["banned"] = job.download.fanout.banned()
+        stats = job.finished(seconds)
         _log_finished(digest, failure, stats, seconds)
         if self._metrics is not None and stats["linked_bytes"]:
             self._metrics.bytes_linked(stats["linked_bytes"])
@@ -255,7 +308,7 @@ class Jobs:
             item = self._records.get(digest)
             self._jobs.pop(digest, None)
             if item is not None:
-                self._settle(item, job, failure, now)
+                self._outcomes.settle(item, job, failure, now)
         job.done.set()
         if not job.shutdown:
             self._emit(digest)
@@ -291,35 +344,6 @@ class Jobs:
         if shortfall is not None:
             raise DownloadFailed(INSUFFICIENT_CAPACITY, shortfall)
 
-    def _settle(self, item: Item, job: Job, failure: DownloadFailed | None, now: float) -> None:
-        """Record how the download of ``item`` ended. Caller holds the lock."""
-        item.downloaded = job.download.downloaded_bytes
-        if failure is None:
-            item.state, item.downloaded = READY, item.size
-            item.source = source_of(job.download.source_bytes)
-            item.failures, item.reason, item.message, item.retry_time = 0, None, None, None
-            self._records.touch(item, now, persist=True)
-            if self._metrics is not None:
-                self._metrics.download_finished(READY, None)
-        elif job.shutdown:
-            self._records.persist(item)  # stays Downloading: resumed when asked again
-        else:
-            self._record_failure(item, failure, now)
-        if item.state != READY:
-            self._records.set_aside(item.digest)
-
-    def _record_failure(self, item: Item, failure: DownloadFailed, now: float) -> None:
-        """Caller holds the lock."""
-        item.state, item.reason, item.message = FAILED, failure.reason, failure.message[:1024]
-        if failure.reason == CANCELED:
-            item.retry_time = None  # the caller's decision, not the hub's fault: no backoff
-        else:
-            item.failures += 1
-            item.retry_time = now + backoff_seconds(item.failures, failure.retry_after, self._retry_base)
-        self._records.persist(item)
-        if self._metrics is not None:
-            self._metrics.download_finished(FAILED, failure.reason)
-
     # ---------------------------------------------------------------- stopping
 
     def cancel(self, digest: str, *, wait: float | None = None) -> bool:
@@ -329,7 +353,7 @@ class Jobs:
             job = self._jobs.get(digest)
         if job is None:
             return False
-        job.download.cancel("cancelled by the node's plugin")
+        job.stop("cancelled by the node's plugin")
         if wait:
             job.done.wait(wait)
         return True
@@ -345,12 +369,11 @@ class Jobs:
     def stop_unreferenced(self) -> None:
         """Stop the running download of each digest no longer referenced (its partial work kept)."""
         with self._lock:
-            stopping = [
-                j for d, j in self._jobs.items() if not self._retention.referenced(d) and not j.download.cancelled
-            ]
+            referenced = self._retention.referenced
+            stopping = [j for d, j in self._jobs.items() if not referenced(d) and not j.download.cancelled]
         for job in stopping:
             log.info("stopping the download of %s: no longer referenced on this node", job.download.digest[:19])
-            job.download.cancel("no longer referenced on this node; the bytes downloaded are kept")
+            job.stop("no longer referenced on this node; the bytes downloaded are kept")
 
     def stop(self, digest: str, why: str, timeout: float) -> None:
         """Stop the running download of ``digest`` for good (it stays ``Downloading`` on disk), waiting at
@@ -358,18 +381,17 @@ class Jobs:
         with self._lock:
             job = self._jobs.get(digest)
         if job is not None:
-            job.shutdown = True
-            job.download.cancel(why)
+            job.stop(why, shutdown=True)
             job.done.wait(timeout)
 
     def close(self, timeout: float = 30.0) -> None:
-        """Stop every running download, keeping it resumable (it stays ``Downloading`` on disk); no new one starts."""
+        """Stop every running download, keeping it resumable (it stays ``Downloading`` on disk); no new one
+        starts."""
         with self._lock:
             self._closed = True
             jobs = list(self._jobs.values())
         for job in jobs:
-            job.shutdown = True
-            job.download.cancel("the plugin is stopping")
+            job.stop("the plugin is stopping", shutdown=True)
         deadline = time.monotonic() + timeout
         for job in jobs:
             job.done.wait(max(0.0, deadline - time.monotonic()))
