@@ -15,7 +15,7 @@ from gpustack_models.plugin.engine.ranges import FileProgress
 from gpustack_models.plugin.engine.ticket import FetchTicket
 
 
-class FanOut(Protocol):
+class FanOutLike(Protocol):
     """The peers' side of one download: which segment from which source, and fetching it."""
 
     def open(self, files: list[FileProgress]) -> int:
@@ -43,4 +43,4 @@ class FanOut(Protocol):
 
 # fan_out(ticket, download, on_peer_bytes): the fan-out of ``download`` (a ``Download``), which calls
 # ``on_peer_bytes(node, n)`` for the bytes each peer sends.
-FanOutFactory = Callable[[FetchTicket, Any, Callable[[str, int], None] | None], FanOut]
+FanOutFactory = Callable[[FetchTicket, Any, Callable[[str, int], None] | None], FanOutLike]
