@@ -13,7 +13,7 @@ def names_in(module) -> set[str]:
 
 
 def test_every_mirrored_kind_has_the_reactions_its_reconcilers_declare():
-    declared = {resource: [f"{r.__module__}.{r.__name__}" for r in reactions_to(kind)]
+    declared = {resource: sorted(f"{r.__module__}.{r.__name__}" for r in reactions_to(kind))
                 for resource, kind in mirror.KINDS.items()}  # fmt: skip
     r = "gpustack_models.reconcilers."
     assert declared == {
