@@ -1,8 +1,8 @@
-"""Sizes and ages as kubectl prints them."""
+"""Sizes and ages as kubectl prints them, and Go durations read."""
 
 import pytest
 
-from gpustack_models.kinds.formatting import human_bytes, human_duration
+from gpustack_models.kinds.formatting import human_bytes, human_duration, parse_duration
 
 
 @pytest.mark.parametrize(
@@ -24,3 +24,11 @@ def test_it_prints_ages_like_kubectl(seconds, text):
 )
 def test_it_prints_sizes_with_binary_suffixes(value, text):
     assert human_bytes(value) == text
+
+
+@pytest.mark.parametrize(
+    "text, seconds", [("24h", 86400), ("1h30m", 5400), ("90s", 90), ("1.5s", 1.5), ("500ms", 0.5), ("", None),
+                      ("5", None), ("h", None), ("1d", None)],
+)  # fmt: skip
+def test_go_durations(text, seconds):
+    assert parse_duration(text) == seconds

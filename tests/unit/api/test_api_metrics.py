@@ -1,10 +1,9 @@
-"""The API's metric labels (Kubernetes verbs, bounded resources) and the metrics port's routing."""
+"""The API's metric labels: Kubernetes verbs and bounded resources, never names."""
 
 import pytest
 from django.test import RequestFactory
 
 from gpustack_models.api.api_metrics import labels
-from gpustack_models.telemetry.registry import metrics_app
 
 rf = RequestFactory()
 
@@ -52,23 +51,3 @@ def test_it_labels_an_unknown_method_other():
     request = rf.generic("BREW", "/x")
     assert labels(request, {"plural": "modelartifacts"}, "") == ("other", "modelartifacts")
     assert labels(request, {}, "/apis") == ("other", "/apis")
-
-
-def test_the_metrics_port_answers_get_metrics_only():
-    from prometheus_client import CollectorRegistry, Counter
-
-    registry = CollectorRegistry()
-    Counter("unit_total", "a counter", registry=registry).inc()
-    app = metrics_app(registry)
-
-    def call(method, path):
-        answer = {}
-        body = b"".join(
-            app({"REQUEST_METHOD": method, "PATH_INFO": path, "QUERY_STRING": ""}, lambda s, h: answer.update(status=s))
-        )
-        return answer["status"], body
-
-    status, body = call("GET", "/metrics")
-    assert status.startswith("200") and b"unit_total 1.0" in body
-    for method, path in (("POST", "/metrics"), ("GET", "/"), ("GET", "/metrics/"), ("DELETE", "/metrics")):
-        assert call(method, path)[0].startswith("404"), (method, path)

@@ -1,4 +1,5 @@
-"""Kubernetes errors: one class per reason at the client edge, one Status for every error the API answers."""
+"""One Status for every error the API answers: our own, storage errors told at v1, and every other error
+mapped to its reason."""
 
 import json
 
@@ -9,22 +10,6 @@ from rest_framework import exceptions as drf
 from gpustack_models import kube
 from gpustack_models.api.resources import ResourceView
 from gpustack_models.api.status import exception_handler
-
-
-def test_it_makes_the_exception_of_each_reason():
-    assert isinstance(kube.error_for(404, b'{"kind":"Status","reason":"NotFound","message":"x"}'), kube.NotFound)
-    exists = kube.error_for(409, {"kind": "Status", "reason": "AlreadyExists", "code": 409})
-    assert isinstance(exists, kube.AlreadyExists) and isinstance(exists, kube.Conflict)
-    deleting = kube.error_for(409, {"reason": "Conflict", "message": "object is being deleted: x"})
-    assert type(deleting) is kube.Conflict and deleting.being_deleted
-    assert isinstance(kube.error_for(410, b"{}"), kube.Expired)
-    odd = kube.error_for(418, b"not json")
-    assert type(odd) is kube.StatusError and odd.code == 418 and odd.message == "not json"
-
-
-def test_it_keeps_kube_apiservers_status_as_it_came():
-    body = {"kind": "Status", "apiVersion": "v1", "code": 422, "reason": "Invalid", "details": {"causes": []}}
-    assert kube.error_for(422, json.dumps(body).encode()).to_status() == body
 
 
 def render(exc, view=None):

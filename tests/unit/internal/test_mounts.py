@@ -1,11 +1,9 @@
-"""The pure rules of mounts: the body a plugin sends, what an artifact allows to mount, and when a mount
-reference ends."""
+"""The pure rules of mounts: the body a plugin sends, and what an artifact allows to mount."""
 
 import pytest
 
 from gpustack_models import kube
 from gpustack_models.internal.mounts import MountRequest, mounted_content, parse_mount, parse_release
-from gpustack_models.reconcilers.mount_checks import ended_because
 
 UID = "0b6c8a9e-3f3c-4c55-9a4e-2f4d2b7c1e10"
 DIGEST = "sha256:" + "ab" * 32
@@ -121,24 +119,3 @@ def test_an_artifact_that_cannot_be_mounted_says_why(obj, req, error, message):
     with pytest.raises(error) as err:
         mounted_content(obj, req)
     assert type(err.value) is error and err.value.message.startswith(message)
-
-
-def pod(uid=UID, node="gpu-1", phase="Pending"):
-    return {"metadata": {"uid": uid}, "spec": {"nodeName": node}, "status": {"phase": phase}}
-
-
-@pytest.mark.parametrize(
-    "found, node_present, why",
-    [
-        (pod(), True, ""),
-        (pod(phase="Running"), True, ""),
-        (pod(), False, "node gpu-1 is gone"),
-        (None, True, "the Pod is gone"),
-        (pod(uid="other"), True, "the Pod was replaced (another uid)"),
-        (pod(node="gpu-2"), True, "the Pod is not on node gpu-1"),
-        (pod(phase="Succeeded"), True, "the Pod finished (Succeeded)"),
-        (pod(phase="Failed"), True, "the Pod finished (Failed)"),
-    ],
-)
-def test_a_mount_reference_ends_with_its_pod_or_its_node(found, node_present, why):
-    assert ended_because("gpu-1", UID, found, node_present) == why
