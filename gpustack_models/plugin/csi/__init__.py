@@ -9,8 +9,8 @@ Pod-bound token; the worker records the mount as a reference, so the digest ente
 - ``generated``: the gRPC stubs of ``csi.proto`` and the kubelet's plugin registration (made by
   ``deploy/controlplane/protos.sh``, never committed);
 - ``validation``: what a NodePublishVolume / NodeUnpublishVolume request must carry;
-- ``worker_api``: the worker's mount endpoint, its refusals as gRPC codes;
-- ``mounts``: read-only bind mounts, ``/proc/self/mountinfo``, one record per published volume;
+- ``mount_client``: the API's mount endpoint, its refusals as gRPC codes;
+- ``bind_mounts``: read-only bind mounts, ``/proc/self/mountinfo``, one record per published volume;
 - ``progress_text``: the message a person reads in the Pod's events while the model is not Ready;
 - ``driver``: the Identity and Node services;
 - ``registration``: the kubelet's plugin-registration service, and the servers on their sockets.

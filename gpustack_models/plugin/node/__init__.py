@@ -4,5 +4,5 @@ the HTTPS endpoints, the serving certificate.
 - ``agent``: the plugin process, which wires the engine, the peers, the CSI driver and the API together;
 - ``status_writer``: the store's status, written on the thresholds the API promises;
 - ``endpoints``: ``/readyz``, ``/livez``, ``/metrics`` and the live progress;
-- ``certificates``: the serving certificate, issued by the API.
+- ``serving_cert``: the serving certificate, issued by the API.
 """

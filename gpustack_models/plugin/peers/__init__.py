@@ -4,6 +4,6 @@ serves what its node holds.
 - ``contract``: what a peer serves, to whom, under which names;
 - ``swarm``: which segment from which source (the ``Board``);
 - ``fanout``: carrying a download's fetching out over the board's sources;
-- ``client``: asking a peer for bytes;
-- ``server``: the peer endpoints of the node's plugin.
+- ``peer_client``: asking a peer for bytes;
+- ``peer_server``: the peer endpoints of the node's plugin.
 """

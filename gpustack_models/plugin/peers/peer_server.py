@@ -1,5 +1,5 @@
 """The plugin's peer endpoints: what the node holds, served to other nodes' plugins (the contract is
-``peers``' docstring).
+``peers.contract``' docstring).
 
 - ``PeerAdmission``: who may read a digest (a TokenReview for the peer audience naming the plugin's
   ServiceAccount and a node, and that node's NodeModelStore listing the digest; both reused briefly);
