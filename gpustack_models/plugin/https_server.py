@@ -17,6 +17,7 @@ everything a client may hold open, and a bound on the connections open at once.
 from __future__ import annotations
 
 import io
+import json
 import logging
 import socket
 import ssl
@@ -35,6 +36,14 @@ class Limits:
     request: float = 10.0  # seconds for a request's line and headers, and again to write its answer
     idle: float = 75.0  # seconds a keep-alive connection waits for its next request
     connections: int = 128  # connections open at once (handshaking, reading, answering or idle)
+
+
+def status(code: int, reason: str, message: str = "") -> bytes:
+    """A Kubernetes ``Status`` body of a failure, the answer to a request the plugin's servers refuse."""
+    body = {"kind": "Status", "apiVersion": "v1", "status": "Failure", "code": code, "reason": reason}
+    if message:
+        body["message"] = message
+    return json.dumps(body).encode()
 
 
 def server_context(cert_file: str, key_file: str) -> ssl.SSLContext:

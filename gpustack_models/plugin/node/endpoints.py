@@ -12,16 +12,15 @@ import json
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from gpustack_models.plugin.https_server import GuardedHTTPSServer, GuardedRequestHandler, Limits, server_context
+from gpustack_models.plugin.https_server import (
+    GuardedHTTPSServer,
+    GuardedRequestHandler,
+    Limits,
+    server_context,
+    status,
+)
 
 DENIED = "only the gpustack-models worker reads live downloads"
-
-
-def status(code: int, reason: str, message: str = "") -> bytes:
-    body = {"kind": "Status", "apiVersion": "v1", "status": "Failure", "code": code, "reason": reason}
-    if message:
-        body["message"] = message
-    return json.dumps(body).encode()
 
 
 class PluginRequestHandler(GuardedRequestHandler):

@@ -29,8 +29,13 @@ from gpustack_models.kube import NotFound
 from gpustack_models.kube.identity import NODE_NAME_EXTRA
 from gpustack_models.kube.reviews import TokenReviewer, TTLCache
 from gpustack_models.plugin.engine.limits import RateLimiter
-from gpustack_models.plugin.https_server import GuardedHTTPSServer, GuardedRequestHandler, Limits, server_context
-from gpustack_models.plugin.node.endpoints import status
+from gpustack_models.plugin.https_server import (
+    GuardedHTTPSServer,
+    GuardedRequestHandler,
+    Limits,
+    server_context,
+    status,
+)
 from gpustack_models.plugin.peers.contract import PREFIX, covers
 
 log = logging.getLogger(__name__)
