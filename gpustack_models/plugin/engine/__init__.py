@@ -16,6 +16,8 @@ the tickets' peers from ``plugin.peers``) drives an ``Engine``.
 - ``cache``: the layout on disk (published trees, partial work, per-digest records);
 - ``download``: the resumable, parallel range downloader that hashes while it writes and publishes
   a verified tree with one rename; it runs the steps of the modules below:
+  - ``tree``: the files of the partial tree: opened (restored or linked), closed once verified,
+    checkpointed, set aside after a failure;
   - ``ranges``: one file's written ranges, hash frontier and hash;
   - ``checkpoint``: the per-file progress saved for, and restored by, the next attempt;
   - ``fetch``: HTTP range requests, retried from the last written byte, from the next source when one fails;

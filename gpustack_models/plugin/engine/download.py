@@ -2,14 +2,15 @@
 
 How a digest is fetched (``Download`` runs the steps; each has its module):
 
-1. ``prepare()`` reads the checkpoint of earlier attempts (``checkpoint``) and works out what is
+1. ``prepare()`` opens the files of the partial tree (``tree``, which also closes, checkpoints and
+   sets them aside), reads the checkpoint of earlier attempts (``checkpoint``) and works out what is
    missing: files already verified are not touched again; a file whose checksum a Ready tree of the
    node holds is hard-linked from it (``sharing``) and counts as verified; for the others, the byte
    ranges already written and the hash state of their contiguous hashed prefix are restored
    (``ranges`` keeps a file's written ranges, hash frontier and hash).
 2. The missing bytes become *parts*: a small file is one part (one request); a file of at least
    ``split_threshold`` bytes is cut into ``part_size`` pieces fetched in parallel. Parts are handed
-   out in file order, so the bytes of a file arrive roughly in order.
+   out in file order, so the bytes of a file arrive roughly in order (``Parts``).
 3. Worker threads take a node-wide connection slot, then the next part, and fetch it (``fetch``)
    with an HTTP ``Range`` request, reading straight into a reusable buffer and writing it with
    ``pwrite`` at its offset. Every read first takes its bytes from the node-wide rate limiter. A
@@ -38,7 +39,6 @@ Failures raise ``DownloadFailed`` with one of the node's reasons (see ``failures
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 from collections import deque
@@ -47,8 +47,6 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpustack_models.plugin.engine import checkpoint as checkpoints
-from gpustack_models.plugin.engine import disk
 from gpustack_models.plugin.engine.cache import Cache
 from gpustack_models.plugin.engine.checkpoint import CHECKPOINT_VERSION
 from gpustack_models.plugin.engine.disk import DiskError, disk_failure
@@ -65,9 +63,8 @@ from gpustack_models.plugin.engine.limits import Limits
 from gpustack_models.plugin.engine.peering import FanOutFactory
 from gpustack_models.plugin.engine.publish import verify_and_publish
 from gpustack_models.plugin.engine.ranges import FileProgress
-from gpustack_models.plugin.engine.sharing import link_existing
 from gpustack_models.plugin.engine.ticket import FetchTicket, ticket_files
-from gpustack_models.sources.manifest import ManifestFile
+from gpustack_models.plugin.engine.tree import PartialTree
 
 __all__ = ["CHECKPOINT_VERSION", "Download", "DownloadSettings", "Limits"]
 
@@ -108,6 +105,35 @@ class DownloadSettings:
             raise ValueError("part_size >= 64 KiB, buffer_size >= 4 KiB and split_threshold >= 1 are required")
 
 
+class Parts:
+    """2. The missing bytes of a download's files as parts, handed out in file order to its workers."""
+
+    def __init__(self, settings: DownloadSettings):
+        self._settings = settings
+        self._parts: deque = deque()
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return len(self._parts)
+
+    def plan(self, files: list[FileProgress]) -> None:
+        settings = self._settings
+        for f in files:
+            if f.verified or f.complete:
+                continue
+            for start, end in f.missing():
+                if f.size >= settings.split_threshold:
+                    for s in range(start, end, settings.part_size):
+                        self._parts.append((f, s, min(end, s + settings.part_size)))
+                else:
+                    self._parts.append((f, start, end))
+
+    def take(self):
+        """The next part, ``(file, start, end)``, or ``None`` once all are taken."""
+        with self._lock:
+            return self._parts.popleft() if self._parts else None
+
+
 class Download:
     """Fetch, verify and publish one ticket's digest into ``cache``.
 
@@ -137,7 +163,6 @@ class Download:
         self.limits = limits or Limits()
         self.settings = settings or DownloadSettings()
         self.size = sum(f.size for f in ticket.files)
-        self._files: list[FileProgress] = []
         self._prepared = False
         self._stop = threading.Event()
         self._failure: DownloadFailed | None = None
@@ -145,8 +170,7 @@ class Download:
         self._progress_lock = threading.Lock()
         self._downloaded = 0
         self._events = threading.Condition()
-        self._parts: deque = deque()
-        self._parts_lock = threading.Lock()
+        self._parts = Parts(self.settings)
         self._stats_lock = threading.Lock()
         self.stats = _new_stats()
         self._frontier = HashFrontier(
@@ -155,6 +179,10 @@ class Download:
         self._fetcher = RangeFetcher(
             ticket, self.settings, self.limits.rate, self._frontier, self._stop, self._stat, on_bytes, penalties
         )
+        self._tree = PartialTree(
+            cache, self.digest, self._frontier, durable=self.settings.durable, on_failure=self._fail
+        )
+        self._files = self._tree.files  # the tree's list, filled by ``prepare``
         self.fanout = fan_out(ticket, self, on_peer_bytes) if fan_out is not None else None
 
     # ---------------------------------------------------------------- progress (any thread)
@@ -173,23 +201,13 @@ class Download:
         """Bytes not yet on disk (what a capacity reservation must still hold)."""
         if not self._prepared:
             return self.size
-        return max(0, self.size - sum(f.size if f.verified else f.written_bytes() for f in self._files))
+        return max(0, self.size - self._tree.on_disk_bytes())
 
     def written(self) -> list[tuple[str, int, list[list[int]]]]:
         """Read-only, from any thread (what peers are told this node has): per manifest file, in manifest
         order, its path, size and the half-open byte ranges on disk so far (the whole file once hashed and
         matched; ``[]`` for an empty file). ``[]`` before ``prepare``."""
-        if not self._prepared:
-            return []
-        out = []
-        for f in self._files:
-            if f.verified or f.complete:
-                ranges = [[0, f.size]] if f.size else []
-            else:
-                with f.lock:
-                    ranges = f.written_ranges()
-            out.append((f.file.path, f.size, ranges))
-        return out
+        return self._tree.written() if self._prepared else []
 
     def _stat(self, name: str, n: int = 1) -> None:
         with self._stats_lock:
@@ -232,29 +250,9 @@ class Download:
         if self._prepared:
             return
         self.ticket.validate()
-        tree = self.cache.partial_tree(self.digest)
-        tree.mkdir(parents=True, exist_ok=True)
-        saved = checkpoints.load(self.cache.checkpoint_path(self.digest), self.digest)
-        for mf in ticket_files(self.ticket.files):
-            self._files.append(self._prepare_file(mf, tree, saved.get(mf.path)))
+        self._tree.open(ticket_files(self.ticket.files), self.stats)
         self._downloaded = sum(f.size if f.verified else f.hashed for f in self._files)
         self._prepared = True
-
-    def _prepare_file(self, mf: ManifestFile, tree: Path, saved) -> FileProgress:
-        """``mf``'s progress, resumed from its ``saved`` checkpoint entry or linked from a Ready tree of
-        the node; an empty file is created."""
-        f = FileProgress(mf, tree / mf.path)
-        checkpoints.restore(f, saved)
-        linked = link_existing(f, self.cache.shared)
-        if linked:
-            self.stats["linked_bytes"] += linked
-            return f
-        if not f.verified and mf.size == 0:
-            f.open()
-            f.mark_dirty()
-        self.stats["resumed_bytes"] += f.size if f.verified else f.written_bytes()
-        self.stats["resumed_hash_bytes"] += f.size if f.verified else f.hashed
-        return f
 
     # ---------------------------------------------------------------- run
 
@@ -291,7 +289,7 @@ class Download:
             if self.fanout is not None:
                 count = self.fanout.open(self._files)
             else:
-                self._plan()
+                self._parts.plan(self._files)
                 count = len(self._parts)
             self._start_workers(workers, count)
             self._coordinate(workers)
@@ -317,24 +315,6 @@ class Download:
         except (DiskError, OSError) as exc:
             self._fail(disk_failure(exc))
         return None
-
-    # ---------------------------------------------------------------- 2. parts
-
-    def _plan(self) -> None:
-        settings = self.settings
-        for f in self._files:
-            if f.verified or f.complete:
-                continue
-            for start, end in f.missing():
-                if f.size >= settings.split_threshold:
-                    for s in range(start, end, settings.part_size):
-                        self._parts.append((f, s, min(end, s + settings.part_size)))
-                else:
-                    self._parts.append((f, start, end))
-
-    def _next_part(self):
-        with self._parts_lock:
-            return self._parts.popleft() if self._parts else None
 
     # ---------------------------------------------------------------- 3. workers
 
@@ -374,7 +354,7 @@ class Download:
             if not slots.acquire(self._stop.is_set):
                 return
             try:
-                part = self._next_part()
+                part = self._parts.take()
                 if part is None:
                     return
                 self._fetcher.fetch(*part, view)
@@ -394,7 +374,7 @@ class Download:
         try:
             while not self._stop.is_set():
                 alive = any(t.is_alive() for t in workers)
-                self._close_completed(syncer)
+                self._tree.close_completed(syncer)
                 if not alive:
                     break
                 with self._events:
@@ -405,7 +385,7 @@ class Download:
         finally:
             if syncer is not None:
                 syncer.shutdown(wait=True)
-        self._close_completed(None)
+        self._tree.close_completed(None)
 
     def _checkpoint_recovering(self) -> None:
         """A checkpoint; a file found bad while hashing for it is fetched again if peers wrote to it."""
@@ -415,77 +395,19 @@ class Download:
             if self.fanout is None or not self.fanout.recover(exc):
                 raise
 
-    def _close_completed(self, syncer: ThreadPoolExecutor | None) -> None:
-        for f in self._files:
-            if f.complete and not f.verified and not f.closing:
-                f.closing = True
-                if syncer is not None:
-                    syncer.submit(self._close_verified, f)
-                else:
-                    self._close_verified(f)
-
-    def _close_verified(self, f: FileProgress) -> None:
-        try:
-            f.close(sync=self.settings.durable)
-        except DiskError as exc:
-            f.closing = False
-            self._fail(disk_failure(exc))
-            return
-        f.verified = True
-        f.mark_dirty()
-
     def checkpoint(self, *, sync: bool | None = None, advance: bool = True) -> None:
         """Make written bytes durable, then atomically save every file's progress."""
         if not self._prepared:
             return
-        sync = self.settings.durable if sync is None else sync
-        files, changed = {}, False
-        for f in self._files:
-            files[f.file.path], file_changed = self._checkpoint_entry(f, sync, advance)
-            changed = changed or file_changed
-        if changed:
-            checkpoints.save(self.cache.checkpoint_path(self.digest), self.digest, files)
-
-    def _checkpoint_entry(self, f: FileProgress, sync: bool, advance: bool) -> tuple[dict, bool]:
-        """``f``'s checkpoint entry, its bytes made durable first (``sync``), and whether it changed."""
-        if f.verified:
-            return checkpoints.verified_entry(f), f.take_dirty()
-        owned = not f.closing  # a complete file being closed: its syncing thread owns the descriptor
-        with f.hash_lock, f.lock:
-            entry = checkpoints.progress_entry(f)
-            changed, fd = f.take_dirty(), f.fd
-        if changed and sync and owned and fd is not None:
-            try:
-                disk.datasync(fd)
-            except DiskError:
-                pass  # closed meanwhile by the coordinator, which synced it
-        if advance:
-            self._frontier.advance(f)  # bytes that arrived while the hash lock was held here
-        return entry, changed
+        self._tree.checkpoint(sync=self.settings.durable if sync is None else sync, advance=advance)
 
     # ---------------------------------------------------------------- after a failure
 
     def _wind_down(self) -> None:
         """After a failure: discard files that failed verification, save progress for a later attempt."""
         mismatch = self._failure is not None and self._failure.reason == INTEGRITY_MISMATCH
-        for f in self._files:
-            self._set_aside(f, discard=mismatch and f.bad)
+        self._tree.set_aside(mismatch=mismatch)
         try:
             self.checkpoint(sync=False, advance=False)
         except (OSError, DiskError, DownloadFailed):
             pass
-
-    def _set_aside(self, f: FileProgress, *, discard: bool) -> None:
-        """Close ``f``; delete its data if ``discard``, else keep it for the next attempt."""
-        try:
-            f.close(sync=self.settings.durable and not discard)
-        except DiskError:
-            pass
-        if discard:
-            f.discard()
-            try:
-                os.unlink(f.path)
-            except OSError:
-                pass
-        elif f.complete:
-            f.verified = True
