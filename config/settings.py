@@ -7,6 +7,7 @@ plane's kubeconfig under ``GPUSTACK_DATA_DIR``.
 """
 
 import importlib.util
+import logging
 import os
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -15,6 +16,19 @@ import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 
 BASE_DIR = Path(__file__).resolve().parent.parent
+_log = logging.getLogger(__name__)
+
+
+def env_renamed(name, old):
+    """The variable to read for a setting renamed from ``old`` to ``name``: the new name when it is set
+    (it wins over the old one), else the old one when set, which is deprecated and said so once, at start."""
+    if old not in os.environ:
+        return name
+    if name in os.environ:
+        _log.warning("%s is deprecated and ignored: %s is set", old, name)
+        return name
+    _log.warning("%s is deprecated: set %s instead", old, name)
+    return old
 
 
 def env_str(name, default=""):
@@ -248,8 +262,8 @@ API_THREADS = env_int("GPUSTACK_API_THREADS", 64, minimum=1)
 # Who calls the placement webhook: the user kube-apiserver's admission configuration authenticates as
 # (a client certificate of the cluster's client CA); RBAC lets exactly this user post to it.
 PLACEMENT_CALLER = env_str("GPUSTACK_PLACEMENT_CALLER", "kube-apiserver-admission")
-TLS_CERT_FILE = env_str("GPUSTACK_TLS_CERT_FILE", str(DATA_DIR / "worker-pki" / "serving.crt"))
-TLS_KEY_FILE = env_str("GPUSTACK_TLS_KEY_FILE", str(DATA_DIR / "worker-pki" / "serving.key"))
+TLS_CERT_FILE = env_str("GPUSTACK_TLS_CERT_FILE", str(DATA_DIR / "api-pki" / "serving.crt"))
+TLS_KEY_FILE = env_str("GPUSTACK_TLS_KEY_FILE", str(DATA_DIR / "api-pki" / "serving.key"))
 
 # --- The worker's reconcilers ----------------------------------------------------------------------
 # Label of the node plugin's Pods (the DaemonSet's, or those the local launcher registers).
@@ -317,16 +331,20 @@ PROGRESS_LIVE_TIMEOUT = env_float("GPUSTACK_PROGRESS_LIVE_TIMEOUT", 2.0, minimum
 PROGRESS_DEADLINE = env_float("GPUSTACK_PROGRESS_DEADLINE", 13.0, minimum=1.0)
 
 # --- The node plugin (manage.py runplugin) -----------------------------------------------------------
-# Where the plugin finds the worker's ticket endpoint (the worker's Service) and the CA of its certificate.
-WORKER_URL = env_url("GPUSTACK_WORKER_URL", f"https://127.0.0.1:{API_PORT}", {"https"})
-WORKER_CA_FILE = env_str("GPUSTACK_WORKER_CA_FILE", str(DATA_DIR / "worker-pki" / "ca.crt"))
+# Where the plugin finds the API (its Service: tickets, mounts, certificates) and the CA of its certificate.
+# GPUSTACK_WORKER_URL and GPUSTACK_WORKER_CA_FILE are their deprecated names.
+API_URL = env_url(env_renamed("GPUSTACK_API_URL", "GPUSTACK_WORKER_URL"), f"https://127.0.0.1:{API_PORT}", {"https"})
+API_CA_FILE = env_str(
+    env_renamed("GPUSTACK_API_CA_FILE", "GPUSTACK_WORKER_CA_FILE"), str(DATA_DIR / "api-pki" / "ca.crt")
+)
 PLUGIN_CACHE_DIR = env_str("GPUSTACK_PLUGIN_CACHE_DIR", "")  # default: $GPUSTACK_DATA_DIR/plugin/<node>
 PLUGIN_ADDRESS = env_str("GPUSTACK_PLUGIN_ADDRESS", "")  # default: 0.0.0.0:$GPUSTACK_PLUGIN_PORT
 PLUGIN_TLS_CERT_FILE = env_str("GPUSTACK_PLUGIN_TLS_CERT_FILE", "")
 PLUGIN_TLS_KEY_FILE = env_str("GPUSTACK_PLUGIN_TLS_KEY_FILE", "")
-# With no certificate files: ask the worker for a serving certificate for the Pod IP (a key made on the node,
+# With no certificate files: ask the API for a serving certificate for the Pod IP (a key made on the node,
 # the certificate renewed at 2/3 of its validity), kept in the plugin's directory. False: the files are required.
-PLUGIN_CERT_FROM_WORKER = env_bool("GPUSTACK_PLUGIN_CERT_FROM_WORKER", False)
+# GPUSTACK_PLUGIN_CERT_FROM_WORKER is its deprecated name.
+PLUGIN_CERT_FROM_API = env_bool(env_renamed("GPUSTACK_PLUGIN_CERT_FROM_API", "GPUSTACK_PLUGIN_CERT_FROM_WORKER"), False)
 # A published tree whose digest left spec.models is removed after this many seconds (a short safety delay:
 # the collection grace is the worker's, before the digest leaves spec.models).
 PLUGIN_REMOVAL_DELAY_SECONDS = env_float("GPUSTACK_PLUGIN_REMOVAL_DELAY_SECONDS", 60.0, minimum=0.0)

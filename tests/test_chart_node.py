@@ -64,7 +64,7 @@ def values(real_node, cluster, worker_api, port: int, peer_port: int) -> dict:
             "env": {
                 "KUBERNETES_SERVICE_HOST": "127.0.0.1",
                 "KUBERNETES_SERVICE_PORT": str(cluster.ports.apiserver),
-                "GPUSTACK_WORKER_URL": f"https://{SERVICE_HOST}:{worker_api.port}",
+                "GPUSTACK_API_URL": f"https://{SERVICE_HOST}:{worker_api.port}",
             },
         },
     }
@@ -131,7 +131,7 @@ def test_the_charts_plugin_daemonset_runs_on_the_real_node_from_the_image_built_
         answer = session.get(f"https://{pod['status']['podIP']}:{port}/readyz", verify=str(ca), timeout=10)
         assert answer.status_code == 200, answer.text
         log = real_node.logs(settings.NAMESPACE, pod["metadata"]["name"])
-        assert f"from the worker for {pod['status']['podIP']}," in log, log[-3000:]
+        assert f"from the API for {pod['status']['podIP']}," in log, log[-3000:]
     finally:
         real_node.kubectl(
             *ns, "delete", "daemonset", "gpustack-models-plugin", "--wait=true", "--timeout=90s", check=False

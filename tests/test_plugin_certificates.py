@@ -24,10 +24,10 @@ from tests.support.worker import WorkerAPI, database_url
 from tests.test_plugins import Scenario, big_files
 
 PATH = "/internal/v1/plugin-certificates"
-FROM_WORKER = {
+FROM_API = {
     "GPUSTACK_PLUGIN_TLS_CERT_FILE": "",
     "GPUSTACK_PLUGIN_TLS_KEY_FILE": "",
-    "GPUSTACK_PLUGIN_CERT_FROM_WORKER": "true",
+    "GPUSTACK_PLUGIN_CERT_FROM_API": "true",
 }
 
 
@@ -114,7 +114,7 @@ def refused(resp, code: int, words: str = "") -> None:
 
 def test_a_plugin_without_certificate_files_serves_the_one_the_worker_issued_for_its_pod_ip(scenario, launcher):
     scenario.artifact(files=big_files(scenario.repo, mb=6))
-    (plugin,) = scenario.plugins(1, **FROM_WORKER)
+    (plugin,) = scenario.plugins(1, **FROM_API)
     ca = plugin_ca(launcher)
     main, peer = served(plugin.address, PLUGIN_PORT, ca), served(plugin.address, PEER_PORT, ca)
     assert main == peer  # both ports, one certificate
@@ -130,7 +130,7 @@ def test_a_plugin_without_certificate_files_serves_the_one_the_worker_issued_for
     scenario.wait_state(plugin.node, "Downloading", timeout=60)
     wait_for(lambda: scenario.progress()["live"] == 1, timeout=30, message="the worker to read the plugin live")
     log = (TEST_STATE / f"plugin-{plugin.node}.log").read_text()
-    assert f"serving certificate {main.serial_number:x} from the worker for {plugin.address}, until" in log
+    assert f"serving certificate {main.serial_number:x} from the API for {plugin.address}, until" in log
 
 
 def test_a_plugin_waits_for_the_worker_then_renews_its_certificate(scenario, launcher, worker_api, extra_api):
@@ -138,8 +138,8 @@ def test_a_plugin_waits_for_the_worker_then_renews_its_certificate(scenario, lau
 
     port = free_port()  # the worker is not there yet
     node, address = f"node-{uuid.uuid4().hex[:5]}", "127.0.1.250"
-    plugin = PluginProcess(launcher, worker_api, node, address, FROM_WORKER)
-    plugin.env["GPUSTACK_WORKER_URL"] = f"https://127.0.0.1:{port}"
+    plugin = PluginProcess(launcher, worker_api, node, address, FROM_API)
+    plugin.env["GPUSTACK_API_URL"] = f"https://127.0.0.1:{port}"
     log_path = TEST_STATE / f"plugin-{node}.log"
     try:
         with open(log_path, "ab") as log:  # started by hand: PluginProcess.start waits for it to serve
@@ -151,7 +151,7 @@ def test_a_plugin_waits_for_the_worker_then_renews_its_certificate(scenario, lau
                 stderr=subprocess.STDOUT,
             )
         wait_for(
-            lambda: log_path.exists() and log_path.read_text().count("no serving certificate from the worker yet") >= 2,
+            lambda: log_path.exists() and log_path.read_text().count("no serving certificate from the API yet") >= 2,
             timeout=30,
             message="the plugin to ask again with backoff",
         )

@@ -38,7 +38,7 @@ class Launcher:
     def __init__(self, cluster: LocalCluster, data_dir: Path):
         self.cluster = cluster
         self.data_dir = Path(data_dir)
-        self.pki_dir = self.data_dir / "worker-pki"
+        self.pki_dir = self.data_dir / "api-pki"
         self.worker_kubeconfig = self.data_dir / "worker-kubeconfig"
         self.admin = kube.Kube(kube.load_configuration(str(cluster.kubeconfig)))
 
@@ -143,10 +143,10 @@ class Launcher:
 
     # --- serving certificate and registration ---------------------------------------------------------
     def serving_pki(self) -> tuple[Path, Path, bytes]:
-        """(cert, key, CA PEM) for the worker's HTTPS endpoint; kept across runs."""
+        """(cert, key, CA PEM) for the API's HTTPS endpoint; kept across runs."""
         crt, key, ca = self.pki_dir / "serving.crt", self.pki_dir / "serving.key", self.pki_dir / "ca.crt"
         if not (crt.exists() and key.exists() and ca.exists()):
-            authority = pki.new_ca("gpustack-models-worker-ca")
+            authority = pki.new_ca("gpustack-models-api-ca")
             authority.write(self.pki_dir, "ca")
             pki.issue(
                 authority,
@@ -348,7 +348,7 @@ class Launcher:
             GPUSTACK_PLUGIN_TLS_CERT_FILE=str(cert),
             GPUSTACK_PLUGIN_TLS_KEY_FILE=str(key),
             GPUSTACK_PLUGIN_CACHE_DIR=str(self.data_dir / "plugin" / node / "cache"),
-            GPUSTACK_WORKER_CA_FILE=str(self.pki_dir / "ca.crt"),
+            GPUSTACK_API_CA_FILE=str(self.pki_dir / "ca.crt"),
             GPUSTACK_PLUGIN_PEER_PORT=str(settings.PLUGIN_PEER_PORT if peer_port is None else peer_port),
             GPUSTACK_PLUGIN_PEER_TOKEN_FILE=str(self.plugin_peer_token(node)),
         )

@@ -1,4 +1,4 @@
-"""X.509 material for the local control plane and the worker's serving certificate."""
+"""X.509 material for the local control plane and the API's serving certificate."""
 
 from __future__ import annotations
 

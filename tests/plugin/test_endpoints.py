@@ -37,7 +37,7 @@ class FakePlugin:
         self.metrics = Metrics()
         self.engine = Engine(tmp_path / "cache", settings=settings(), metrics=self.metrics)
 
-    def authorized_worker(self, header):
+    def authorized_service(self, header):
         return {None: 401, "Bearer worker": 200}.get(header, 403)
 
 

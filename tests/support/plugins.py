@@ -19,7 +19,7 @@ class PluginProcess:
     def __init__(self, launcher, worker_api, node: str, address: str, extra_env: dict, register: bool = True):
         self.node, self.address = node, address
         self.env = launcher.plugin_env(node, address, PLUGIN_PORT, register=register, peer_port=PEER_PORT)
-        self.env.update(GPUSTACK_WORKER_URL=worker_api.url, NO_PROXY="*", no_proxy="*", **extra_env)
+        self.env.update(GPUSTACK_API_URL=worker_api.url, NO_PROXY="*", no_proxy="*", **extra_env)
         self.cache = Path(self.env["GPUSTACK_PLUGIN_CACHE_DIR"])
         default_socket = Path(self.env["GPUSTACK_DATA_DIR"]) / "plugin" / node / "csi.sock"
         self.csi_socket = Path(self.env.get("GPUSTACK_PLUGIN_CSI_SOCKET") or default_socket)  # its CSI driver

@@ -19,11 +19,11 @@ class Command(BaseCommand):
         logging.basicConfig(level=settings.LOGGING["root"]["level"])
         if (
             not (settings.PLUGIN_TLS_CERT_FILE and settings.PLUGIN_TLS_KEY_FILE)
-            and not settings.PLUGIN_CERT_FROM_WORKER
+            and not settings.PLUGIN_CERT_FROM_API
         ):
             raise CommandError(
                 "GPUSTACK_PLUGIN_TLS_CERT_FILE and GPUSTACK_PLUGIN_TLS_KEY_FILE are required"
-                " (or GPUSTACK_PLUGIN_CERT_FROM_WORKER=true: the worker issues the certificate)"
+                " (or GPUSTACK_PLUGIN_CERT_FROM_API=true: the API issues the certificate)"
             )
         csi_socket = settings.PLUGIN_CSI_SOCKET or str(settings.DATA_DIR / "plugin" / node / "csi.sock")
         try:
@@ -47,10 +47,10 @@ def plugin_settings(node: str, csi_socket: str) -> PluginSettings:
         address=settings.PLUGIN_ADDRESS or f"0.0.0.0:{settings.PLUGIN_PORT}",
         cert_file=settings.PLUGIN_TLS_CERT_FILE,
         key_file=settings.PLUGIN_TLS_KEY_FILE,
-        worker_url=settings.WORKER_URL,
-        worker_ca_file=settings.WORKER_CA_FILE,
-        worker_username=worker_user(),
-        worker_audience=settings.PLUGIN_TOKEN_AUDIENCE,
+        api_url=settings.API_URL,
+        api_ca_file=settings.API_CA_FILE,
+        service_username=worker_user(),
+        service_audience=settings.PLUGIN_TOKEN_AUDIENCE,
         removal_delay_seconds=settings.PLUGIN_REMOVAL_DELAY_SECONDS,
         partial_retention_seconds=settings.PLUGIN_PARTIAL_RETENTION_SECONDS,
         progress_interval=settings.PLUGIN_PROGRESS_INTERVAL,
@@ -68,7 +68,7 @@ def plugin_settings(node: str, csi_socket: str) -> PluginSettings:
         peer_max_connections=settings.PLUGIN_PEER_MAX_CONNECTIONS,
         peer_max_bytes_per_second=settings.PLUGIN_PEER_MAX_BYTES_PER_SECOND,
         fanout=settings.PLUGIN_FANOUT,
-        cert_from_worker=settings.PLUGIN_CERT_FROM_WORKER
+        cert_from_api=settings.PLUGIN_CERT_FROM_API
         and not (settings.PLUGIN_TLS_CERT_FILE and settings.PLUGIN_TLS_KEY_FILE),
         cert_dir=str(settings.DATA_DIR / "plugin" / node / "serving-tls"),
     )

@@ -1,11 +1,11 @@
 """The CSI Identity and Node services of ``model.csi.gpustack.ai``.
 
-NodePublishVolume: the request is checked (``validation``), the worker authorizes the Pod's mount and
-names the digest (``worker_api``); a digest Ready in this node's cache is bind-mounted read-only on the
+NodePublishVolume: the request is checked (``validation``), the API authorizes the Pod's mount and
+names the digest (``mount_client``); a digest Ready in this node's cache is bind-mounted read-only on the
 target path, anything else answers UNAVAILABLE with what the node is doing (``progress_text``), and the
 kubelet tries again. Publishing the same volume on the same target again succeeds; another volume or
 another model already on the target is ALREADY_EXISTS. NodeUnpublishVolume unmounts, removes the target
-directory and tells the worker (later, in the background, when it cannot be reached). Mounted digests
+directory and tells the API (later, in the background, when it cannot be reached). Mounted digests
 are held by the engine whatever ``spec.models`` says. Every other RPC is UNIMPLEMENTED.
 """
 
@@ -24,7 +24,7 @@ from google.protobuf import wrappers_pb2
 from gpustack_models.plugin.csi import DRIVER_NAME, VENDOR_VERSION, validation
 from gpustack_models.plugin.csi.bind_mounts import Mounted, MountTable, bind_read_only, mount_points, same_file, unmount
 from gpustack_models.plugin.csi.generated import csi_pb2, csi_pb2_grpc
-from gpustack_models.plugin.csi.mount_client import WorkerMounts
+from gpustack_models.plugin.csi.mount_client import MountClient
 from gpustack_models.plugin.csi.progress_text import not_ready_message
 from gpustack_models.plugin.csi.validation import CsiError, PublishRequest
 
@@ -39,8 +39,8 @@ def failed_precondition(message: str) -> CsiError:
 class Driver:
     """What the services do, on the node's engine. ``changed()`` is called when the mounts changed."""
 
-    def __init__(self, engine, node: str, worker: WorkerMounts, kubelet_dir: str | None, changed: Callable = None):
-        self.engine, self.node, self.worker, self.kubelet_dir = engine, node, worker, kubelet_dir or None
+    def __init__(self, engine, node: str, api: MountClient, kubelet_dir: str | None, changed: Callable = None):
+        self.engine, self.node, self.api, self.kubelet_dir = engine, node, api, kubelet_dir or None
         self.table = MountTable(engine.cache.root, engine.cache.tree)
         self.changed = changed or (lambda: None)
         self._lock = threading.Lock()
@@ -81,7 +81,7 @@ class Driver:
         with self._lock:
             if self._published_already(req, real):
                 return
-        grant = self.worker.mount(req.volume_id, req.pod, req.artifact, req.expected_digest)
+        grant = self.api.mount(req.volume_id, req.pod, req.artifact, req.expected_digest)
         entry = self.engine.entry(grant.digest)
         if entry is None or entry.state != _READY or self.engine.path(grant.digest) is None:
             raise CsiError(grpc.StatusCode.UNAVAILABLE, not_ready_message(req.artifact, entry))
@@ -175,11 +175,11 @@ class Driver:
             raise
 
     def release(self, volume_id: str) -> None:
-        """Tell the worker the volume is gone; remembered and retried (``retry_releases``) if it cannot."""
+        """Tell the API the volume is gone; remembered and retried (``retry_releases``) if it cannot."""
         try:
-            self.worker.release(volume_id)
+            self.api.release(volume_id)
         except CsiError as exc:
-            log.warning("the worker did not take the release of volume %s yet (%s); retrying later", volume_id,
+            log.warning("the API did not take the release of volume %s yet (%s); retrying later", volume_id,
                         exc.message)  # fmt: skip
             self.table.release_pending(volume_id)
             return
@@ -188,7 +188,7 @@ class Driver:
     def retry_releases(self) -> None:
         for volume_id in self.table.released():
             if self.table.volume_in_use(volume_id):
-                self.table.release_done(volume_id)  # published again since: the worker holds it rightly
+                self.table.release_done(volume_id)  # published again since: the API holds it rightly
             else:
                 self.release(volume_id)
 

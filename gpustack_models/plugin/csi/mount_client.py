@@ -1,9 +1,9 @@
-"""The worker's mount endpoint, as the plugin asks it with its Pod-bound token.
+"""The API's mount endpoint, as the plugin asks it with its Pod-bound token.
 
 ``POST /internal/v1/mounts`` authorizes a Pod's mount from the cluster (the Pod exists with that uid on
 this node, the artifact is in its namespace and resolved) and records the mount as a reference, so the
 digest enters this node's ``spec.models``; ``POST /internal/v1/mounts/release`` drops that reference.
-The worker's refusals are Kubernetes ``Status`` objects; each becomes the gRPC code the kubelet acts on,
+The API's refusals are Kubernetes ``Status`` objects; each becomes the gRPC code the kubelet acts on,
 with the Status message.
 """
 
@@ -41,7 +41,7 @@ def status_message(resp: requests.Response) -> str:
         body = None
     message = body.get("message") if isinstance(body, dict) else None
     if not isinstance(message, str) or not message:
-        message = f"the worker answered {resp.status_code} {resp.reason or ''}".strip()
+        message = f"the API answered {resp.status_code} {resp.reason or ''}".strip()
     return message[:1024]
 
 
@@ -59,7 +59,7 @@ class MountGrant:
             or not isinstance(body.get("digest"), str)
             or not _DIGEST.fullmatch(body["digest"])
         ):
-            raise CsiError(grpc.StatusCode.UNAVAILABLE, "the worker's answer carries no manifest digest")
+            raise CsiError(grpc.StatusCode.UNAVAILABLE, "the API's answer carries no manifest digest")
         size = body.get("sizeBytes")
         return cls(
             digest=body["digest"],
@@ -69,8 +69,8 @@ class MountGrant:
         )
 
 
-class WorkerMounts:
-    """The two calls, over HTTPS checked against the worker's CA, with ``headers()`` (the bound token)."""
+class MountClient:
+    """The two calls, over HTTPS checked against the API's CA, with ``headers()`` (the bound token)."""
 
     def __init__(self, url: str, ca_file: str, node: str, headers: Callable[[], dict]):
         self.url, self.ca_file, self.node, self.headers = url.rstrip("/"), ca_file, node, headers
@@ -84,7 +84,7 @@ class WorkerMounts:
                 f"{self.url}{path}", json=body, headers=self.headers(), verify=self.ca_file, timeout=TIMEOUT_SECONDS
             )
         except requests.RequestException as exc:
-            raise CsiError(grpc.StatusCode.UNAVAILABLE, f"the worker is unreachable: {exc}") from None
+            raise CsiError(grpc.StatusCode.UNAVAILABLE, f"the API is unreachable: {exc}") from None
 
     def mount(self, volume_id: str, pod: Pod, artifact: str, expected_digest: str | None) -> MountGrant:
         body = {
@@ -100,10 +100,10 @@ class WorkerMounts:
         try:
             return MountGrant.from_answer(resp.json())
         except ValueError:
-            raise CsiError(grpc.StatusCode.UNAVAILABLE, "the worker's answer is not JSON") from None
+            raise CsiError(grpc.StatusCode.UNAVAILABLE, "the API's answer is not JSON") from None
 
     def release(self, volume_id: str) -> None:
-        """Raises ``CsiError`` unless the worker acknowledged the release (unknown volumes included)."""
+        """Raises ``CsiError`` unless the API acknowledged the release (unknown volumes included)."""
         resp = self._post("/internal/v1/mounts/release", {"node": self.node, "volumeId": volume_id})
         if resp.status_code != 200:
             raise CsiError(code_for(resp.status_code), status_message(resp))

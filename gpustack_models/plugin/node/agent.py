@@ -3,9 +3,9 @@
 It watches its own NodeModelStore (``kube.watch``, the one watch loop), holds the digests ``spec.models``
 references with the download engine (``engine``: items with a ``collectTime`` are not downloaded, what
 left ``spec.models`` is removed after a short delay, disk pressure evicts what nothing references),
-asks the worker for a fetch ticket per referenced digest with its Pod-bound token, writes the store's
+asks the API for a fetch ticket per referenced digest with its Pod-bound token, writes the store's
 status from what is on disk (``store_status``), and serves ``GET /model/downloads`` (live bytes, for
-the worker only), ``/readyz``, ``/livez`` and ``/metrics`` over HTTPS (``endpoints``). It serves the
+the service's token only), ``/readyz``, ``/livez`` and ``/metrics`` over HTTPS (``endpoints``). It serves the
 CSI driver ``model.csi.gpustack.ai`` on a unix socket and registers it with the kubelet (``csi``), and
 what its node holds to other nodes' plugins on its peer port (``peer_server``; the contract is ``peers``).
 """
@@ -24,13 +24,13 @@ from gpustack_models.kinds import GROUP, STORAGE_VERSION
 from gpustack_models.kube.reviews import TokenReviewer
 from gpustack_models.kube.watch import Collection, WatchHandler, watch_forever
 from gpustack_models.plugin.csi.driver import Driver, IdentityService, NodeService
-from gpustack_models.plugin.csi.mount_client import WorkerMounts
+from gpustack_models.plugin.csi.mount_client import MountClient
 from gpustack_models.plugin.csi.registration import CsiServers
 from gpustack_models.plugin.engine import FAILED, READY, DownloadSettings, Engine, FanOutFactory, FetchTicket
 from gpustack_models.plugin.engine.failures import DownloadFailed
 from gpustack_models.plugin.engine.metrics import Metrics
 from gpustack_models.plugin.node.endpoints import serve
-from gpustack_models.plugin.node.serving_cert import WorkerCertificate
+from gpustack_models.plugin.node.serving_cert import ServingCertificate
 from gpustack_models.plugin.node.status_writer import StatusWriter
 from gpustack_models.plugin.peers.contract import FileToken
 from gpustack_models.plugin.peers.fanout import FanOut
@@ -55,10 +55,10 @@ class PluginSettings:
     address: str  # host:port to serve HTTPS on
     cert_file: str
     key_file: str
-    worker_url: str  # the worker's HTTPS base URL (ticket endpoint)
-    worker_ca_file: str
-    worker_username: str  # whose token may read /model/downloads
-    worker_audience: str  # ... and for which audience it must be (not kube-apiserver's)
+    api_url: str  # the API's HTTPS base URL (tickets, mounts, certificates)
+    api_ca_file: str
+    service_username: str  # whose token may read /model/downloads: the service's
+    service_audience: str  # ... and for which audience it must be (not kube-apiserver's)
     removal_delay_seconds: float = 60.0  # a published tree out of spec.models stays this long
     partial_retention_seconds: float = 86400.0  # partial work and failures out of spec.models: this long
     progress_interval: float = 30.0
@@ -76,13 +76,13 @@ class PluginSettings:
     peer_max_connections: int = 8  # peer transfers in flight on the node, until the store's spec.upload says
     peer_max_bytes_per_second: int = 0  # their upload rate (0: no limit), likewise
     fanout: bool = True  # downloads take what the tickets' peers hold
-    cert_from_worker: bool = False  # no certificate files: the worker issues one for the Pod IP (serving_cert)
+    cert_from_api: bool = False  # no certificate files: the API issues one for the Pod IP (serving_cert)
     cert_dir: str = ""  # ... kept here, with its key
 
 
 STOP_SECONDS = 5.0  # on SIGTERM, how long running downloads get to checkpoint and stop
 MOUNT_TOUCH_SECONDS = 60.0  # a mounted tree's lastUsedTime is moved this often
-RELEASE_RETRY_EVERY = 5  # reconcile passes (2 s each) between retries of releases the worker did not take
+RELEASE_RETRY_EVERY = 5  # reconcile passes (2 s each) between retries of releases the API did not take
 
 
 def peer_fan_out(node: str, access: PeerAccess | None, swarm: SwarmSettings | None = None) -> FanOutFactory | None:
@@ -139,18 +139,18 @@ class Plugin:
         self.wanted: list[str] = []
         self.spec_seen = threading.Event()
         self._reviews = TokenReviewer(
-            lambda: self.kube, settings.auth_cache_ttl, maxsize=256, audiences=(settings.worker_audience,)
+            lambda: self.kube, settings.auth_cache_ttl, maxsize=256, audiences=(settings.service_audience,)
         )
         self._fetching: set[str] = set()
         self._lock = threading.Lock()
         self.uploads = UploadLimits(settings.peer_max_connections, settings.peer_max_bytes_per_second)
         self.metrics.attach_uploads(self.uploads)
         self.peers = None  # the peer server, while it runs
-        self.certificate: WorkerCertificate | None = None  # the worker-issued serving certificate, if any
+        self.certificate: ServingCertificate | None = None  # the API-issued serving certificate, if any
         self.csi: Driver | None = None
         if settings.csi_socket:
-            worker = WorkerMounts(settings.worker_url, settings.worker_ca_file, settings.node, self.kube.auth_headers)
-            self.csi = Driver(self.engine, settings.node, worker, settings.kubelet_dir, self.writer.kick.set)
+            api = MountClient(settings.api_url, settings.api_ca_file, settings.node, self.kube.auth_headers)
+            self.csi = Driver(self.engine, settings.node, api, settings.kubelet_dir, self.writer.kick.set)
 
     def _peer_access(self) -> PeerAccess | None:
         """How downloads reach the tickets' peers (``fanout``): our peer token, the peers' CA, and the
@@ -224,28 +224,28 @@ class Plugin:
                 self.engine.ensure(ticket)
         except DownloadFailed as exc:
             log.warning("%s: %s", digest, exc)
-        except Exception as exc:  # the worker unreachable: the next reconcile asks again
+        except Exception as exc:  # the API unreachable: the next reconcile asks again
             log.warning("no fetch ticket for %s yet: %s", digest, exc)
         finally:
             with self._lock:
                 self._fetching.discard(digest)
 
     def fetch_ticket(self, digest: str) -> FetchTicket | None:
-        """Ask the worker for ``digest``'s ticket with our Pod-bound token: every source of the digest,
+        """Ask the API for ``digest``'s ticket with our Pod-bound token: every source of the digest,
         in the order to try them. The hub tokens in it stay in memory."""
         session = requests.Session()
         session.trust_env = False
         resp = session.post(
-            f"{self.settings.worker_url.rstrip('/')}/internal/v1/tickets",
+            f"{self.settings.api_url.rstrip('/')}/internal/v1/tickets",
             json={"node": self.settings.node, "digest": digest},
             headers=self.kube.auth_headers(),
-            verify=self.settings.worker_ca_file,
+            verify=self.settings.api_ca_file,
             timeout=30,
         )
         try:
             answer = kube.Response(resp.status_code, dict(resp.headers), resp.content).raise_for_status()
         except (kube.NotFound, kube.Conflict) as exc:  # no store, or no resolution of the digest yet
-            log.info("%s: the worker has no ticket yet (%s)", digest, exc.message)
+            log.info("%s: the API has no ticket yet (%s)", digest, exc.message)
             return None
         return FetchTicket.from_dict(answer.json())
 
@@ -269,15 +269,15 @@ class Plugin:
                 log.warning("reconcile: %s", exc)
 
     # --- who may read live downloads ---------------------------------------------------------------------
-    def authorized_worker(self, header: str | None) -> int:
-        """200 for the worker's token for this audience, 401 without one (the worker's kube-apiserver token
+    def authorized_service(self, header: str | None) -> int:
+        """200 for the service's token for this audience, 401 without one (the service's kube-apiserver token
         included), 403 for anyone else's."""
         if not header or not header.lower().startswith("bearer "):
             return 401
         user = self._reviews.review(header[7:].strip())
         if user is None:
             return 401
-        return 200 if user.get("username") == self.settings.worker_username else 403
+        return 200 if user.get("username") == self.settings.service_username else 403
 
     # --- the process -----------------------------------------------------------------------------------
     def csi_servers(self) -> CsiServers | None:
@@ -298,14 +298,14 @@ class Plugin:
         self.peers = serve_peers(self, service, settings.peer_port)
         return self.peers
 
-    def worker_certificate(self) -> bool:
-        """With ``cert_from_worker``: the worker's certificate in place before anything serves (False when
+    def issued_certificate(self) -> bool:
+        """With ``cert_from_api``: the API's certificate in place before anything serves (False when
         stopped first), renewed by a thread that loads each new one into the servers."""
         settings = self.settings
-        if not settings.cert_from_worker:
+        if not settings.cert_from_api:
             return True
-        issued = WorkerCertificate(
-            settings.cert_dir, settings.node, settings.worker_url, settings.worker_ca_file, self.kube.auth_headers
+        issued = ServingCertificate(
+            settings.cert_dir, settings.node, settings.api_url, settings.api_ca_file, self.kube.auth_headers
         )
         if not issued.obtain(self.stopping):
             return False
@@ -322,7 +322,7 @@ class Plugin:
         threading.Thread(target=issued.renew_forever, args=(self.stopping,), name="cert-renewal", daemon=True).start()
 
     def run(self) -> None:
-        if not self.worker_certificate():
+        if not self.issued_certificate():
             log.info("plugin for node %s stopped before it had a serving certificate", self.settings.node)
             return
         server, peers = serve(self), self.peer_server()

@@ -1,5 +1,5 @@
 """The plugin's HTTPS endpoint: ``/readyz``, ``/livez``, ``/metrics`` and ``GET /model/downloads`` (the
-live bytes of running downloads, for the worker's token only). Requests are not logged: tokens travel in
+live bytes of running downloads, for the service's token only). Requests are not logged: tokens travel in
 headers.
 
 How connections are served (the TLS handshake off the accept loop, deadlines, the bound on open
@@ -20,7 +20,7 @@ from gpustack_models.plugin.https_server import (
     status,
 )
 
-DENIED = "only the gpustack-models worker reads live downloads"
+DENIED = "only the gpustack-models service reads live downloads"
 
 
 class PluginRequestHandler(GuardedRequestHandler):
@@ -47,7 +47,7 @@ class PluginRequestHandler(GuardedRequestHandler):
         return self._send(404, status(404, "NotFound"))
 
     def downloads(self):
-        code = self.plugin.authorized_worker(self.headers.get("Authorization"))
+        code = self.plugin.authorized_service(self.headers.get("Authorization"))
         if code != 200:
             return self._send(code, status(code, "Unauthorized" if code == 401 else "Forbidden", DENIED))
         return self._send(200, json.dumps({"downloads": self.plugin.engine.running()}).encode())

@@ -1,13 +1,13 @@
-"""The plugin's serving certificate, issued by the worker (``GPUSTACK_PLUGIN_CERT_FROM_WORKER``).
+"""The plugin's serving certificate, issued by the API (``GPUSTACK_PLUGIN_CERT_FROM_API``).
 
-The plugin makes an EC P-256 key, sends a signing request for it to the worker
-(``POST /internal/v1/plugin-certificates``, with its Pod-bound token and the worker's CA, as for fetch
+The plugin makes an EC P-256 key, sends a signing request for it to the API
+(``POST /internal/v1/plugin-certificates``, with its Pod-bound token and the API's CA, as for fetch
 tickets) and gets back a certificate of the plugin CA naming its Pod IP. Key and certificate are written
 to its directory (mode 0600, each replaced in one rename), and both HTTPS servers (the main port and the
 peer port) use them. At two thirds of the certificate's validity it asks again with a new key and the
 servers take the new certificate for new connections (connections already open keep theirs).
 
-At start, a worker that cannot be reached (or refuses) is asked again with backoff, every failure
+At start, an API that cannot be reached (or refuses) is asked again with backoff, every failure
 logged; the servers do not start, so nothing is served without TLS and ``/readyz`` answers nothing,
 until a certificate is in place. No Django here.
 """
@@ -36,11 +36,11 @@ RENEW_AT = 2 / 3  # of the validity left when the certificate arrived
 
 
 class CertificateRefused(RuntimeError):
-    """The worker's answer was no certificate for our key."""
+    """The API's answer was no certificate for our key."""
 
 
 def signing_request(key, node: str) -> str:
-    """A PEM signing request for ``key`` (its subject is only informative: the worker names the Pod IP)."""
+    """A PEM signing request for ``key`` (its subject is only informative: the API names the Pod IP)."""
     name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, node[:64])])
     csr = x509.CertificateSigningRequestBuilder().subject_name(name).sign(key, hashes.SHA256())
     return csr.public_bytes(serialization.Encoding.PEM).decode()
@@ -59,13 +59,13 @@ def write_private(path: Path, data: bytes) -> None:
     os.replace(tmp, path)
 
 
-class WorkerCertificate:
-    """The serving certificate and key files the worker issues, kept current."""
+class ServingCertificate:
+    """The serving certificate and key files the API issues, kept current."""
 
-    def __init__(self, directory: str, node: str, worker_url: str, worker_ca_file: str, auth_headers: Callable):
+    def __init__(self, directory: str, node: str, api_url: str, api_ca_file: str, auth_headers: Callable):
         self.directory = Path(directory)
         self.cert_file, self.key_file = str(self.directory / "serving.crt"), str(self.directory / "serving.key")
-        self.node, self.worker_url, self.worker_ca_file = node, worker_url.rstrip("/"), worker_ca_file
+        self.node, self.api_url, self.api_ca_file = node, api_url.rstrip("/"), api_ca_file
         self.auth_headers = auth_headers
         self.renew_time = 0.0  # time.time() when to ask again
         self.listeners: list[Callable[[], None]] = []  # called after a new certificate is in place
@@ -76,17 +76,17 @@ class WorkerCertificate:
         session = requests.Session()
         session.trust_env = False
         resp = session.post(
-            f"{self.worker_url}{PATH}",
+            f"{self.api_url}{PATH}",
             json={"csr": signing_request(key, self.node)},
             headers=self.auth_headers(),
-            verify=self.worker_ca_file,
+            verify=self.api_ca_file,
             timeout=30,
         )
         if resp.status_code != 200:
-            raise CertificateRefused(f"the worker answered {resp.status_code}: {_message(resp)}")
+            raise CertificateRefused(f"the API answered {resp.status_code}: {_message(resp)}")
         cert = x509.load_pem_x509_certificate(resp.json()["certificate"].encode())
         if _spki(cert.public_key()) != _spki(key.public_key()):
-            raise CertificateRefused("the worker's certificate is not for the key sent")
+            raise CertificateRefused("the API's certificate is not for the key sent")
         self._install(key, cert)
 
     def _install(self, key, cert: x509.Certificate) -> None:
@@ -102,7 +102,7 @@ class WorkerCertificate:
         self.renew_time = start.timestamp() + RENEW_AT * max(0.0, (cert.not_valid_after_utc - start).total_seconds())
         names = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
         log.info(
-            "serving certificate %x from the worker for %s, until %s; renewing at %s",
+            "serving certificate %x from the API for %s, until %s; renewing at %s",
             cert.serial_number,
             ", ".join(str(ip) for ip in names.get_values_for_type(x509.IPAddress)),
             cert.not_valid_after_utc.isoformat(),
@@ -117,14 +117,14 @@ class WorkerCertificate:
                 self.request()
                 return True
             except Exception as exc:  # unreachable, refused, a bad answer: ask again
-                log.warning("no serving certificate from the worker yet (%s); asking again in %.0f s", exc, wait)
+                log.warning("no serving certificate from the API yet (%s); asking again in %.0f s", exc, wait)
             if stopping.wait(wait):
                 break
             wait = min(wait * 2, RETRY_MAX)
         return False
 
     def renew_forever(self, stopping: threading.Event) -> None:
-        """At each renewal time, a new certificate (with backoff while the worker refuses), then the
+        """At each renewal time, a new certificate (with backoff while the API refuses), then the
         listeners (the servers load it)."""
         while not stopping.wait(max(0.0, self.renew_time - time.time())):
             if not self.obtain(stopping):

@@ -1,4 +1,4 @@
-"""The worker's answers to the CSI driver's mount calls, as gRPC codes (against a small local HTTP endpoint)."""
+"""The API's answers to the CSI driver's mount calls, as gRPC codes (against a small local HTTP endpoint)."""
 
 from __future__ import annotations
 
@@ -9,14 +9,14 @@ import threading
 import grpc
 import pytest
 
-from gpustack_models.plugin.csi.mount_client import WorkerMounts
+from gpustack_models.plugin.csi.mount_client import MountClient
 from gpustack_models.plugin.csi.validation import CsiError, Pod
 
 UID = "0b3f6f0e-7a51-4e6f-9d1e-6a1c5e0f0c11"
 
 
 class Answers(http.server.BaseHTTPRequestHandler):
-    """A stand-in for the worker's mount endpoint: answers what the test queued, records the bodies."""
+    """A stand-in for the API's mount endpoint: answers what the test queued, records the bodies."""
 
     queue: list = []
     bodies: list = []
@@ -41,11 +41,11 @@ class Answers(http.server.BaseHTTPRequestHandler):
 
 
 @pytest.fixture
-def worker():
+def api():
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Answers)
     threading.Thread(target=server.serve_forever, args=(0.02,), daemon=True).start()
     Answers.queue, Answers.bodies = [], []
-    yield WorkerMounts(f"http://127.0.0.1:{server.server_port}", "", "node-a", lambda: {"Authorization": "Bearer t"})
+    yield MountClient(f"http://127.0.0.1:{server.server_port}", "", "node-a", lambda: {"Authorization": "Bearer t"})
     server.shutdown()
 
 
@@ -65,10 +65,10 @@ def status(code, message):
         (503, grpc.StatusCode.UNAVAILABLE),
     ],
 )
-def test_it_maps_the_workers_refusals_with_their_message(worker, code, grpc_code):
+def test_it_maps_the_apis_refusals_with_their_message(api, code, grpc_code):
     Answers.queue.append((code, status(code, f"refused {code}")))
     with pytest.raises(CsiError) as info:
-        worker.mount("vol", Pod("ns", "p", UID), "qwen", None)
+        api.mount("vol", Pod("ns", "p", UID), "qwen", None)
     assert (info.value.code, info.value.message) == (grpc_code, f"refused {code}")
     path, auth, body = Answers.bodies[0]
     assert path == "/internal/v1/mounts" and auth == "Bearer t"
@@ -81,19 +81,19 @@ def test_it_maps_the_workers_refusals_with_their_message(worker, code, grpc_code
     }
 
 
-def test_it_takes_a_grant_and_refuses_a_malformed_one(worker):
+def test_it_takes_a_grant_and_refuses_a_malformed_one(api):
     digest = "sha256:" + "c" * 64
     Answers.queue += [(200, {"digest": digest, "namespace": "ns", "artifact": "qwen", "sizeBytes": 9, "fileCount": 1})]
-    assert worker.mount("vol", Pod("ns", "p", UID), "qwen", digest).digest == digest
+    assert api.mount("vol", Pod("ns", "p", UID), "qwen", digest).digest == digest
     Answers.queue += [(200, {"digest": "sha256:../../x"}), (200, b"<html>"), (502, b"bad gateway")]
     for _ in range(3):
         with pytest.raises(CsiError) as info:
-            worker.mount("vol", Pod("ns", "p", UID), "qwen", None)
+            api.mount("vol", Pod("ns", "p", UID), "qwen", None)
         assert info.value.code == grpc.StatusCode.UNAVAILABLE and info.value.message
 
 
-def test_it_says_when_the_worker_is_unreachable():
-    unreachable = WorkerMounts("http://127.0.0.1:9", "", "node-a", dict)
+def test_it_says_when_the_api_is_unreachable():
+    unreachable = MountClient("http://127.0.0.1:9", "", "node-a", dict)
     with pytest.raises(CsiError) as info:
         unreachable.release("vol")
     assert info.value.code == grpc.StatusCode.UNAVAILABLE and "unreachable" in info.value.message
