@@ -80,6 +80,21 @@ class Clock:
         self.now += seconds
 
 
+class ManualClock:
+    """Monotonic seconds that move only when the rate limiter sleeps."""
+
+    def __init__(self):
+        self.now = 1000.0
+        self.slept = 0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.slept += 1
+        self.now += seconds
+
+
 @pytest.fixture
 def clock() -> Clock:
     return Clock()

@@ -12,7 +12,7 @@ import pytest
 from gpustack_models.local import pki
 from gpustack_models.plugin.engine import READY, DownloadSettings
 from gpustack_models.plugin.engine.ranges import FileProgress
-from gpustack_models.plugin.engine.ticket import PeerSource, usable_peers
+from gpustack_models.plugin.engine.ticket import PeerSource
 from gpustack_models.plugin.node.agent import peer_fan_out
 from gpustack_models.plugin.peers.peer_client import PeerAccess, PeerError, parse_tree
 from gpustack_models.plugin.peers.swarm import HUB, Board, Finished, SwarmSettings, segment_size
@@ -261,22 +261,6 @@ def test_tree_answers_are_bounded_to_the_manifest():
     assert state == "Downloading"  # a Ready peer listing less is trusted for what it lists only
     with pytest.raises(PeerError):
         parse_tree({"files": "nope"}, sizes)
-
-
-def test_a_tickets_peers_are_checked_and_malformed_ones_dropped():
-    peers = usable_peers(
-        [
-            {"node": "n1", "url": "https://10.0.0.1:9443", "state": "Ready"},
-            {"node": "n2", "url": "http://10.0.0.2:9443", "state": "Ready"},  # no TLS
-            {"node": "n3", "url": "https://10.0.0.3:9443/x", "state": "Ready"},  # a path
-            {"node": "N4!", "url": "https://10.0.0.4:9443", "state": "Ready"},
-            {"node": "n5", "url": "https://10.0.0.5:9443", "state": "Gone"},
-            {"node": "n1", "url": "https://10.0.0.9:9443", "state": "Ready"},  # twice
-            {"url": "https://10.0.0.6:9443"},
-            "garbage",
-        ]
-    )
-    assert peers == (PeerSource("n1", "https://10.0.0.1:9443", "Ready"),)
 
 
 def test_a_lone_download_takes_the_hubs_parts_until_a_peer_shows_up_then_the_rest_from_it(

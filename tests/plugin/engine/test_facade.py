@@ -8,17 +8,20 @@ import threading
 import pytest
 from prometheus_client import generate_latest
 
-from gpustack_models.plugin.engine import DOWNLOADING, FAILED, READY, Metrics, backoff_seconds
+from gpustack_models.plugin.engine import DOWNLOADING, FAILED, READY, Metrics
 from gpustack_models.plugin.engine.cache import read_json
-from gpustack_models.plugin.engine.limits import RateLimiter
 from gpustack_models.plugin.engine.records import rfc3339
-from tests.plugin.conftest import InFlight, KiB, MiB, random_bytes, settings, ticket_for, tree_files, wait_for
-
-
-def test_it_backs_off_from_one_minute_doubling_to_one_hour():
-    assert [backoff_seconds(n) for n in range(1, 9)] == [60, 120, 240, 480, 960, 1920, 3600, 3600]
-    assert backoff_seconds(1, retry_after=300) == 300
-    assert backoff_seconds(1, retry_after=86400) == 3600
+from tests.plugin.conftest import (
+    InFlight,
+    KiB,
+    ManualClock,
+    MiB,
+    random_bytes,
+    settings,
+    ticket_for,
+    tree_files,
+    wait_for,
+)
 
 
 @pytest.mark.parametrize("status", [503, 429])
@@ -115,21 +118,6 @@ def test_it_counts_running_downloads_against_the_watermark(fakehub, make_engine)
     assert engine.wait(one.digest, timeout=30).state == READY
 
 
-class ManualClock:
-    """Monotonic seconds that move only when the rate limiter sleeps."""
-
-    def __init__(self):
-        self.now = 1000.0
-        self.slept = 0
-
-    def __call__(self) -> float:
-        return self.now
-
-    def sleep(self, seconds: float) -> None:
-        self.slept += 1
-        self.now += seconds
-
-
 class SharedClock(ManualClock):
     """A ManualClock for a rate limiter that several threads share. Each thread sleeps from the time it
     last read, and the clock is the latest time any thread slept until: the limiter lays its grants end
@@ -211,22 +199,6 @@ def test_it_holds_the_node_rate_limit(fakehub, make_engine):
     elapsed = clock.now - 1000.0
     assert (read - largest) / rate - burst <= elapsed + 1e-9, (elapsed, read)
     assert elapsed <= read / rate - burst + 1e-9, (elapsed, read)
-
-
-@pytest.mark.parametrize("rate", [1 * MiB, 256 * KiB])
-def test_it_grants_rate_limited_bytes_at_exactly_the_rate(rate):
-    clock = ManualClock()
-    limiter = RateLimiter(rate, burst_seconds=0.05, clock=clock, sleep=clock.sleep)
-    chunk = limiter.chunk(64 * KiB)  # what a reader asks for at once under this rate
-    chunks = (4 * MiB) // chunk
-
-    for _ in range(chunks):
-        assert limiter.acquire(chunk)
-
-    assert clock.slept > 0
-    # Each chunk is granted once the ones before it have had their time at the rate, less the
-    # burst allowance: no sooner (faster than the rate) and no later (slower).
-    assert clock.now - 1000.0 == pytest.approx((chunks - 1) * chunk / rate - 0.05)
 
 
 def test_it_changes_the_rate_limit_while_downloading(fakehub, make_engine):

@@ -116,20 +116,6 @@ def test_it_tries_a_failed_source_last_for_a_while_in_later_downloads(fakehub, m
     assert statuses == [401, 401]  # the first and the third download, not the second
 
 
-def test_it_orders_lately_failed_sources_last_and_forgets_them():
-    clock = Clock()
-    penalties = SourcePenalties(seconds=300, clock=clock)
-    penalties.failed("a")
-    clock.advance(10)
-    penalties.failed("b")
-    assert penalties.order(["a", "b", "c"], key=str) == ["c", "a", "b"]
-    penalties.served("b")
-    assert penalties.order(["a", "b", "c"], key=str) == ["b", "c", "a"]
-    clock.advance(291)
-    assert penalties.order(["a", "b", "c"], key=str) == ["a", "b", "c"]
-    assert not penalties.penalized("a")
-
-
 def test_it_carries_every_source_on_the_wire_with_the_first_at_the_top_level(fakehub, copies):
     gone, public = copies
     first = ticket_for(fakehub, "evil/copy", gone, token="hf_first_token")

@@ -27,7 +27,7 @@ from tests.plugin.conftest import (
     wait_for,
 )
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+REPO_ROOT = Path(__file__).resolve().parents[3]
 
 
 def repo_files():
