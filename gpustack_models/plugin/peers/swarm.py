@@ -3,7 +3,7 @@
 A node that downloads a digest its fetch ticket also lists on other nodes (``FetchTicket.peers``:
 Ready, or Downloading with some ranges) fetches from those peers and from the hub together, every
 byte verified against the manifest as from the hub (``frontier``). The ``Board`` decides who fetches
-what:
+what (it keeps the segments and the peers' state, ``segments``; how it chooses is ``choosing``'s):
 
 - **Segments.** The missing bytes are cut into segments: a file smaller than the segment size is
   one; bigger files are cut every ``segment_size`` bytes (the total over about 1,024 segments, at
@@ -47,135 +47,40 @@ resumed download schedules only what is missing, peers or not.
 
 from __future__ import annotations
 
-import bisect
-import hashlib
 import threading
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass, field
 
 from gpustack_models.plugin.engine.ranges import FileProgress
 from gpustack_models.plugin.engine.ticket import PeerSource
+from gpustack_models.plugin.peers.choosing import Choosing
+from gpustack_models.plugin.peers.segments import (
+    HUB,
+    MIN_PIECE,
+    Finished,
+    PeerState,
+    Segment,
+    SwarmSettings,
+    segment_size,
+)
 
-KiB = 1024
-MiB = 1024 * KiB
-HUB = "hub"  # the source of a segment fetched from the ticket's hubs (in their failover order)
-MIN_SEGMENT = 256 * KiB
-MIN_PIECE = 64 * KiB  # a straggler's tail is cut on this grain, and never smaller
-
-
-@dataclass
-class SwarmSettings:
-    """Tuning of the fan-out (defaults suit a cluster's network)."""
-
-    peer_connections: int = 4  # requests in flight to one peer
-    peer_wait: float = 120.0  # seconds a segment waits for a peer before this node asks the hub anyway
-    peer_stall: float = 15.0  # a Downloading peer whose ranges did not grow for this long owns nothing
-    peer_refresh: float = 2.0  # seconds between asks for the ticket's peer list
-    peer_settle: float = 2.0  # nodes still joining, none Ready: no hub request for at most this long
-    peer_poll: float = 0.5  # seconds between tree answers asked of each Downloading peer
-    straggle_seconds: float = 2.0  # a segment in flight is never a straggler sooner
-    hub_floor: int = 2  # hub requests kept running while owned segments wait
-    max_segments: int = 1024
-
-
-def segment_size(total: int, part_size: int, max_segments: int = 1024) -> int:
-    """The segment size for ``total`` bytes: about ``max_segments`` segments, 256 KiB to ``part_size``."""
-    size = -(-max(total, 1) // max_segments)
-    size = -(-size // MIN_PIECE) * MIN_PIECE
-    return max(MIN_SEGMENT, min(part_size, size))
+__all__ = [
+    "HUB",
+    "MIN_PIECE",
+    "Board",
+    "Finished",
+    "PeerState",
+    "Segment",
+    "SwarmSettings",
+    "segment_size",
+]
 
 
-def _rank(*parts: object) -> bytes:
-    return hashlib.sha256("\0".join(str(p) for p in parts).encode()).digest()
-
-
-@dataclass(eq=False)
-class Segment:
-    """``[pos, end)`` of ``f`` still to fetch (``start`` where it began); ``end`` may shrink while in
-    flight (a straggler's tail cut off) and is read and written under ``lock``."""
-
-    f: FileProgress
-    index: int
-    start: int
-    end: int
-    epoch: int
-    waiting_since: float
-    pos: int = -1
-    claim: int = -1  # how far the read under way reaches (a cut never goes below it)
-    source: str | None = None  # while in flight: HUB or a peer's node
-    started: float = 0.0
-    splittable: bool = False
-    owner: str = ""
-    owner_version: int = -1
-    lock: threading.Lock = field(default_factory=threading.Lock)
-
-    def __post_init__(self):
-        self.pos = self.claim = self.start
-
-    @property
-    def remaining(self) -> int:
-        return max(0, self.end - self.pos)
-
-
-class PeerState:
-    """What this download knows of one peer."""
-
-    def __init__(self, peer: PeerSource, now: float):
-        self.peer = peer
-        self.node = peer.node
-        self.ready = peer.state == "Ready"
-        self.have: dict[str, tuple[list[int], list[int]]] = {}
-        self.have_total = -1
-        self.progress_at = now  # when its ranges last grew (or it appeared)
-        self.failures = 0
-        self.dead = self.banned = False
-        self.demoted = False  # answered 416 for what it listed: owns no share of the hub's bytes
-        self.busy_until = 0.0
-        self.active = 0
-        self.bytes = 0
-        self.busy_seconds = 0.0
-
-    def usable(self, now: float) -> bool:
-        return not (self.dead or self.banned) and now >= self.busy_until
-
-    def owns(self, now: float, stall: float) -> bool:
-        """May own segments: alive, not banned, Ready or making progress."""
-        if self.dead or self.banned or self.demoted:
-            return False
-        return self.ready or now - self.progress_at < stall
-
-    def holds(self, path: str, start: int, end: int) -> bool:
-        if self.ready:
-            return True
-        ranges = self.have.get(path)
-        if ranges is None:
-            return False
-        starts, ends = ranges
-        i = bisect.bisect_right(starts, start) - 1
-        return i >= 0 and ends[i] >= end
-
-    def rate(self) -> float | None:
-        return self.bytes / self.busy_seconds if self.bytes and self.busy_seconds > 0 else None
-
-    def update_have(self, state: str, files: dict[str, list[tuple[int, int]]], now: float) -> None:
-        self.ready = self.ready or state == "Ready"
-        have = {}
-        total = 0
-        for path, ranges in files.items():
-            merged = sorted(ranges)
-            have[path] = ([s for s, _ in merged], [e for _, e in merged])
-            total += sum(e - s for s, e in merged)
-        if total > self.have_total:
-            self.progress_at = now
-        self.have, self.have_total, self.failures = have, total, 0
-
-
-class Board:
+class Board(Choosing):
     """The segments of one download and the sources they go to (see the module's docstring).
 
-    ``take()`` hands a worker its next ``(segment, source)``, ``None`` when it should wait, or
-    raises ``Finished``; the worker reports back with ``done``, ``put_back`` or ``failed``.
+    ``take()`` (``Choosing``) hands a worker its next ``(segment, source)``, ``None`` when it should
+    wait, or raises ``Finished``; the worker reports back with ``done``, ``put_back`` or ``failed``.
     Thread-safe: one condition guards everything; ``wait()`` sleeps until something changes."""
 
     def __init__(
@@ -315,27 +220,7 @@ class Board:
         with self.cond:
             return sorted(node for node, p in self.peers.items() if p.banned)
 
-    # ---------------------------------------------------------------- ownership
-
-    def _owner(self, seg: Segment, now: float) -> str:
-        """The live node owning ``seg`` (caller holds ``cond``)."""
-        if seg.owner_version == self.version:
-            return seg.owner
-        stall = self.settings.peer_stall
-        nodes = [self.node] + [n for n, p in self.peers.items() if p.owns(now, stall)]
-        path = seg.f.file.path
-        owner = max(nodes, key=lambda n: _rank(n, self.digest, path, seg.index))
-        seg.owner, seg.owner_version = owner, self.version
-        return owner
-
-    def _hub_ok(self, seg: Segment, now: float) -> bool:
-        if not self.hub_allowed or now < self.hold_until:
-            return False
-        if now - seg.waiting_since >= self.settings.peer_wait:
-            return True
-        return self._owner(seg, now) == self.node
-
-    # ---------------------------------------------------------------- taking work
+    # ---------------------------------------------------------------- holding the hub back
 
     def settle(self, seconds: float) -> None:
         """Ask the hub nothing for ``seconds`` (or until ``release``): nodes that start together learn
@@ -353,108 +238,6 @@ class Board:
         with self.cond:
             self.hold_until = 0.0
             self.cond.notify_all()
-
-    def take(self) -> tuple[Segment, str] | None:
-        """The next segment and its source; ``None``: wait; raises ``Finished`` when nothing is left."""
-        now = time.monotonic()
-        with self.cond:
-            if not self.pending and not self.inflight:
-                raise Finished
-            if not self.fine and now < self.hold_until:
-                return None
-            owning = frozenset(n for n, p in self.peers.items() if p.owns(now, self.settings.peer_stall))
-            if owning != self._owning:
-                self._owning = owning
-                self.version += 1
-            choice = self._choose(now) or self._straggler(now)
-            if choice is not None:
-                self._start(*choice, now)
-            return choice
-
-    def _choose(self, now: float) -> tuple[Segment, str] | None:
-        """A pending segment from its best peer, else an owned one from the hub; the hub first while
-        fewer than ``hub_floor`` hub requests run (caller holds ``cond``)."""
-        peers = [p for p in self.peers.values() if not (p.dead or p.banned)]
-        if self.hub_active < self.settings.hub_floor:
-            pick = self._hub_pick(peers, now)
-            if pick is not None:
-                return pick, HUB
-        for seg in self.pending:
-            best = self._best([p for p in peers if p.holds(seg.f.file.path, seg.pos, seg.end)], now)
-            if best is not None:
-                return seg, best.node
-        pick = self._hub_pick(peers, now)
-        return (pick, HUB) if pick is not None else None
-
-    def _hub_pick(self, peers: list[PeerState], now: float) -> Segment | None:
-        """The pending segment no peer holds that this node should ask the hub for, in this node's own
-        order (caller holds ``cond``)."""
-        pick, best = None, None
-        for seg in self.pending:
-            if any(p.holds(seg.f.file.path, seg.pos, seg.end) for p in peers) or not self._hub_ok(seg, now):
-                continue
-            # Our surest share first: the segments where our own hash ranks highest stay ours however
-            # many nodes we have not heard of yet; the doubtful ones wait until the peer list is fuller.
-            rank = (0, -int.from_bytes(_rank(self.node, self.digest, seg.f.file.path, seg.index)[:8], "big"))
-            rank = rank if self.fine else (1, (seg.f.file.path, seg.start))
-            if best is None or rank < best:
-                pick, best = seg, rank
-        return pick
-
-    def _best(self, holders: list[PeerState], now: float) -> PeerState | None:
-        limit = self.settings.peer_connections
-        best, score = None, -1.0
-        for p in holders:
-            if not p.usable(now) or p.active >= limit:
-                continue
-            rate = p.rate()
-            s = (rate if rate is not None else float("inf")) / (p.active + 1)
-            if s > score:
-                best, score = p, s
-        return best
-
-    def _start(self, seg: Segment, source: str, now: float) -> None:
-        """Caller holds ``cond``."""
-        if seg in self.pending:
-            self.pending.remove(seg)
-        self.inflight.add(seg)
-        seg.source, seg.started = source, now
-        seg.splittable = True
-        if source == HUB:
-            self.hub_active += 1
-        else:
-            self.peers[source].active += 1
-
-    def _straggler(self, now: float) -> tuple[Segment, str] | None:
-        """Cut the tail off the slowest peer segment in flight for another source (caller holds ``cond``)."""
-        for seg in sorted(self.inflight, key=lambda s: s.started):
-            if not seg.splittable or not self._lagging(seg, now):
-                continue
-            with seg.lock:
-                reach = max(seg.pos, seg.claim)
-                cut = reach + max(MIN_PIECE, ((seg.end - reach) // 2) // MIN_PIECE * MIN_PIECE)
-                if seg.end - cut < MIN_PIECE:
-                    continue
-                tail = Segment(seg.f, seg.index, cut, seg.end, seg.epoch, seg.waiting_since)
-                others = [p for n, p in self.peers.items() if n != seg.source and not (p.dead or p.banned)]
-                holders = [p for p in others if p.holds(seg.f.file.path, cut, tail.end)]
-                best = self._best(holders, now)
-                hub = seg.source != HUB and not holders and self._hub_ok(tail, now)
-                source = best.node if best is not None else (HUB if hub else None)
-                if source is None:
-                    continue
-                seg.end = cut
-            seg.splittable = False
-            self.inflight.add(tail)
-            return tail, source
-        return None
-
-    def _lagging(self, seg: Segment, now: float) -> bool:
-        elapsed = now - seg.started
-        if elapsed < self.settings.straggle_seconds or seg.remaining < 2 * MIN_PIECE:
-            return False
-        rates = [r for p in self.peers.values() if not (p.dead or p.banned) and (r := p.rate())]
-        return bool(rates) and elapsed > 4 * (seg.end - seg.start) / max(rates)
 
     # ---------------------------------------------------------------- reports
 
@@ -510,7 +293,3 @@ class Board:
     def wake(self) -> None:
         with self.cond:
             self.cond.notify_all()
-
-
-class Finished(Exception):
-    """Every segment is fetched."""
