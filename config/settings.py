@@ -202,7 +202,7 @@ if CELERY_BROKER_URL.startswith("filesystem://"):
         "processed_folder": str(CELERY_BROKER_DIR / "processed"),
         "control_folder": str(CELERY_BROKER_DIR / "control"),
         "store_processed": False,
-        # The worker's loop notices a stop between polls: a short interval lets it stop in seconds.
+        # A Celery worker's loop notices a stop between polls: a short interval lets it stop in seconds.
         "polling_interval": 0.2,
     }
     _default_results = f"file://{DATA_DIR / 'celery' / 'results'}"
@@ -249,9 +249,13 @@ if LOCAL_CLUSTER_PORTS != "free" and not (
 AUTH_CACHE_TTL = env_float("GPUSTACK_AUTH_CACHE_TTL", 10.0, minimum=0.0)
 # At most this many answers kept per cache (TokenReviews; SubjectAccessReviews): the oldest go first.
 AUTH_CACHE_SIZE = env_int("GPUSTACK_AUTH_CACHE_SIZE", 16384, minimum=1)
-# Where the worker's objects live and who it is; the admission policies name these accounts.
+# Where the service's objects live and who it is; the admission policies name these accounts. The service's
+# ServiceAccount keeps its first name, gpustack-models-worker (an installed account is not renamed);
+# GPUSTACK_WORKER_SERVICE_ACCOUNT is the deprecated name of its variable.
 NAMESPACE = env_str("GPUSTACK_NAMESPACE", "gpustack-system")
-WORKER_SERVICE_ACCOUNT = env_str("GPUSTACK_WORKER_SERVICE_ACCOUNT", "gpustack-models-worker")
+SERVICE_ACCOUNT = env_str(
+    env_renamed("GPUSTACK_SERVICE_ACCOUNT", "GPUSTACK_WORKER_SERVICE_ACCOUNT"), "gpustack-models-worker"
+)
 PLUGIN_SERVICE_ACCOUNT = env_str("GPUSTACK_PLUGIN_SERVICE_ACCOUNT", "gpustack-models-plugin")
 API_SERVICE_NAME = env_str("GPUSTACK_API_SERVICE", "gpustack-models-api")
 API_PORT = env_int("GPUSTACK_API_PORT", 8443, minimum=1, maximum=65535)
@@ -265,7 +269,7 @@ PLACEMENT_CALLER = env_str("GPUSTACK_PLACEMENT_CALLER", "kube-apiserver-admissio
 TLS_CERT_FILE = env_str("GPUSTACK_TLS_CERT_FILE", str(DATA_DIR / "api-pki" / "serving.crt"))
 TLS_KEY_FILE = env_str("GPUSTACK_TLS_KEY_FILE", str(DATA_DIR / "api-pki" / "serving.key"))
 
-# --- The worker's reconcilers ----------------------------------------------------------------------
+# --- The reconcilers -------------------------------------------------------------------------------
 # Label of the node plugin's Pods (the DaemonSet's, or those the local launcher registers).
 PLUGIN_SELECTOR = env_str("GPUSTACK_PLUGIN_SELECTOR", "app.kubernetes.io/name=gpustack-models-plugin")
 # Hubs: the variables the hubs' own clients read, passed to them explicitly.
@@ -302,7 +306,7 @@ DOWNLOAD_BYTES_PER_SECOND = env_int("GPUSTACK_DOWNLOAD_BYTES_PER_SECOND", 0, min
 UPLOAD_CONNECTIONS = env_int("GPUSTACK_UPLOAD_CONNECTIONS", 8, minimum=1, maximum=1024)
 UPLOAD_BYTES_PER_SECOND = env_int("GPUSTACK_UPLOAD_BYTES_PER_SECOND", 0, minimum=0)
 
-# The node plugin, as the worker reaches it: its HTTPS port on the plugin Pod's IP, and the CA its
+# The node plugin, as the API reaches it: its HTTPS port on the plugin Pod's IP, and the CA its
 # serving certificates are checked against.
 PLUGIN_PORT = env_int("GPUSTACK_PLUGIN_PORT", 9443, minimum=1, maximum=65535)
 PLUGIN_CA_FILE = env_str("GPUSTACK_PLUGIN_CA_FILE", str(DATA_DIR / "plugin-pki" / "ca.crt"))
@@ -314,11 +318,11 @@ if SERVER_ROLE == "api" and not PLUGIN_CA_FILE:
 # endpoint answers 503. The certificates it issues are valid this many seconds (plugins renew at 2/3).
 PLUGIN_CA_KEY_FILE = env_str("GPUSTACK_PLUGIN_CA_KEY_FILE", str(DATA_DIR / "plugin-pki" / "ca.key"))
 PLUGIN_CERT_SECONDS = env_int("GPUSTACK_PLUGIN_CERT_SECONDS", 7 * 24 * 3600, minimum=30, maximum=366 * 24 * 3600)
-# The audience of the tokens the worker shows the plugins (a TokenRequest for its ServiceAccount): useless
+# The audience of the tokens the service shows the plugins (a TokenRequest for its ServiceAccount): useless
 # anywhere else, so a node that reads one gains nothing. Both sides must agree on it.
 PLUGIN_TOKEN_AUDIENCE = env_str("GPUSTACK_PLUGIN_TOKEN_AUDIENCE", "gpustack-models-plugin")
 PLUGIN_TOKEN_SECONDS = env_int("GPUSTACK_PLUGIN_TOKEN_SECONDS", 600, minimum=600)
-# Peer fan-out: the plugins' peer port (worker and plugin; 0: no peer server, no peers in tickets), the
+# Peer fan-out: the plugins' peer port (service and plugin; 0: no peer server, no peers in tickets), the
 # audience of the tokens plugins show each other, and whether tickets list nodes still downloading a digest.
 PLUGIN_PEER_PORT = env_int("GPUSTACK_PLUGIN_PEER_PORT", 8444, minimum=0, maximum=65535)
 PLUGIN_PEER_AUDIENCE = env_str("GPUSTACK_PLUGIN_PEER_AUDIENCE", "gpustack-models-peer")
@@ -346,7 +350,7 @@ PLUGIN_TLS_KEY_FILE = env_str("GPUSTACK_PLUGIN_TLS_KEY_FILE", "")
 # GPUSTACK_PLUGIN_CERT_FROM_WORKER is its deprecated name.
 PLUGIN_CERT_FROM_API = env_bool(env_renamed("GPUSTACK_PLUGIN_CERT_FROM_API", "GPUSTACK_PLUGIN_CERT_FROM_WORKER"), False)
 # A published tree whose digest left spec.models is removed after this many seconds (a short safety delay:
-# the collection grace is the worker's, before the digest leaves spec.models).
+# the collection grace is the service's, before the digest leaves spec.models).
 PLUGIN_REMOVAL_DELAY_SECONDS = env_float("GPUSTACK_PLUGIN_REMOVAL_DELAY_SECONDS", 60.0, minimum=0.0)
 # Partial downloads (and failure records) of digests out of spec.models are removed after this many seconds.
 PLUGIN_PARTIAL_RETENTION_SECONDS = env_float("GPUSTACK_PLUGIN_PARTIAL_RETENTION_SECONDS", 86400.0, minimum=0.0)
@@ -364,7 +368,7 @@ PLUGIN_REGISTRATION_DIR = env_abs_path("GPUSTACK_PLUGIN_REGISTRATION_DIR")
 PLUGIN_KUBELET_DIR = env_abs_path("GPUSTACK_PLUGIN_KUBELET_DIR")
 # Peers: the CA other plugins' certificates are checked against, the file holding this plugin's Pod-bound token
 # for the peer audience (a projected token; re-read when it changes), and the node-wide upload limits used
-# until its store's spec.upload says otherwise (the worker's GPUSTACK_UPLOAD_* and the Node's annotations).
+# until its store's spec.upload says otherwise (the service's GPUSTACK_UPLOAD_* and the Node's annotations).
 PLUGIN_PEER_CA_FILE = env_str("GPUSTACK_PLUGIN_PEER_CA_FILE", "") or PLUGIN_CA_FILE
 PLUGIN_PEER_TOKEN_FILE = env_abs_path("GPUSTACK_PLUGIN_PEER_TOKEN_FILE")  # default: $DATA_DIR/plugin/<node>/peer-token
 PLUGIN_PEER_MAX_CONNECTIONS = env_int("GPUSTACK_PLUGIN_PEER_MAX_CONNECTIONS", 8, minimum=1)

@@ -234,7 +234,7 @@ class PrefetchTarget(models.Model):
 
 
 class Holding(models.Model):
-    """A digest in a node's ``spec.models`` as the worker last decided it. ``collect_time`` is set while
+    """A digest in a node's ``spec.models`` as the service last decided it. ``collect_time`` is set while
     nothing references the digest there: at that time it leaves ``spec.models`` (the collection grace)."""
 
     node = models.CharField(max_length=253)
@@ -323,7 +323,7 @@ class InformerState(models.Model):
 
 
 class ResolveState(models.Model):
-    """What the worker remembers of an artifact's resolutions between attempts.
+    """What the service remembers of an artifact's resolutions between attempts.
 
     A resolution that failed for a reason only a person can fix (``AccessDenied``, ``RevisionNotFound``,
     ``EmptyManifest``...) is tried again at ``retry_at``, with a backoff that doubles per failure; it is
@@ -354,7 +354,7 @@ class ResolveState(models.Model):
 
 
 class EventSeries(models.Model):
-    """One Kubernetes Event the worker keeps counting: repeats of the same (object, type, reason, series
+    """One Kubernetes Event the service keeps counting: repeats of the same (object, type, reason, series
     key) within the series window update this Event instead of creating another."""
 
     object_uid = models.CharField(max_length=64)

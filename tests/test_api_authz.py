@@ -140,7 +140,7 @@ def test_it_records_its_own_subject_access_review_in_the_audit_log(teams, worker
         headers={"X-Remote-User": auditee},
     )
     assert session.get(worker_api.url + paths(team_b)["list"]).status_code == 403
-    worker = f"system:serviceaccount:{settings.NAMESPACE}:{settings.WORKER_SERVICE_ACCOUNT}"
+    worker = f"system:serviceaccount:{settings.NAMESPACE}:{settings.SERVICE_ACCOUNT}"
 
     def reviewed():
         return [

@@ -132,9 +132,9 @@ def test_it_refuses_storage_writes_of_spec_or_status_by_anyone_but_the_worker(wr
         artifact + "/status", data=json.dumps({"status": {"resolved": {"manifestDigest": FORGED}}}), headers=merge
     )
     assert status.status_code == 403, status.text
-    assert "only the gpustack-models worker" in status.json()["message"]
+    assert "only the gpustack-models service" in status.json()["message"]
     store_spec = dave.patch(f"{base}/nodemodelstores/{store}", data=json.dumps({"spec": {"models": []}}), headers=merge)
-    assert store_spec.status_code == 403 and "only the gpustack-models worker" in store_spec.json()["message"]
+    assert store_spec.status_code == 403 and "only the gpustack-models service" in store_spec.json()["message"]
     store_status = dave.patch(
         f"{base}/nodemodelstores/{store}/status",
         data=json.dumps({"status": {"models": [{"digest": DIGEST, "state": "Ready"}]}}),
@@ -208,9 +208,9 @@ def test_it_holds_while_the_worker_is_down_and_clients_fall_back(writer, worker_
             f'{{"status":{{"resolved":{{"manifestDigest":"{FORGED}"}}}}}}',
             check=False,
         )
-        assert status.returncode != 0 and "only the gpustack-models worker" in status.stderr
+        assert status.returncode != 0 and "only the gpustack-models service" in status.stderr
         nms = kubectl("patch", "nodemodelstores", store, "--type=merge", "-p", '{"spec":{"models":[]}}', check=False)
-        assert nms.returncode != 0 and "only the gpustack-models worker" in nms.stderr
+        assert nms.returncode != 0 and "only the gpustack-models service" in nms.stderr
         assert kubectl("label", "modelartifacts", "guarded", "-n", namespace, "down=yes").returncode == 0
         assert kubectl("get", "nodemodelstores", store).returncode == 0
         assert stored_digest(worker_kube, namespace) == DIGEST

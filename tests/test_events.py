@@ -86,7 +86,7 @@ def test_it_never_fails_the_caller(recorder, core, namespace, monkeypatch):
 def test_it_gives_the_worker_events_create_and_patch_only(cluster, kubectl, launcher):
     from django.conf import settings
 
-    sa = f"system:serviceaccount:{settings.NAMESPACE}:{settings.WORKER_SERVICE_ACCOUNT}"
+    sa = f"system:serviceaccount:{settings.NAMESPACE}:{settings.SERVICE_ACCOUNT}"
     for verb, allowed in (("create", "yes"), ("patch", "yes"), ("delete", "no"), ("list", "no")):
         out = kubectl("auth", "can-i", verb, "events", "-n", "default", f"--as={sa}", check=False).stdout.strip()
         assert out == allowed, (verb, out)

@@ -171,7 +171,7 @@ class Fleet:
     beats: Group
 
     def __init__(self, launcher, db_url: str, root: Path):
-        self.base = dict(os.environ, KUBECONFIG=str(launcher.worker_kubeconfig), DATABASE_URL=db_url) | FAST
+        self.base = dict(os.environ, KUBECONFIG=str(launcher.service_kubeconfig), DATABASE_URL=db_url) | FAST
         self.base.pop("CELERY_BROKER_URL", None)  # its own file broker: what it sent, read back
         self.base.pop("CELERY_RESULT_BACKEND", None)
         self.root = root

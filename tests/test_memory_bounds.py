@@ -43,7 +43,7 @@ def test_token_reviews_stay_within_maxsize_with_many_distinct_tokens(worker_kube
 
     counting = CountingClient(worker_kube)
     reviewer = TokenReviewer(lambda: counting, ttl=60, maxsize=MAXSIZE)
-    token = yaml.safe_load(launcher.worker_kubeconfig.read_text())["users"][0]["user"]["token"]
+    token = yaml.safe_load(launcher.service_kubeconfig.read_text())["users"][0]["user"]["token"]
     assert reviewer.review(token)["username"].endswith(":gpustack-models-worker")
     sizes = []
     for _ in range(4 * MAXSIZE):

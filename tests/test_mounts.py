@@ -443,7 +443,7 @@ def _settled(namespaces):
 def test_the_worker_may_get_any_pod_by_name_and_nothing_more_on_tenants_pods(cluster, kubectl, launcher):
     from django.conf import settings
 
-    sa = f"system:serviceaccount:{settings.NAMESPACE}:{settings.WORKER_SERVICE_ACCOUNT}"
+    sa = f"system:serviceaccount:{settings.NAMESPACE}:{settings.SERVICE_ACCOUNT}"
     for verb, allowed in (("get", "yes"), ("list", "no"), ("watch", "no"), ("delete", "no"), ("patch", "no")):
         out = kubectl("auth", "can-i", verb, "pods", "-n", "tenant-x", f"--as={sa}", check=False).stdout.strip()
         assert out == allowed, (verb, out)

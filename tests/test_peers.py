@@ -30,7 +30,7 @@ from gpustack_models.plugin.peers.contract import file_url, tree_url
 from tests.support import PEER_PORT, wait_for
 from tests.support.kubernetes import wait_default_service_account
 from tests.support.uploads import limit_uploads
-from tests.test_plugins import PLUGIN_AUDIENCE, Scenario, big_files, launcher_token, worker_kubeconfig_token
+from tests.test_plugins import PLUGIN_AUDIENCE, Scenario, big_files, launcher_token, service_kubeconfig_token
 
 PEER_AUDIENCE = "gpustack-models-peer"
 WEIGHTS = "model.safetensors"
@@ -209,7 +209,7 @@ def test_it_refuses_everyone_but_the_plugins_of_nodes_that_want_the_digest(scena
             launcher.service_account_token("gpustack-models-worker", 600, audiences=[PLUGIN_AUDIENCE]),
             401,
         ),
-        "the worker's own kube-apiserver token": (worker_kubeconfig_token(launcher), 401),
+        "the worker's own kube-apiserver token": (service_kubeconfig_token(launcher), 401),
         "a tenant's kube-apiserver token": (scenario.cluster.tokens()["erin"], 401),
         "a tenant's token for the peer audience": (tenant_peer_token(launcher, namespace), 403),
         "the plugins' ServiceAccount, bound to no Pod": (

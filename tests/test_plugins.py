@@ -444,7 +444,7 @@ def test_it_guards_tickets_status_and_live_bytes(scenario, cluster, launcher, wo
     assert downloads() == 401
     assert downloads(tenant) == 401
     assert downloads(token_a) == 401
-    assert downloads(worker_kubeconfig_token(launcher)) == 401
+    assert downloads(service_kubeconfig_token(launcher)) == 401
     plugin_for_audience = launcher.service_account_token("gpustack-models-plugin", 600, audiences=[PLUGIN_AUDIENCE])
     assert downloads(plugin_for_audience) == 403  # the plugins' audience, but not the worker
     worker_for_audience = launcher.service_account_token("gpustack-models-worker", 600, audiences=[PLUGIN_AUDIENCE])
@@ -456,11 +456,11 @@ def test_it_guards_tickets_status_and_live_bytes(scenario, cluster, launcher, wo
         assert secret not in text.replace(scenario.digest, "") and secret not in metrics
 
 
-def worker_kubeconfig_token(launcher) -> str:
+def service_kubeconfig_token(launcher) -> str:
     """The worker's own credential for kube-apiserver (what it must never show a plugin)."""
     import yaml
 
-    return yaml.safe_load(launcher.worker_kubeconfig.read_text())["users"][0]["user"]["token"]
+    return yaml.safe_load(launcher.service_kubeconfig.read_text())["users"][0]["user"]["token"]
 
 
 def launcher_token(plugin):
@@ -642,7 +642,7 @@ def test_it_shows_plugins_a_token_useless_anywhere_else(scenario, launcher, work
     assert shown, "progress showed the plugin no token"
     claims = jwt_claims(shown[-1])
     assert claims["aud"] == [PLUGIN_AUDIENCE] and claims["sub"].endswith(":gpustack-models-worker")
-    assert worker_kubeconfig_token(launcher) not in shown
+    assert service_kubeconfig_token(launcher) not in shown
     # kube-apiserver refuses what a plugin received ...
     assert token_http(cluster, shown[-1]).get(f"{cluster.server}/api/v1/namespaces").status_code == 401
     # ... and the audit log holds no request made with it (while the worker's own requests are there, named

@@ -333,7 +333,7 @@ class Watch:
 
 
 def test_the_informers_close_their_watches_and_lose_no_event_within_10s(launcher, worker_kube, namespace, tmp_path):
-    env = dict(os.environ, KUBECONFIG=str(launcher.worker_kubeconfig), GPUSTACK_DATA_DIR=str(tmp_path))
+    env = dict(os.environ, KUBECONFIG=str(launcher.service_kubeconfig), GPUSTACK_DATA_DIR=str(tmp_path))
     env["GPUSTACK_LEADER_INFORMERS_LEASE"] = f"shutdown-{uuid.uuid4().hex[:8]}"  # its own: leader at once
     env.pop("CELERY_BROKER_URL", None)  # the file broker under tmp_path: what the informers sent, read back
     env.pop("CELERY_RESULT_BACKEND", None)
@@ -448,7 +448,7 @@ def test_celery_beat_stops_within_10s(launcher, tmp_path, db_url):
     )
     # The worker's identity, for its Lease (its own: leader at once).
     env.update(
-        KUBECONFIG=str(launcher.worker_kubeconfig), GPUSTACK_LEADER_BEAT_LEASE=f"shutdown-{uuid.uuid4().hex[:8]}"
+        KUBECONFIG=str(launcher.service_kubeconfig), GPUSTACK_LEADER_BEAT_LEASE=f"shutdown-{uuid.uuid4().hex[:8]}"
     )
     env.pop("CELERY_BROKER_URL", None)
     env.pop("CELERY_RESULT_BACKEND", None)

@@ -176,7 +176,7 @@ class RequestHeaderSource(WatchHandler):
 
     @property
     def client(self) -> kube.Kube:
-        return self._client or kube.worker()
+        return self._client or kube.default()
 
     def current(self) -> RequestHeaderConfig:
         if self._config is None:
@@ -315,7 +315,7 @@ class ClientCertificateAuthentication(BaseAuthentication):
 
 
 _tokens = TokenReviewer(
-    kube.worker,
+    kube.default,
     lambda: settings.AUTH_CACHE_TTL,
     maxsize=settings.AUTH_CACHE_SIZE,
     observe=lambda hit: api_metrics.auth_cache("tokenreview", hit),

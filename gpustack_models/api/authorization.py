@@ -1,6 +1,6 @@
 """Delegated authorization: every request is a SubjectAccessReview for the caller (cached briefly).
 
-kube-apiserver authorizes proxied requests itself, but callers that reach the worker directly (a Pod with
+kube-apiserver authorizes proxied requests itself, but callers that reach the API directly (a Pod with
 a token, anything that can reach the Service) are only stopped here.
 """
 
@@ -89,7 +89,7 @@ def review(user: KubeUser, attributes: ResourceAttributes | NonResourceAttribute
         spec["resourceAttributes"] = attributes.to_review()
     else:
         spec["nonResourceAttributes"] = attributes.to_review()
-    answer = kube.worker().create(
+    answer = kube.default().create(
         "/apis/authorization.k8s.io/v1/subjectaccessreviews",
         {"apiVersion": "authorization.k8s.io/v1", "kind": "SubjectAccessReview", "spec": spec},
     )

@@ -279,7 +279,7 @@ def meta_definitions() -> dict:
         with _meta_lock:
             if _meta_definitions is None:
                 try:
-                    full = kube.worker().get("/openapi/v2", timeout=60)
+                    full = kube.default().get("/openapi/v2", timeout=60)
                     _meta_definitions = _referenced(full.get("definitions", {}), _META_NEEDED)
                 except Exception as exc:  # the document still serves; metadata then reads as an object
                     log.warning("could not read kube-apiserver's OpenAPI definitions: %s", exc)

@@ -1,6 +1,6 @@
 """What a PATCH of a v1 NodeModelStore may change: what the garbage collector writes, nothing else.
 
-NodeModelStores are the worker's (spec) and their node plugin's (status); v1 lets anyone with RBAC read
+NodeModelStores are the service's (spec) and their node plugin's (status); v1 lets anyone with RBAC read
 and delete them. The garbage collector still has to finish foreground and orphan deletions by patching
 ``metadata.finalizers`` (and ``ownerReferences``) on the preferred version, so such a patch is applied
 here to the current object and, when nothing else changes, sent to the storage as a merge patch of just
@@ -55,7 +55,7 @@ def garbage_collector_patch(before: dict, patch_type: str, patch) -> dict:
     """The guarded merge patch that makes ``before`` what ``patch`` asks, if it touches only finalizers
     and ownerReferences; ``MethodNotAllowed`` otherwise (an apply patch included)."""
     if patch_type == "apply":
-        raise MethodNotAllowed("nodemodelstores accept no apply patch: the worker owns them")
+        raise MethodNotAllowed("nodemodelstores accept no apply patch: the service owns them")
     after = patched(before, patch_type, patch)
     if without_patchable(after) != without_patchable(before):
         raise MethodNotAllowed(

@@ -3,7 +3,7 @@
 Computed per request and never written: the artifact (read from kube-apiserver), the mirror's entries for
 its digest (every node, every namespace: counts of content cross namespaces, nothing else does), then the
 live bytes of at most ``PROGRESS_LIVE_MAX`` downloading nodes, read from their plugins in parallel
-(``GET /model/downloads`` with the worker's token, each within ``PROGRESS_LIVE_TIMEOUT``). A node past the
+(``GET /model/downloads`` with the service's token, each within ``PROGRESS_LIVE_TIMEOUT``). A node past the
 cap, or silent in time, contributes the bytes its store last reported and is not counted in ``live``.
 The answer names no node.
 """
@@ -196,7 +196,7 @@ class ProgressView(KubeAPIView):
     def get(self, request, **kwargs):
         if self.query.watch:
             raise MethodNotAllowed("watch is not supported on modelartifacts/progress")
-        artifact = kube.worker().request("GET", self.target.storage_path()).raise_for_status().json()
+        artifact = kube.default().request("GET", self.target.storage_path()).raise_for_status().json()
         return Response(compute(self.target.name, self.target.namespace, artifact))
 
     def http_method_not_allowed(self, request, *args, **kwargs):

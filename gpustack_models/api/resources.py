@@ -1,13 +1,13 @@
 """The public ``worker.gpustack.ai/v1`` resources, carried out on the v1alpha1 storage CRDs.
 
 Each request is authenticated (front proxy or token), authorized with a SubjectAccessReview for the
-caller, checked against the v1 verb limits, then sent to kube-apiserver with the worker's identity.
+caller, checked against the v1 verb limits, then sent to kube-apiserver with the service's identity.
 Query parameters, DeleteOptions bodies and content types pass through; apiVersion is rewritten both
 ways. Reads always go to kube-apiserver: a read after a write sees the new resourceVersion.
 
 Verb limits of v1 (checked in this order, after authorization):
   strategic merge patch               415 (clients fall back to merge patch on 415 only)
-  .../<name>/status                   404 (v1 has no status subresource: the worker owns status)
+  .../<name>/status                   404 (v1 has no status subresource: the service owns status)
   .../<name>/progress                 get only (a watch is 405): ``progress.ProgressView``
   collection DELETE                   405
   nodemodelstores create/update       405; PATCH only of metadata.finalizers and ownerReferences
@@ -164,7 +164,7 @@ class ResourceView(KubeAPIView):
             raise BadRequest(f"the kind in the data ({kind}) does not match the expected kind ({self.kind.kind})")
 
     def check_secret_access(self, request, obj: dict) -> None:
-        """A create runs as the worker, which may read every Secret: the caller must be able to read the
+        """A create runs as the service, which may read every Secret: the caller must be able to read the
         Secret it names, or it could borrow a token it cannot see."""
         if self.kind is not MODEL_ARTIFACT:
             return
@@ -188,7 +188,7 @@ class ResourceView(KubeAPIView):
     def upstream(self, method: str, path: str, **kwargs) -> kube.Response:
         """The storage's answer to this request's query; its ``StatusError`` unless it succeeded."""
         kwargs.setdefault("query", self.query.upstream(watch=False))
-        return kube.worker().request(method, path, **kwargs).raise_for_status()
+        return kube.default().request(method, path, **kwargs).raise_for_status()
 
     def forward(self, request, method: str, body: bytes | None, content_type: str, name: str | None = None):
         headers = self.forwarded_headers(request)
@@ -206,7 +206,7 @@ class ResourceView(KubeAPIView):
 
 
 class SubresourceView(KubeAPIView):
-    """``.../<name>/<subresource>`` other than ``progress``: v1 has none (the worker owns status)."""
+    """``.../<name>/<subresource>`` other than ``progress``: v1 has none (the service owns status)."""
 
     def initial(self, request, *args, **kwargs):
         self.target = Target.from_url(kwargs, "GET")

@@ -32,7 +32,7 @@ def close_watches() -> int:
 
 
 async def open_watch(path: str, query: str, headers: dict):
-    client = kube.worker()
+    client = kube.default()
     session = client.async_session()
     return await session.get(
         client.url(path, query),

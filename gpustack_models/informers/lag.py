@@ -5,7 +5,7 @@ With ``GPUSTACK_MIRROR_LAG_FILE`` set, the mirror tasks append one JSON line per
 resourceVersion, "n": how many watch events it stands for, "a": arrival, "c": commit}`` with both times
 as wall-clock seconds. ``n`` is more than 1 when the informer coalesced several events of the object;
 ``a`` is then the arrival of the first of them, so the lag of each is at most ``c - a``. The lines of one
-task are written with one ``write`` on a file opened for appending, so the worker's processes never
+task are written with one ``write`` on a file opened for appending, so the Celery worker's processes never
 interleave them. Across machines the two clocks differ by their skew.
 """
 

@@ -5,7 +5,7 @@ sees into Celery tasks: the pages of a (re)list in batches, then the prune of wh
 returned, then the watch events, coalesced per object and sent in batches (``coalescing.BatchingSink``:
 ``GPUSTACK_INFORMER_BATCH_SECONDS`` and ``GPUSTACK_INFORMER_BATCH_SIZE``; a size of 1 sends one task per
 event). Every event carries its arrival time, so the mirror's lag is measured from it. No Secret
-informer: the worker reads a Secret by name when it needs one.
+informer: the service reads a Secret by name when it needs one.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ BATCH = 100
 
 
 class CelerySink:
-    """Each call becomes a Celery task, sent by name (``sending``: the worker's task module is not imported)."""
+    """Each call becomes a Celery task, sent by name (``sending``: the reconcilers' task module is not imported)."""
 
     def event(self, resource: str, kind: str, obj: dict) -> None:
         send(MIRROR_EVENT, resource, kind, obj, arrived=time.time())
@@ -77,7 +77,7 @@ class Informer(WatchHandler):
 
     @property
     def kube(self) -> kube.Kube:
-        return self.client or kube.worker()
+        return self.client or kube.default()
 
     # --- WatchHandler ----------------------------------------------------------------------------------
     def relisting(self) -> None:

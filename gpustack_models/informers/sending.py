@@ -1,11 +1,11 @@
 """Celery tasks sent by name: whoever sends a task (the informers, a reconciler's reaction) never imports the
-worker's task module, which imports them.
+reconcilers' task module, which imports them.
 
 ``send(name, *args, **kwargs)`` is ``delay(*args, **kwargs)`` of the task registered under ``name`` where
 this process registered it (the Celery worker: the task's own options); elsewhere (the informers' process)
 the same message goes out by name through the Celery app: one name, one route, one queue either way. With
 ``CELERY_TASK_ALWAYS_EAGER`` (tasks run where they are sent) a process loads the app's task modules first,
-as a worker does, so the task runs in it.
+as a Celery worker does, so the task runs in it.
 """
 
 from __future__ import annotations

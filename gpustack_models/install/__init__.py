@@ -4,7 +4,7 @@ the namespace and ServiceAccounts, RBAC (``rbac``), the admission policies guard
 object of the node plugin's CSI driver (``csi``).
 
 ``python manage.py writemanifests`` writes the static ones to ``deploy/``; the local launcher and the
-test fixtures apply them, plus the APIService for the local worker with its serving CA.
+test fixtures apply them, plus the APIService for the local API with its serving CA.
 """
 
 from __future__ import annotations
@@ -25,10 +25,10 @@ DEPLOY_DIR = Path(__file__).resolve().parents[2] / "deploy"
 
 def manifest_files() -> dict[Path, str]:
     return {
-        DEPLOY_DIR / "worker" / "namespace.yaml": render(namespace_objects()),
-        DEPLOY_DIR / "worker" / "rbac.yaml": render(rbac_objects()),
-        DEPLOY_DIR / "worker" / "admission-policies.yaml": render(policy_objects()),
-        DEPLOY_DIR / "worker" / "placement-webhook.yaml": render(webhook_objects()),
+        DEPLOY_DIR / "service" / "namespace.yaml": render(namespace_objects()),
+        DEPLOY_DIR / "service" / "rbac.yaml": render(rbac_objects()),
+        DEPLOY_DIR / "service" / "admission-policies.yaml": render(policy_objects()),
+        DEPLOY_DIR / "service" / "placement-webhook.yaml": render(webhook_objects()),
         DEPLOY_DIR / "csi" / "csidriver.yaml": render(csi_driver_objects()),
     }
 

@@ -16,7 +16,7 @@ def api_service(ca_bundle: bytes, port: int, in_cluster: bool = False) -> list[d
     """The Service and APIService that route ``worker.gpustack.ai/v1`` to the worker.
 
     In a cluster the Service selects the API's Pods (the chart's, labelled ``API_LABELS``, port ``https``).
-    For a worker outside the cluster (local runs, tests) it is an ExternalName ``localhost``:
+    For an API outside the cluster (local runs, tests) it is an ExternalName ``localhost``:
     EndpointSlices refuse loopback addresses, and kube-apiserver dials ``<externalName>:<port>``.
     """
     name, ns = settings.API_SERVICE_NAME, settings.NAMESPACE

@@ -2,7 +2,7 @@
 CSI driver before it calls it.
 
 No attach step (``attachRequired: false``: nothing to attach, the content is on the node), the Pod's
-namespace, name and uid in every NodePublishVolume (``podInfoOnMount: true``: the worker authorizes the
+namespace, name and uid in every NodePublishVolume (``podInfoOnMount: true``: the API authorizes the
 mount for that Pod), inline ephemeral volumes only, no fsGroup change of read-only content, and no
 periodic republish.
 """

@@ -1,16 +1,16 @@
 """ValidatingAdmissionPolicies guarding the storage version.
 
 RBAC has no version field, so anyone with write RBAC on the group could reach v1alpha1 directly. Only
-the worker creates objects or changes spec/status; a node's plugin writes its own NodeModelStore's
+the service creates objects or changes spec/status; a node's plugin writes its own NodeModelStore's
 status. Metadata-only updates and deletes stay open (the garbage collector and kubectl label rely on
-them, and the worker's own finalizer on mounted ModelArtifacts is one).
+them, and the service's own finalizer on mounted ModelArtifacts is one).
 """
 
 from __future__ import annotations
 
 from gpustack_models.install.common import meta
 from gpustack_models.kinds import GROUP, KINDS, PUBLIC_VERSION
-from gpustack_models.kube.identity import NODE_NAME_EXTRA, plugin_user, worker_user
+from gpustack_models.kube.identity import NODE_NAME_EXTRA, plugin_user, service_user
 
 ADMISSION = "admissionregistration.k8s.io/v1"
 
@@ -30,31 +30,31 @@ def _policy(name: str, operations: list[str], resources: list[str], variables: l
     }
 
 
-def _is_worker() -> dict:
-    return {"name": "isWorker", "expression": f"request.userInfo.username == '{worker_user()}'"}
+def _is_service() -> dict:
+    return {"name": "isService", "expression": f"request.userInfo.username == '{service_user()}'"}
 
 
 def storage_writes_policy() -> dict:
-    """Creates and spec changes: the worker's alone."""
+    """Creates and spec changes: the service's alone."""
     spec_unchanged = {
         "name": "specUnchanged",
         "expression": "request.operation == 'UPDATE' && has(object.spec) == has(oldObject.spec) && "
         "(!has(object.spec) || object.spec == oldObject.spec)",
     }
     validation = {
-        "expression": "variables.isWorker || variables.specUnchanged",
-        "messageExpression": "'only the gpustack-models worker may ' + "
+        "expression": "variables.isService || variables.specUnchanged",
+        "messageExpression": "'only the gpustack-models service may ' + "
         "(request.operation == 'CREATE' ? 'create ' : 'change the spec of ') + request.resource.resource + "
         f"'; use {GROUP}/{PUBLIC_VERSION}'",
     }
     plurals = [k.plural for k in KINDS]
     return _policy(
-        "gpustack-models-storage-writes", ["CREATE", "UPDATE"], plurals, [_is_worker(), spec_unchanged], validation
+        "gpustack-models-storage-writes", ["CREATE", "UPDATE"], plurals, [_is_service(), spec_unchanged], validation
     )
 
 
 def status_writes_policy() -> dict:
-    """Status changes: the worker's, and a NodeModelStore's own node plugin's (its Pod-bound token's node)."""
+    """Status changes: the service's, and a NodeModelStore's own node plugin's (its Pod-bound token's node)."""
     own_plugin = {
         "name": "isOwnPlugin",
         "expression": f"request.resource.resource == 'nodemodelstores' && "
@@ -68,13 +68,13 @@ def status_writes_policy() -> dict:
         "(!has(object.status) || object.status == oldObject.status)",
     }
     validation = {
-        "expression": "variables.isWorker || variables.isOwnPlugin || variables.statusUnchanged",
-        "messageExpression": "'only the gpustack-models worker' + "
+        "expression": "variables.isService || variables.isOwnPlugin || variables.statusUnchanged",
+        "messageExpression": "'only the gpustack-models service' + "
         "(request.resource.resource == 'nodemodelstores' ? ' and the node\\'s own plugin' : '') + "
         "' may write the status of ' + request.resource.resource",
     }
     resources = [f"{k.plural}/status" for k in KINDS]
-    variables = [_is_worker(), own_plugin, status_unchanged]
+    variables = [_is_service(), own_plugin, status_unchanged]
     return _policy("gpustack-models-status-writes", ["UPDATE"], resources, variables, validation)
 
 

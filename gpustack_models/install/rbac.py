@@ -1,6 +1,6 @@
 """The service's namespace, ServiceAccounts and RBAC.
 
-The worker: full access to the storage CRDs and their status (the mount protection finalizer of
+The service: full access to the storage CRDs and their status (the mount protection finalizer of
 ModelArtifacts included), read on Nodes and its namespace's Pods, ``get`` on Pods everywhere (a mount
 is authorized from its Pod, and ends when the Pod is gone: read by name, never listed or watched), ``get``
 on Secrets and claims (read by name when resolving), ``create`` and ``patch`` on Events (what happened to
@@ -21,7 +21,7 @@ from gpustack_models.kinds import GROUP, KINDS
 def service_accounts() -> list[dict]:
     ns = settings.NAMESPACE
     return [
-        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": meta(settings.WORKER_SERVICE_ACCOUNT, ns)},
+        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": meta(settings.SERVICE_ACCOUNT, ns)},
         {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": meta(settings.PLUGIN_SERVICE_ACCOUNT, ns)},
     ]
 
@@ -44,9 +44,10 @@ def binding(kind: str, name: str, role_kind: str, role_name: str, subjects: list
     }
 
 
-def worker_objects() -> list[dict]:
+def service_objects() -> list[dict]:
     plurals = [k.plural for k in KINDS]
-    subject = service_account_subject(settings.WORKER_SERVICE_ACCOUNT)
+    subject = service_account_subject(settings.SERVICE_ACCOUNT)
+    # Its roles keep the ServiceAccount's first name, as installed clusters have them.
     name, ns = "gpustack-models-worker", settings.NAMESPACE
     rules = [
         {"apiGroups": [GROUP], "resources": plurals + [f"{p}/status" for p in plurals], "verbs": ["*"]},
@@ -64,7 +65,7 @@ def worker_objects() -> list[dict]:
             "apiGroups": [""],
             "resources": ["serviceaccounts/token"],
             "verbs": ["create"],
-            "resourceNames": [settings.WORKER_SERVICE_ACCOUNT],
+            "resourceNames": [settings.SERVICE_ACCOUNT],
         },
         # Leader election of the informers' and beat's replicas (kube.leases): its own namespace's Leases.
         {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["get", "create", "update"]},
@@ -98,4 +99,4 @@ def plugin_objects() -> list[dict]:
 
 
 def rbac_objects() -> list[dict]:
-    return worker_objects() + plugin_objects()
+    return service_objects() + plugin_objects()

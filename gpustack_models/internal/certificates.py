@@ -1,7 +1,7 @@
-"""The node plugins' serving certificates, issued by the worker: ``POST /internal/v1/plugin-certificates``.
+"""The node plugins' serving certificates, issued by the API: ``POST /internal/v1/plugin-certificates``.
 
 Every plugin serves HTTPS on its Pod IP (its main and peer ports) with a certificate of the plugin CA
-(``GPUSTACK_PLUGIN_CA_FILE``), which the worker and the other plugins trust. Nodes come and go, so a
+(``GPUSTACK_PLUGIN_CA_FILE``), which the API and the other plugins trust. Nodes come and go, so a
 plugin asks for its certificate when it starts, and again at two thirds of its validity; the CA's
 private key (``GPUSTACK_PLUGIN_CA_KEY_FILE``) is only in the API's Pods, never on a node: a node that
 held it could name any Pod's IP.
@@ -11,7 +11,7 @@ beyond). The caller is authorized from the cluster, each refusal a ``Status``, i
 
 1. a bearer token (401 without one, or one kube-apiserver refuses), of the plugins' ServiceAccount (403
    otherwise), bound to a Pod (403 for a token with no ``pod-name``, ``pod-uid`` and ``node-name``);
-2. this worker holds the CA key (503 otherwise, saying so);
+2. this API process holds the CA key (503 otherwise, saying so);
 3. the request (400: not one PEM request, a signature that does not verify, a key other than RSA of
    2048-4096 bits or EC P-256; see ``cert_signing``);
 4. the Pod the token is bound to, read live in the service's namespace: it exists with the token's uid
@@ -99,7 +99,7 @@ def read_pod(node: str, name: str, uid: str) -> dict:
     """The Pod the token is bound to, read live, if it is the plugin's on the token's node."""
     named = f"pod {settings.NAMESPACE}/{name}"
     try:
-        pod = kube.worker().get(f"/api/v1/namespaces/{settings.NAMESPACE}/pods/{name}")
+        pod = kube.default().get(f"/api/v1/namespaces/{settings.NAMESPACE}/pods/{name}")
     except kube.NotFound:
         raise NotFound(f"{named}, which the token is bound to, does not exist") from None
     if (pod.get("metadata") or {}).get("uid") != uid:

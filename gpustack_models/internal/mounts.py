@@ -1,5 +1,5 @@
-"""Mount references: the node plugin asks the worker before it mounts an artifact's content into a Pod's
-volume, and tells it when the volume is gone. Not part of the aggregated API: plugins call the worker's
+"""Mount references: the node plugin asks the API before it mounts an artifact's content into a Pod's
+volume, and tells it when the volume is gone. Not part of the aggregated API: plugins call the API's
 Service directly, with their Pod-bound token, as for fetch tickets.
 
 ``POST /internal/v1/mounts`` ``{"node", "volumeId", "pod": {"namespace", "name", "uid"}, "artifact",
@@ -18,10 +18,10 @@ The answer is ``{"digest", "namespace", "artifact", "sizeBytes", "fileCount"}``.
 recorded (a ``MountReference``; the same node and volume id again updates it; at most 64 volumes per Pod,
 409 past that) and the artifact carries
 the finalizer ``worker.gpustack.ai/model-artifact-protection`` (so a deletion racing the mount waits for
-the Pod); then the node's ``spec.models`` is reconciled (the worker's task), which places the digest.
+the Pod); then the node's ``spec.models`` is reconciled (a reconciler's task), which places the digest.
 
 ``POST /internal/v1/mounts/release`` ``{"node", "volumeId"}`` (the same token) drops the record, if any,
-and answers ``{}``; the worker then reconciles the node and lifts the finalizer once no mount of the
+and answers ``{}``; the service then reconciles the node and lifts the finalizer once no mount of the
 artifact remains.
 """
 
@@ -116,7 +116,7 @@ def check_pod(req: MountRequest) -> None:
     """The Pod exists with the uid given and is bound to the node asking (read live)."""
     named = f"pod {req.pod_namespace}/{req.pod_name}"
     try:
-        pod = kube.worker().get(f"/api/v1/namespaces/{req.pod_namespace}/pods/{req.pod_name}")
+        pod = kube.default().get(f"/api/v1/namespaces/{req.pod_namespace}/pods/{req.pod_name}")
     except kube.NotFound:
         raise NotFound(f"{named} not found") from None
     if (pod.get("metadata") or {}).get("uid") != req.pod_uid:
@@ -133,7 +133,7 @@ def artifact_path(namespace: str, name: str) -> str:
 
 def read_artifact(req: MountRequest) -> dict:
     try:
-        return kube.worker().get(artifact_path(req.pod_namespace, req.artifact))
+        return kube.default().get(artifact_path(req.pod_namespace, req.artifact))
     except kube.NotFound:
         raise NotFound(f"modelartifact {req.artifact} not found in namespace {req.pod_namespace}") from None
 
@@ -188,7 +188,7 @@ def protect(artifact: dict, req: MountRequest) -> dict:
             }
         }
         try:
-            kube.worker().json("PATCH", path, body=patch, content_type="application/merge-patch+json")
+            kube.default().json("PATCH", path, body=patch, content_type="application/merge-patch+json")
             return answer
         except kube.Conflict:
             artifact = read_artifact(req)
@@ -196,7 +196,7 @@ def protect(artifact: dict, req: MountRequest) -> dict:
 
 
 def record(req: MountRequest, artifact: dict, answer: dict) -> tuple[dict, MountReference | None]:
-    """Write the mount's row under the lock of its artifact's mirror row (the worker lifts the finalizer
+    """Write the mount's row under the lock of its artifact's mirror row (the service lifts the finalizer
     under the same lock), then protect the artifact; both or neither. Returns the answer and the row the
     mount replaced, if any."""
     with transaction.atomic():
@@ -227,7 +227,7 @@ def _pod_volumes(req: MountRequest) -> int:
 
 
 def enqueue(task: str, *args: str) -> None:
-    """Ask the worker to act; the periodic resync catches up if the broker cannot be reached now."""
+    """Ask the reconcilers to act; the periodic resync catches up if the broker cannot be reached now."""
     try:
         current_app.send_task(task, args=list(args))
     except Exception:  # the mount is recorded: its node's spec follows within a resync

@@ -1,6 +1,6 @@
 """Signing the node plugins' serving certificates: the pure parts (no Django, no Kubernetes).
 
-A plugin sends a certificate signing request (PKCS #10, PEM); the worker takes from it only the public
+A plugin sends a certificate signing request (PKCS #10, PEM); the API takes from it only the public
 key, after checking the request's own signature (the plugin holds the private key) and the key's kind:
 RSA of 2048 to 4096 bits, or EC on P-256. Nothing else of the request is taken over: not its subject,
 not its extensions, not the names it asks for. The certificate names the Pod's IPs only (``IP:`` SANs,
@@ -144,13 +144,13 @@ def load_authority(cert_file: str, key_file: str) -> Authority:
     public key is the key's. 503 when this process has no usable key: it cannot sign."""
     why = "set GPUSTACK_PLUGIN_CA_KEY_FILE on the API's Pods to the plugin CA's private key"
     if not key_file:
-        raise ServiceUnavailable(f"this worker holds no plugin CA key, so it issues no plugin certificates: {why}")
+        raise ServiceUnavailable(f"this API holds no plugin CA key, so it issues no plugin certificates: {why}")
     try:
         key = serialization.load_pem_private_key(Path(key_file).read_bytes(), password=None)
         bundle = Path(cert_file).read_bytes()
         certs = x509.load_pem_x509_certificates(bundle)
     except (OSError, ValueError, TypeError) as exc:
-        raise ServiceUnavailable(f"this worker cannot load the plugin CA ({type(exc).__name__}): {why}") from None
+        raise ServiceUnavailable(f"this API cannot load the plugin CA ({type(exc).__name__}): {why}") from None
     own = key.public_key().public_bytes(serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
     for cert in certs:
         if (

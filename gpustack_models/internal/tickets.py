@@ -4,7 +4,7 @@ of them: source, endpoint, repository, commit and hub token, if any).
 Answered only to a plugin whose Pod-bound ServiceAccount token is bound to the node it names (TokenReview:
 the plugin's ServiceAccount and ``authentication.kubernetes.io/node-name``), and only for a digest in that
 node's ``spec.models`` (read live from kube-apiserver). Not part of the aggregated API: plugins call the
-worker's Service directly.
+API's Service directly.
 
 A digest names its files, whoever resolved them: every live artifact with that digest is a source of
 them, and the ticket offers them all, in the order the plugin tries them (it falls through to the next
@@ -201,7 +201,7 @@ def _peer_url(ip: str, port: int) -> str:
 def check_wanted(node: str, digest: str) -> None:
     """Refuse unless ``digest`` is in the ``spec.models`` of ``node``'s NodeModelStore."""
     try:
-        store = kube.worker().get(f"/apis/{GROUP}/{STORAGE_VERSION}/nodemodelstores/{node}")
+        store = kube.default().get(f"/apis/{GROUP}/{STORAGE_VERSION}/nodemodelstores/{node}")
     except kube.NotFound:
         raise NotFound(f"no NodeModelStore for node {node}") from None
     wanted = {m.get("digest") for m in (store.get("spec") or {}).get("models") or []}
@@ -272,7 +272,7 @@ def offered_sources(rows: Iterable[Resolution]) -> list[dict]:
 def hub_token(namespace: str, secret_name: str) -> str | None:
     """The key ``token`` of the Secret, if it is there and a token a plugin accepts."""
     try:
-        secret = kube.worker().get(f"/api/v1/namespaces/{namespace}/secrets/{secret_name}")
+        secret = kube.default().get(f"/api/v1/namespaces/{namespace}/secrets/{secret_name}")
     except kube.StatusError:
         return None
     raw = (secret.get("data") or {}).get("token")

@@ -20,7 +20,7 @@ FAILURE_REASONS = (
     "Canceled",
 )
 
-# The bounds of the node's limits in spec (the worker keeps the Node's annotations within them).
+# The bounds of the node's limits in spec (the service keeps the Node's annotations within them).
 MAX_DOWNLOAD_CONCURRENCY, MAX_UPLOAD_CONNECTIONS, MAX_BYTES_PER_SECOND = 256, 1024, 2**63 - 1
 
 _NODE_MODEL_STORE_SPEC = obj(

@@ -1,15 +1,16 @@
-"""The worker's access to Kubernetes.
+"""The service's (and the plugin's) access to Kubernetes.
 
-- ``client``: ``Kube``, one connection pool to kube-apiserver with the worker's identity (``worker()``);
+- ``client``: ``Kube``, one connection pool to kube-apiserver; ``default()``, the process's own (the service's
+  identity, or the plugin's);
 - ``errors``: every Kubernetes error reason as an exception class (``NotFound``, ``Conflict`` ...);
 - ``watch``: the one list-then-watch loop every watcher uses;
 - ``reviews``: TokenReview answers, cached briefly;
 - ``identity``: the service's own ServiceAccounts.
 
-Nothing here imports the API, the worker's reconcilers or the plugin.
+Nothing here imports the API, the reconcilers or the plugin.
 """
 
-from gpustack_models.kube.client import Kube, Response, load_configuration, reset, worker
+from gpustack_models.kube.client import Kube, Response, default, load_configuration, reset
 from gpustack_models.kube.errors import (
     AlreadyExists,
     BadRequest,
@@ -44,9 +45,9 @@ __all__ = [
     "StatusError",
     "Unauthorized",
     "UnsupportedMediaType",
+    "default",
     "error_for",
     "load_configuration",
     "reset",
     "status_body",
-    "worker",
 ]

@@ -1,4 +1,4 @@
-"""The worker's own connection to kube-apiserver: raw HTTP, sync (urllib3) and async (aiohttp).
+"""A process's own connection to kube-apiserver: raw HTTP, sync (urllib3) and async (aiohttp).
 
 Credentials come from the ``kubernetes`` client's loaders (a kubeconfig, or the Pod's ServiceAccount in
 a cluster, with token rotation). The facade forwards bytes, so it talks HTTP directly rather than through
@@ -40,7 +40,7 @@ class Response:
 
 
 def load_configuration(kubeconfig: str | None = None) -> k8s_client.Configuration:
-    """The worker's identity: an explicit kubeconfig, the in-cluster ServiceAccount, or the local one."""
+    """The process's identity: an explicit kubeconfig, the in-cluster ServiceAccount, or the local one."""
     configuration = k8s_client.Configuration()
     path = kubeconfig if kubeconfig is not None else settings.KUBECONFIG
     if path:
@@ -55,7 +55,7 @@ def load_configuration(kubeconfig: str | None = None) -> k8s_client.Configuratio
 
 
 class Kube:
-    """One connection pool to kube-apiserver with the worker's credentials."""
+    """One connection pool to kube-apiserver with one identity's credentials."""
 
     def __init__(self, configuration: k8s_client.Configuration, pool_size: int = 32):
         self.configuration = configuration
@@ -169,8 +169,9 @@ _lock = threading.Lock()
 _default: Kube | None = None
 
 
-def worker() -> Kube:
-    """The process-wide client with the worker's identity."""
+def default() -> Kube:
+    """The process-wide client with the process's own identity: the service's ServiceAccount in the
+    service's processes, the plugin's in a plugin."""
     global _default
     if _default is None:
         with _lock:

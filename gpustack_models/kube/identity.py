@@ -13,8 +13,8 @@ def service_account_user(name: str) -> str:
     return f"system:serviceaccount:{settings.NAMESPACE}:{name}"
 
 
-def worker_user() -> str:
-    return service_account_user(settings.WORKER_SERVICE_ACCOUNT)
+def service_user() -> str:
+    return service_account_user(settings.SERVICE_ACCOUNT)
 
 
 def plugin_user() -> str:

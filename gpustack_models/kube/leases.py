@@ -36,7 +36,7 @@ from datetime import UTC, datetime
 from django.conf import settings
 from prometheus_client import Counter, Gauge
 
-from gpustack_models.kube.client import Kube, worker
+from gpustack_models.kube.client import Kube, default
 from gpustack_models.kube.errors import Conflict, NotFound
 
 log = logging.getLogger(__name__)
@@ -250,6 +250,6 @@ class LeaseElector:
 
 
 def elector_for(name: str, client: Kube | None = None) -> LeaseElector:
-    """An elector of the Lease ``name`` in the service's namespace, with the worker's identity and the
+    """An elector of the Lease ``name`` in the service's namespace, with the process's own identity and the
     timing of the settings."""
-    return LeaseElector(client or worker(), settings.NAMESPACE, name, Timing.from_settings())
+    return LeaseElector(client or default(), settings.NAMESPACE, name, Timing.from_settings())

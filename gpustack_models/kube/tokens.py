@@ -1,6 +1,6 @@
-"""Short-lived tokens of the worker's own ServiceAccount for one audience (TokenRequest).
+"""Short-lived tokens of the service's own ServiceAccount for one audience (TokenRequest).
 
-The worker never shows its kube-apiserver credential to anyone: the plugins it reads live bytes from get a
+The service never shows its kube-apiserver credential to anyone: the plugins it reads live bytes from get a
 token whose audience is theirs alone (kube-apiserver refuses it), requested for a few minutes and renewed
 before it runs out.
 """
@@ -12,11 +12,11 @@ import time
 
 from django.conf import settings
 
-from gpustack_models.kube.client import Kube, worker
+from gpustack_models.kube.client import Kube, default
 
 
 class AudienceToken:
-    """``headers()``: an Authorization header with a current token of the worker for ``audience``."""
+    """``headers()``: an Authorization header with a current token of the service for ``audience``."""
 
     def __init__(self, client, audience: str, seconds: int):
         self._client = client  # a callable returning the Kube client
@@ -37,7 +37,7 @@ class AudienceToken:
         return {"Authorization": f"Bearer {self.token()}"}
 
     def _request(self, client: Kube) -> tuple[str, float]:
-        path = f"/api/v1/namespaces/{settings.NAMESPACE}/serviceaccounts/{settings.WORKER_SERVICE_ACCOUNT}/token"
+        path = f"/api/v1/namespaces/{settings.NAMESPACE}/serviceaccounts/{settings.SERVICE_ACCOUNT}/token"
         spec = {"audiences": [self.audience], "expirationSeconds": self.seconds}
         answer = client.create(path, {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": spec})
         return answer["status"]["token"], float(self.seconds)
@@ -47,8 +47,8 @@ _plugin_token: AudienceToken | None = None
 
 
 def plugin_token() -> AudienceToken:
-    """The process-wide token the worker shows the node plugins."""
+    """The process-wide token the service shows the node plugins."""
     global _plugin_token
     if _plugin_token is None:
-        _plugin_token = AudienceToken(worker, settings.PLUGIN_TOKEN_AUDIENCE, settings.PLUGIN_TOKEN_SECONDS)
+        _plugin_token = AudienceToken(default, settings.PLUGIN_TOKEN_AUDIENCE, settings.PLUGIN_TOKEN_SECONDS)
     return _plugin_token

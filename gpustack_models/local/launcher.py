@@ -1,9 +1,9 @@
 """Running the service next to a local control plane (``make run`` and the test stack).
 
-In a cluster the Helm chart installs these objects and the worker runs in a Pod with its ServiceAccount.
+In a cluster the Helm chart installs these objects and the service runs in Pods with its ServiceAccount.
 Locally the launcher does the same by hand: it applies the CRDs, RBAC and admission policies with the
-admin credentials, gives the worker a token of its ServiceAccount (so the admission policies see the
-worker exactly as in a cluster), makes a serving certificate for ``<service>.<namespace>.svc`` and
+admin credentials, gives the service a token of its ServiceAccount (so the admission policies see the
+service exactly as in a cluster), makes a serving certificate for ``<service>.<namespace>.svc`` and
 registers the APIService pointing at the local process.
 """
 
@@ -39,7 +39,7 @@ class Launcher:
         self.cluster = cluster
         self.data_dir = Path(data_dir)
         self.pki_dir = self.data_dir / "api-pki"
-        self.worker_kubeconfig = self.data_dir / "worker-kubeconfig"
+        self.service_kubeconfig = self.data_dir / "service-kubeconfig"
         self.admin = kube.Kube(kube.load_configuration(str(cluster.kubeconfig)))
 
     # --- kubectl with the admin credentials -----------------------------------------------------------
@@ -115,17 +115,17 @@ class Launcher:
             except kube.NotFound:
                 pass
 
-    # --- the worker's identity ------------------------------------------------------------------------
-    def write_worker_kubeconfig(self) -> Path:
-        """A kubeconfig carrying a token of the worker's ServiceAccount."""
-        token = self.service_account_token(settings.WORKER_SERVICE_ACCOUNT)
+    # --- the service's identity -----------------------------------------------------------------------
+    def write_service_kubeconfig(self) -> Path:
+        """A kubeconfig carrying a token of the service's ServiceAccount."""
+        token = self.service_account_token(settings.SERVICE_ACCOUNT)
         config = yaml.safe_load(self.cluster.token_kubeconfig.read_text())
-        config["users"] = [{"name": "worker", "user": {"token": token}}]
-        config["contexts"] = [{"name": "local", "context": {"cluster": "local", "user": "worker"}}]
+        config["users"] = [{"name": "service", "user": {"token": token}}]
+        config["contexts"] = [{"name": "local", "context": {"cluster": "local", "user": "service"}}]
         self.data_dir.mkdir(parents=True, exist_ok=True)
-        self.worker_kubeconfig.write_text(yaml.safe_dump(config))
-        self.worker_kubeconfig.chmod(0o600)
-        return self.worker_kubeconfig
+        self.service_kubeconfig.write_text(yaml.safe_dump(config))
+        self.service_kubeconfig.chmod(0o600)
+        return self.service_kubeconfig
 
     def service_account_token(
         self, name: str, seconds: int = TOKEN_SECONDS, bound_object: dict | None = None, audiences=()
@@ -202,7 +202,7 @@ class Launcher:
         """Create ``node`` (Ready) and its plugin Pod, bound to it and Running at ``plugin_ip``.
 
         Where no kubelet runs Pods (local runs, tests) this is what the kubelet and the DaemonSet
-        controller would have written; the worker reads these objects exactly as in a cluster."""
+        controller would have written; the service reads these objects exactly as in a cluster."""
         self.ready_node(node, plugin_ip, labels)
         created = self.create_or_get(f"/api/v1/namespaces/{settings.NAMESPACE}/pods", self.plugin_pod(node))
         self.set_plugin_ready(node, plugin_ip, True, pod=created)
@@ -278,7 +278,7 @@ class Launcher:
 
     # --- node plugins -----------------------------------------------------------------------------------
     def plugin_ca(self) -> tuple[Path, Path]:
-        """(certificate, key) of the plugin CA the worker trusts, made once. The key is the API's alone (it
+        """(certificate, key) of the plugin CA the API trusts, made once. The key is the API's alone (it
         issues the plugins' certificates with it: ``GPUSTACK_PLUGIN_CA_KEY_FILE``); no plugin gets it."""
         directory = self.data_dir / "plugin-pki"
         if not ((directory / "ca.crt").exists() and (directory / "ca.key").exists()):
@@ -286,7 +286,7 @@ class Launcher:
         return directory / "ca.crt", directory / "ca.key"
 
     def plugin_pki(self, node: str, address: str) -> tuple[Path, Path]:
-        """A serving certificate for ``node``'s plugin at ``address``, from the plugin CA the worker trusts."""
+        """A serving certificate for ``node``'s plugin at ``address``, from the plugin CA the API trusts."""
         self.plugin_ca()
         directory = self.data_dir / "plugin-pki"
         authority = pki.KeyPair.load(directory, "ca")

@@ -58,10 +58,10 @@ class LocalStack:
         self.cluster.start()
         self.launcher = Launcher(self.cluster, self.data_dir)
         self.launcher.install()
-        self.launcher.write_worker_kubeconfig()
+        self.launcher.write_service_kubeconfig()
         call_command("migrate", interactive=False, verbosity=0)
         self.log_dir.mkdir(exist_ok=True)
-        self.start_worker()
+        self.start_service()
         self.start_node()
         self.launcher.register(settings.API_PORT)
         try:
@@ -83,11 +83,11 @@ class LocalStack:
         )
         log.close()
 
-    def start_worker(self) -> None:
-        """The aggregated API, the console, a Celery worker, Celery beat and the informers, as the worker."""
+    def start_service(self) -> None:
+        """The aggregated API, the console, a Celery worker, Celery beat and the informers, as the service."""
         cert, key, _ca = self.launcher.serving_pki()
         plugin_ca, plugin_ca_key = self.launcher.plugin_ca()  # the API issues the plugins' certificates
-        env = dict(os.environ, KUBECONFIG=str(self.launcher.worker_kubeconfig))
+        env = dict(os.environ, KUBECONFIG=str(self.launcher.service_kubeconfig))
         env.update(GPUSTACK_PLUGIN_CA_FILE=str(plugin_ca), GPUSTACK_PLUGIN_CA_KEY_FILE=str(plugin_ca_key))
         python = sys.executable
         api = ["runapiserver", f"--port={settings.API_PORT}", f"--certfile={cert}", f"--keyfile={key}"]
@@ -114,7 +114,7 @@ class LocalStack:
             f"\ngpustack-models is running (Kubernetes {cluster.version})\n"
             f"  kubeconfig: {cluster.kubeconfig}\n"
             f"  kubectl:    {cluster.kubectl}\n"
-            f"  API:        worker.gpustack.ai/v1 through {cluster.server} (worker on :{settings.API_PORT})\n"
+            f"  API:        worker.gpustack.ai/v1 through {cluster.server} (the API process on :{settings.API_PORT})\n"
             f"  console:    http://{self.console}/admin/\n"
             f"  node:       {LOCAL_NODE} (plugin on {LOCAL_NODE_ADDRESS}:{settings.PLUGIN_PORT}, cache {cache})\n"
             f"  CSI:        model.csi.gpustack.ai on {csi_socket}\n"

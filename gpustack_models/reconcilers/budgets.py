@@ -1,6 +1,6 @@
 """Fair shares of the hubs: every namespace has its own budget of resolution attempts.
 
-The hubs rate-limit the worker as one client. Without shares, a tenant with hundreds of broken artifacts
+The hubs rate-limit the service as one client. Without shares, a tenant with hundreds of broken artifacts
 (each retried with backoff) would spend that limit and everyone else's resolutions would fail with 429.
 ``take(namespace)`` spends one attempt of the namespace's token bucket, or says how long to wait for the
 next one; the row is updated under its lock, so Celery workers in any number share one bucket.

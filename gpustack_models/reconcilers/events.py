@@ -7,7 +7,7 @@ the same object, type, reason and series key within ``GPUSTACK_EVENT_SERIES_SECO
 Event's ``count`` and move its ``lastTimestamp`` (``x100 over 5m``) instead of creating another. New Events
 are rate-limited per object by a token bucket (``GPUSTACK_EVENT_BURST`` at once, then one per
 ``GPUSTACK_EVENT_REFILL_SECONDS``), so a failing cluster cannot flood etcd with Event objects; a dropped
-Event is counted in the log. The series and the buckets are rows of the database, shared by every worker
+Event is counted in the log. The series and the buckets are rows of the database, shared by every Celery worker
 process. Recording never fails the caller: any error is logged and dropped.
 """
 
@@ -89,7 +89,7 @@ def _repeat(series: EventSeries, message: str, now: datetime) -> bool:
     """Count one more of the series on its Event; False when that Event is gone (expired)."""
     patch = {"count": series.count + 1, "lastTimestamp": _stamp(now), "message": message}
     try:
-        kube.worker().json(
+        kube.default().json(
             "PATCH",
             _event_path(series.event_namespace, series.event_name),
             body=patch,
@@ -123,7 +123,7 @@ def _create(series: EventSeries, regarding: dict, type_: str, reason: str, messa
         "count": 1,
         "reportingComponent": COMPONENT,
     }
-    kube.worker().create(_event_path(namespace), body)
+    kube.default().create(_event_path(namespace), body)
     series.event_namespace, series.event_name = namespace, name
     series.count, series.first_seen, series.last_seen = 1, now, now
     series.save(update_fields=["event_namespace", "event_name", "count", "first_seen", "last_seen"])

@@ -58,7 +58,7 @@ class _Reader:
 
     def _get(self, path: str) -> dict | None:
         try:
-            return kube.worker().get(path)
+            return kube.default().get(path)
         except kube.NotFound:
             return None
 
@@ -129,7 +129,7 @@ def _remove_finalizer(namespace: str, name: str) -> bool:
     path = artifact_path(namespace, name)
     for _ in range(_PATCH_ATTEMPTS):
         try:
-            metadata = kube.worker().get(path).get("metadata") or {}
+            metadata = kube.default().get(path).get("metadata") or {}
         except kube.NotFound:
             return False
         finalizers = metadata.get("finalizers") or []
@@ -138,7 +138,7 @@ def _remove_finalizer(namespace: str, name: str) -> bool:
         kept = [f for f in finalizers if f != MOUNT_PROTECTION]
         patch = {"metadata": {"finalizers": kept, "resourceVersion": metadata.get("resourceVersion")}}
         try:
-            kube.worker().json("PATCH", path, body=patch, content_type="application/merge-patch+json")
+            kube.default().json("PATCH", path, body=patch, content_type="application/merge-patch+json")
         except kube.Conflict:
             continue  # written meanwhile: read again
         except kube.NotFound:

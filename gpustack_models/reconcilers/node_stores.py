@@ -1,11 +1,11 @@
-"""NodeModelStores: one per node that runs the plugin, owned by its Node, with the spec the worker computes.
+"""NodeModelStores: one per node that runs the plugin, owned by its Node, with the spec the service computes.
 
 The spec's ``models`` are what the reference model (``references``) places on the node, plus the digests
 no longer referenced there for less than the collection grace (``GPUSTACK_COLLECTION_GRACE_SECONDS``),
 listed with the ``collectTime`` at which they leave; the plugin removes a tree shortly after its digest
 left. What was placed is kept as ``Holding`` rows, so a recreated store gets the same spec at once (the
 deletion event enqueues a reconcile) and a prefetch recreated within the grace finds its bytes. The
-worker owns the whole spec as a server-side-apply field manager.
+service owns the whole spec as a server-side-apply field manager (``STORE_SPEC``).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from gpustack_models.kinds.nodemodelstore import MAX_BYTES_PER_SECOND, MAX_DOWNL
 from gpustack_models.models import Holding, Node, NodeStore, PluginPod, PrefetchTarget
 from gpustack_models.reconcilers.references import Placement, models_per_node, namespace_quotas, node_references, place
 from gpustack_models.reconcilers.task_names import RECONCILE_NODE_STORE, RECONCILE_PREFETCH, ROLLUP_DIGEST
-from gpustack_models.reconcilers.writes import API, WORKER, store_path
+from gpustack_models.reconcilers.writes import API, STORE_SPEC, store_path
 
 log = logging.getLogger(__name__)
 
@@ -217,7 +217,7 @@ def reconcile_node_store(node: str) -> str:
         "spec": spec,
     }
     try:
-        kube.worker().apply(store_path(node), body, field_manager=WORKER)
+        kube.default().apply(store_path(node), body, field_manager=STORE_SPEC)
     except kube.Conflict as exc:
         if exc.being_deleted:
             return "terminating"  # recreated when the deletion event arrives

@@ -101,7 +101,7 @@ def resolve_artifact(namespace: str, name: str, force: bool = False) -> Outcome:
     """Resolve ``namespace/name`` and write its status (see the module's docstring). ``force``: also when
     it is resolved for its generation already (a branch may have moved)."""
     try:
-        obj = kube.worker().get(artifact_path(namespace, name))
+        obj = kube.default().get(artifact_path(namespace, name))
     except kube.NotFound:
         return Outcome("Gone")
     return ArtifactResolution(obj, force).run()
@@ -141,7 +141,7 @@ class ArtifactResolution:
     # --- steps -----------------------------------------------------------------------------------------
     def resolve_claim(self, claim: str) -> Outcome:
         try:
-            kube.worker().get(f"/api/v1/namespaces/{self.namespace}/persistentvolumeclaims/{claim}")
+            kube.default().get(f"/api/v1/namespaces/{self.namespace}/persistentvolumeclaims/{claim}")
         except kube.NotFound:
             raise Failed(
                 "ClaimNotFound", f"PersistentVolumeClaim {claim!r} does not exist in {self.namespace}", True
@@ -185,7 +185,7 @@ class ArtifactResolution:
 
     def read_token(self, secret_name: str) -> str:
         try:
-            secret = kube.worker().get(f"/api/v1/namespaces/{self.namespace}/secrets/{secret_name}")
+            secret = kube.default().get(f"/api/v1/namespaces/{self.namespace}/secrets/{secret_name}")
         except kube.NotFound:
             raise Failed("SecretNotFound", f"Secret {secret_name!r} does not exist in {self.namespace}", True) from None
         meta = secret.get("metadata") or {}

@@ -5,13 +5,13 @@ A failure only a person can fix (``AccessDenied``, ``RevisionNotFound``, ``Empty
 
 - it is tried again slowly, per artifact, after ``GPUSTACK_RESOLVE_TERMINAL_RETRY_BASE`` doubling per
   failure up to ``GPUSTACK_RESOLVE_TERMINAL_RETRY_MAX`` (a token may be granted access, a tag created);
-- it is tried at once when the Secret its ``secretRef`` names changes: the worker may only ``get``
+- it is tried at once when the Secret its ``secretRef`` names changes: the service may only ``get``
   Secrets, so a periodic pass reads each such Secret and compares its uid and resourceVersion with those
   the failed attempt read (a Secret created after being missing counts as a change);
 - any artifact, resolved or not, is resolved again at once when its ``worker.gpustack.ai/requested-at``
   annotation takes a new value (as ``reconcile.fluxcd.io/requestedAt`` asks Flux), once per value.
 
-The state is a ``ResolveState`` row per artifact, changed under its lock by any worker process.
+The state is a ``ResolveState`` row per artifact, changed under its lock by any Celery worker process.
 """
 
 from __future__ import annotations
@@ -114,7 +114,7 @@ def unscheduled(limit: int) -> list[tuple[str, str]]:
 def secret_version(namespace: str, name: str) -> str | None:
     """The Secret's uid and resourceVersion ("" when it does not exist; None when it cannot be read)."""
     try:
-        meta = kube.worker().get(f"/api/v1/namespaces/{namespace}/secrets/{name}")["metadata"]
+        meta = kube.default().get(f"/api/v1/namespaces/{namespace}/secrets/{name}")["metadata"]
     except kube.NotFound:
         return ""
     except Exception:

@@ -123,7 +123,7 @@ def retarget_node(node: str) -> set[tuple[str, str]]:
 @reacts_to(mirror.PREFETCHES)
 def prefetch_changed(before: dict | None, after: dict | None, namespace: str, name: str) -> None:
     """A new, changed or deleted spec retargets the prefetch (which reconciles its nodes); a status
-    written by the worker itself concerns nobody."""
+    written by the service itself concerns nobody."""
     if before is not None and after is not None and before.get("spec") == after.get("spec"):
         return
     enqueue(RETARGET_PREFETCH, namespace, name)

@@ -1,6 +1,6 @@
 """Kubernetes Events on NodeModelStores, for administrators, inferred from the store's status as mirrored.
 
-The node plugin writes its store's status; the worker, seeing one entry change between two mirrored
+The node plugin writes its store's status; the service, seeing one entry change between two mirrored
 versions, records what happened to that digest on that node:
 
     DownloadStarted  (Normal)   an entry became Downloading

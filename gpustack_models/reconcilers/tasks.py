@@ -4,7 +4,7 @@ one sends it by that name, so no module imports this one but Celery's task disco
 
 Mirror tasks apply informer events (one, or a batch the informer coalesced, or a relist page) and then run
 the reactions the reconcilers declared (``informers.reactions``: what each change concerns, enqueued once
-per batch and key); the reconcilers read the mirror and write to Kubernetes as the worker.
+per batch and key); the reconcilers read the mirror and write to Kubernetes as the service.
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ log = logging.getLogger(__name__)
 
 @shared_task(name="gpustack_models.ping", ignore_result=False)
 def ping(payload: str) -> dict:
-    """Answer with the payload and this worker's host: a health check of the broker round trip."""
+    """Answer with the payload and this Celery worker's host: a health check of the broker round trip."""
     return {"payload": payload, "host": socket.gethostname()}
 
 

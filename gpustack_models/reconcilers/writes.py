@@ -1,4 +1,4 @@
-"""How the worker writes to Kubernetes: server-side apply, one field manager per concern, so the resolver,
+"""How the service writes to Kubernetes: server-side apply, one field manager per concern, so the resolver,
 the roll-up and the prefetch controller each own their own fields of a status and never overwrite one
 another:
 
@@ -23,7 +23,8 @@ APPLY_ATTEMPTS = 5
 RESOLVER = "gpustack-models-resolver"
 ROLLUP = "gpustack-models-rollup"
 PREFETCHER = "gpustack-models-prefetch"
-WORKER = "gpustack-models-worker"
+# The store spec's manager keeps its first name: installed stores' managedFields carry it.
+STORE_SPEC = "gpustack-models-worker"
 
 
 def artifact_path(namespace: str, name: str) -> str:
@@ -48,7 +49,7 @@ def apply_status(path: str, kind: str, metadata: dict, status: dict, manager: st
     uid = metadata.get("uid")
     if not uid:
         raise ValueError(f"a status write to {path} needs the object's uid")
-    client = kube.worker()
+    client = kube.default()
     for _ in range(APPLY_ATTEMPTS):
         try:
             current = client.get(path)["metadata"]

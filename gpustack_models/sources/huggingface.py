@@ -12,7 +12,7 @@ honoured), so other users of ``huggingface_hub`` in the process are not affected
 
 Inside ``resolve()`` the transport also turns 5xx and 429 answers and transport errors into an
 immediate failure. Otherwise the client retries them on its own (the tree listing five times with
-1, 2, 4, 8, 8 seconds of sleep, or ``Retry-After`` + 1 second per 429), which would hold a worker
+1, 2, 4, 8, 8 seconds of sleep, or ``Retry-After`` + 1 second per 429), which would hold a Celery worker
 for minutes; the caller owns retrying, with backoff, through ``SourceUnavailable``.
 """
 

@@ -1,5 +1,5 @@
-"""Prometheus metrics of the worker's roles: one registry to scrape per process, prometheus_client's
-multiprocess mode for the roles that fork workers, and the plain metrics port of the roles without an
+"""Prometheus metrics of the service's roles: one registry to scrape per process, prometheus_client's
+multiprocess mode for the roles that fork worker processes, and the plain metrics port of the roles without an
 HTTP server of their own.
 
 - The API (gunicorn, several worker processes) and the Celery worker (a prefork pool) run in

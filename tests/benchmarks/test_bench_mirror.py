@@ -47,7 +47,7 @@ def restart_informers(worker_stack, monkeypatch, env: dict) -> None:
 def measure(launcher, namespace, names, rate, seconds, procs):
     base = f"/apis/{GROUP}/v1alpha1/namespaces/{namespace}/modelartifacts"
     offset = MIRROR_LAG_FILE.stat().st_size if MIRROR_LAG_FILE.exists() else 0
-    load = mirror_load.run(str(launcher.worker_kubeconfig), base, names, rate, seconds, procs)
+    load = mirror_load.run(str(launcher.service_kubeconfig), base, names, rate, seconds, procs)
     newest = {}
     for name, rv, _ in load.writes:
         newest[name] = max(rv, newest.get(name, 0))

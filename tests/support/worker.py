@@ -32,7 +32,7 @@ class WorkerAPI:
     def env(self) -> dict:
         env = dict(os.environ)
         env.update(
-            KUBECONFIG=str(self.launcher.worker_kubeconfig),
+            KUBECONFIG=str(self.launcher.service_kubeconfig),
             GPUSTACK_DATA_DIR=str(TEST_STATE),
             DATABASE_URL=self.db_url,
             GPUSTACK_PLUGIN_PORT=str(PLUGIN_PORT),
@@ -106,7 +106,7 @@ def launcher(cluster):
 
     lc = Launcher(cluster, TEST_STATE)
     lc.install()
-    lc.write_worker_kubeconfig()
+    lc.write_service_kubeconfig()
     return lc
 
 
@@ -132,7 +132,7 @@ def worker_kube(launcher):
     """A client with the worker's own identity (its ServiceAccount token)."""
     from gpustack_models import kube
 
-    return kube.Kube(kube.load_configuration(str(launcher.worker_kubeconfig)))
+    return kube.Kube(kube.load_configuration(str(launcher.service_kubeconfig)))
 
 
 @pytest.fixture(scope="session")
@@ -140,7 +140,7 @@ def storage_http(cluster, launcher):
     """kube-apiserver with the worker's identity: what the admission policies let write v1alpha1."""
     import yaml
 
-    token = yaml.safe_load(launcher.worker_kubeconfig.read_text())["users"][0]["user"]["token"]
+    token = yaml.safe_load(launcher.service_kubeconfig.read_text())["users"][0]["user"]["token"]
     return token_http(cluster, token)
 
 
@@ -196,7 +196,7 @@ class WorkerStack:
     def env(self) -> dict:
         env = dict(os.environ)
         env.update(
-            KUBECONFIG=str(self.launcher.worker_kubeconfig),
+            KUBECONFIG=str(self.launcher.service_kubeconfig),
             GPUSTACK_DATA_DIR=str(TEST_STATE),
             DATABASE_URL=self.db_url,
             HF_ENDPOINT=self.hub.url,

@@ -17,6 +17,7 @@ RENAMED = [
     ("GPUSTACK_API_URL", "GPUSTACK_WORKER_URL", "API_URL", "https://api.example:8443", "https://old.example"),
     ("GPUSTACK_API_CA_FILE", "GPUSTACK_WORKER_CA_FILE", "API_CA_FILE", "/etc/api/ca.crt", "/etc/old/ca.crt"),
     ("GPUSTACK_PLUGIN_CERT_FROM_API", "GPUSTACK_PLUGIN_CERT_FROM_WORKER", "PLUGIN_CERT_FROM_API", "true", "false"),
+    ("GPUSTACK_SERVICE_ACCOUNT", "GPUSTACK_WORKER_SERVICE_ACCOUNT", "SERVICE_ACCOUNT", "models-service", "old-account"),
 ]
 IDS = [setting for _, _, setting, _, _ in RENAMED]
 

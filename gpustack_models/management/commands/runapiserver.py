@@ -45,7 +45,7 @@ class Command(BaseCommand):
         so a direct caller's certificate is not refused at the handshake (it is then ignored unless it
         chains to the requestheader CA, checked per request)."""
         try:
-            config = RequestHeaderConfig.from_configmap(kube.worker().get(AUTH_CONFIGMAP))
+            config = RequestHeaderConfig.from_configmap(kube.default().get(AUTH_CONFIGMAP))
         except kube.StatusError as exc:
             raise CommandError(f"reading kube-system/extension-apiserver-authentication: {exc}") from None
         ca_dir = settings.DATA_DIR / "apiserver"

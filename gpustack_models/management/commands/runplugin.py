@@ -3,7 +3,7 @@ import logging
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
-from gpustack_models.kube.identity import plugin_user, worker_user
+from gpustack_models.kube.identity import plugin_user, service_user
 from gpustack_models.plugin.csi.registration import SocketPathError, check_socket_path, registration_socket
 from gpustack_models.plugin.node.agent import Plugin, PluginSettings
 from gpustack_models.stop_signals import on_stop_signals
@@ -17,10 +17,7 @@ class Command(BaseCommand):
 
     def handle(self, *args, node, **options):
         logging.basicConfig(level=settings.LOGGING["root"]["level"])
-        if (
-            not (settings.PLUGIN_TLS_CERT_FILE and settings.PLUGIN_TLS_KEY_FILE)
-            and not settings.PLUGIN_CERT_FROM_API
-        ):
+        if not (settings.PLUGIN_TLS_CERT_FILE and settings.PLUGIN_TLS_KEY_FILE) and not settings.PLUGIN_CERT_FROM_API:
             raise CommandError(
                 "GPUSTACK_PLUGIN_TLS_CERT_FILE and GPUSTACK_PLUGIN_TLS_KEY_FILE are required"
                 " (or GPUSTACK_PLUGIN_CERT_FROM_API=true: the API issues the certificate)"
@@ -49,7 +46,7 @@ def plugin_settings(node: str, csi_socket: str) -> PluginSettings:
         key_file=settings.PLUGIN_TLS_KEY_FILE,
         api_url=settings.API_URL,
         api_ca_file=settings.API_CA_FILE,
-        service_username=worker_user(),
+        service_username=service_user(),
         service_audience=settings.PLUGIN_TOKEN_AUDIENCE,
         removal_delay_seconds=settings.PLUGIN_REMOVAL_DELAY_SECONDS,
         partial_retention_seconds=settings.PLUGIN_PARTIAL_RETENTION_SECONDS,

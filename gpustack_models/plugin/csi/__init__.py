@@ -2,8 +2,8 @@
 
 A Pod asks for a model with an inline ephemeral volume (``csi: {driver: model.csi.gpustack.ai,
 readOnly: true, volumeAttributes: {artifact: NAME}}``); the kubelet calls NodePublishVolume on the
-plugin's unix socket, the plugin asks the worker whether that Pod may mount that artifact (with its
-Pod-bound token; the worker records the mount as a reference, so the digest enters this node's
+plugin's unix socket, the plugin asks the API whether that Pod may mount that artifact (with its
+Pod-bound token; the API records the mount as a reference, so the digest enters this node's
 ``spec.models``), and bind-mounts the published tree read-only once it is Ready here.
 
 - ``generated``: the gRPC stubs of ``csi.proto`` and the kubelet's plugin registration (made by

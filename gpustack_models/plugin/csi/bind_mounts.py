@@ -5,7 +5,7 @@ before the mount): after a restart the plugin keeps the records whose target is 
 ``/proc/self/mountinfo`` showing the recorded tree (same device and inode), and forgets the rest. The
 plugin never unmounts on exit: Pods keep their models across its restarts.
 
-Volumes whose release the worker has not acknowledged yet are kept in ``<cache>/mounts/released/``
+Volumes whose release the API has not acknowledged yet are kept in ``<cache>/mounts/released/``
 until it does, across restarts.
 """
 
@@ -172,7 +172,7 @@ class MountTable:
             self._mounted.pop(name, None)
         (self.dir / name).unlink(missing_ok=True)
 
-    # --- releases the worker has not acknowledged yet -----------------------------------------------
+    # --- releases the API has not acknowledged yet --------------------------------------------------
     def release_pending(self, volume_id: str) -> None:
         name = hashlib.sha256(volume_id.encode()).hexdigest() + ".json"
         atomic_write_json(self.released_dir / name, {"volumeId": volume_id})

@@ -1,7 +1,7 @@
 """The node plugin's download engine: a node-local, content-addressed cache filled from the hubs.
 
 No Django, no Kubernetes and no peers here: the plugin's glue (watching the node's NodeModelStore,
-writing its status, fetching tickets from the worker, serving live progress, building the fan-out to
+writing its status, fetching tickets from the API, serving live progress, building the fan-out to
 the tickets' peers from ``plugin.peers``) drives an ``Engine``.
 
 - ``facade``: ``Engine``, the API for the glue; it puts together the three parts below:

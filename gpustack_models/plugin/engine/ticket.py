@@ -1,6 +1,6 @@
 """The fetch ticket: everything a node needs to download one manifest digest from a hub.
 
-The worker hands a node a ticket for a digest it resolved: the hub (source and endpoint), the
+The API hands a node a ticket for a digest it resolved: the hub (source and endpoint), the
 repository at its commit, the manifest's files with their checksums, and the credentials and
 network settings to use (token, proxy, CA bundle). The ticket's files must hash to its digest
 (``validate``), so a node never downloads content other than what the digest names.
@@ -19,10 +19,10 @@ checksums are the same whichever source serves them, so bytes verified from one 
 next one takes over.
 
 A ticket also lists *peers* (``PeerSource``): other nodes' plugins holding the digest ``Ready`` or
-downloading it, whose peer endpoints (``peers``) serve the manifest's bytes; the worker lists them in
+downloading it, whose peer endpoints (``peers``) serve the manifest's bytes; the API lists them in
 ``peers`` (``[{"node", "url", "state"}]``), ``Ready`` ones first; and ``joining``, how many more nodes
 are to start on the digest that the peers cannot list yet (it is placed there, or their plugin is Ready, a
-moment from now; ``None``: the worker did not say).
+moment from now; ``None``: the API did not say).
 
 Tokens are secrets: never written to disk and never in a ``repr`` or a message.
 """

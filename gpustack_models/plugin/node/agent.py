@@ -117,7 +117,7 @@ class StoreWatch(WatchHandler):
 class Plugin:
     def __init__(self, settings: PluginSettings, client: kube.Kube | None = None):
         self.settings = settings
-        self.kube = client or kube.worker()
+        self.kube = client or kube.default()
         self.stopping = threading.Event()
         self.metrics = Metrics()
         # peer_token() -> str: this plugin's Pod-bound token for the peer audience (peers.FileToken).

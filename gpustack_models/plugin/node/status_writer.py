@@ -114,7 +114,7 @@ class StatusWriter:
             self.plugin.kube.apply(
                 f"/apis/{API}/nodemodelstores/{self.plugin.settings.node}/status", body, field_manager=FIELD_MANAGER
             )
-        except kube.NotFound:  # no store (yet): the worker creates it; write when it appears
+        except kube.NotFound:  # no store (yet): the service creates it; write when it appears
             return False
         self.written, self.written_at, self.force = new, time.monotonic(), False
         self.writes += 1

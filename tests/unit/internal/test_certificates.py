@@ -75,7 +75,7 @@ def cluster(monkeypatch, settings):
 
     def answering(found):
         stand_in = Cluster(found)
-        monkeypatch.setattr(kube, "worker", lambda: stand_in)
+        monkeypatch.setattr(kube, "default", lambda: stand_in)
         return stand_in
 
     return answering

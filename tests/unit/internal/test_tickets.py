@@ -105,6 +105,6 @@ def b64(raw: bytes) -> str:
     ids=["trailing-newline", "two-lines", "space", "blank", "not-utf8", "not-base64", "empty"],
 )
 def test_it_offers_only_a_token_a_plugin_accepts(monkeypatch, stored, token):
-    monkeypatch.setattr(kube, "worker", lambda: Secrets({"hub-token": stored}))
+    monkeypatch.setattr(kube, "default", lambda: Secrets({"hub-token": stored}))
     assert tickets.hub_token("ns", "hub-token") == token
     assert tickets.hub_token("ns", "missing") is None

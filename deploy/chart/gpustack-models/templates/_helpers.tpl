@@ -59,8 +59,8 @@ Made once per render and kept across upgrades: an existing Secret is read back w
 {{- end }}
 {{- end }}
 
-{{/* Environment every worker role shares. */}}
-{{- define "gpustack-models.workerEnv" -}}
+{{/* Environment every role of the service shares (all but the plugin). */}}
+{{- define "gpustack-models.serviceEnv" -}}
 - name: GPUSTACK_NAMESPACE
   valueFrom: {fieldRef: {fieldPath: metadata.namespace}}
 - name: DATABASE_URL
@@ -118,7 +118,7 @@ seccompProfile: {type: RuntimeDefault}
   imagePullPolicy: {{ .Values.image.pullPolicy }}
   command: ["sh", "-c", "until python manage.py migrate --check >/dev/null 2>&1; do echo waiting for migrations; sleep 3; done"]
   env:
-    {{- include "gpustack-models.workerEnv" . | nindent 4 }}
+    {{- include "gpustack-models.serviceEnv" . | nindent 4 }}
   securityContext:
     {{- include "gpustack-models.restricted" . | nindent 4 }}
   volumeMounts:
@@ -126,22 +126,22 @@ seccompProfile: {type: RuntimeDefault}
     - {name: plugin-ca, mountPath: /etc/gpustack-models/plugin-ca, readOnly: true}
 {{- end }}
 
-{{/* Volumes every worker role has: scratch space and the plugins' CA certificate (never its key). */}}
-{{- define "gpustack-models.workerVolumes" -}}
+{{/* Volumes every role of the service has: scratch space and the plugins' CA certificate (never its key). */}}
+{{- define "gpustack-models.serviceVolumes" -}}
 - {name: data, emptyDir: {}}
 - {name: tmp, emptyDir: {medium: Memory}}
 - name: plugin-ca
   secret: {secretName: gpustack-models-plugin-ca, items: [{key: tls.crt, path: tls.crt}]}
 {{- end }}
 
-{{- define "gpustack-models.workerMounts" -}}
+{{- define "gpustack-models.serviceMounts" -}}
 - {name: data, mountPath: /var/lib/gpustack-models}
 - {name: tmp, mountPath: /tmp}
 - {name: plugin-ca, mountPath: /etc/gpustack-models/plugin-ca, readOnly: true}
 {{- end }}
 
-{{/* The Pod-level settings of every worker role. */}}
-{{- define "gpustack-models.workerPod" -}}
+{{/* The Pod-level settings of every role of the service (its ServiceAccount keeps its first name). */}}
+{{- define "gpustack-models.servicePod" -}}
 serviceAccountName: gpustack-models-worker
 automountServiceAccountToken: true
 securityContext: {runAsNonRoot: true, runAsUser: 10001, runAsGroup: 10001, fsGroup: 10001, seccompProfile: {type: RuntimeDefault}}
@@ -161,7 +161,7 @@ initContainers:
   {{- include "gpustack-models.waitForMigrations" .root | nindent 2 }}
 {{- end }}
 
-{{/* A worker role's metrics port and its probe. */}}
+{{/* A role's metrics port and its probe. */}}
 {{- define "gpustack-models.metricsPort" -}}
 ports:
   - {name: metrics, containerPort: {{ .Values.metrics.port }}, protocol: TCP}
