@@ -4,7 +4,8 @@ In a cluster the Helm chart installs these objects and the service runs in Pods 
 Locally the launcher does the same by hand: it applies the CRDs, RBAC and admission policies with the
 admin credentials, gives the service a token of its ServiceAccount (so the admission policies see the
 service exactly as in a cluster), makes a serving certificate for ``<service>.<namespace>.svc`` and
-registers the APIService pointing at the local process.
+registers the APIService pointing at the local process. Where no kubelet runs Pods, it writes the Nodes
+and plugin Pods a kubelet would report (``nodes``).
 """
 
 from __future__ import annotations
@@ -22,16 +23,13 @@ from gpustack_models.kinds import GROUP, PUBLIC_VERSION
 from gpustack_models.kinds.crd import CRD_DIR
 from gpustack_models.local import pki
 from gpustack_models.local.cluster import LocalCluster
+from gpustack_models.local.nodes import PLUGIN_LABELS, LocalNodes, kubelet_labels
+
+__all__ = ["PLUGIN_LABELS", "TOKEN_SECONDS", "Launcher", "kubelet_labels"]
 
 log = logging.getLogger(__name__)
 
 TOKEN_SECONDS = 365 * 24 * 3600
-PLUGIN_LABELS = {"app.kubernetes.io/name": "gpustack-models-plugin"}
-
-
-def kubelet_labels(node: str) -> dict:
-    """The labels a kubelet puts on its Node, so selectors written for a cluster select local nodes too."""
-    return {"kubernetes.io/hostname": node, "kubernetes.io/os": "linux", "kubernetes.io/arch": "amd64"}
 
 
 class Launcher:
@@ -41,6 +39,7 @@ class Launcher:
         self.pki_dir = self.data_dir / "api-pki"
         self.service_kubeconfig = self.data_dir / "service-kubeconfig"
         self.admin = kube.Kube(kube.load_configuration(str(cluster.kubeconfig)))
+        self.nodes = LocalNodes(self.admin)
 
     # --- kubectl with the admin credentials -----------------------------------------------------------
     def kubectl(self, *args: str, input: str | None = None) -> str:
@@ -194,87 +193,19 @@ class Launcher:
             time.sleep(0.5)
         raise RuntimeError(f"APIService {PUBLIC_VERSION}.{GROUP} not available after {timeout:.0f}s ({last})")
 
-    # --- nodes and plugin Pods, as a kubelet would report them ------------------------------------------
+    # --- nodes and plugin Pods, as a kubelet would report them (``nodes``) ------------------------------
     def plugin_pod_name(self, node: str) -> str:
-        return f"gpustack-models-plugin-{node}"[:253]
+        return self.nodes.plugin_pod_name(node)
 
     def register_node(self, node: str, plugin_ip: str, labels: dict | None = None) -> dict:
-        """Create ``node`` (Ready) and its plugin Pod, bound to it and Running at ``plugin_ip``.
-
-        Where no kubelet runs Pods (local runs, tests) this is what the kubelet and the DaemonSet
-        controller would have written; the service reads these objects exactly as in a cluster."""
-        self.ready_node(node, plugin_ip, labels)
-        created = self.create_or_get(f"/api/v1/namespaces/{settings.NAMESPACE}/pods", self.plugin_pod(node))
-        self.set_plugin_ready(node, plugin_ip, True, pod=created)
-        return created
-
-    def create_or_get(self, collection: str, obj: dict) -> dict:
-        try:
-            return self.admin.create(collection, obj)
-        except kube.Conflict:
-            return self.admin.get(f"{collection}/{obj['metadata']['name']}")
-
-    def ready_node(self, node: str, address: str, labels: dict | None) -> None:
-        node_obj = self.create_or_get(
-            "/api/v1/nodes",
-            {
-                "apiVersion": "v1",
-                "kind": "Node",
-                "metadata": {"name": node, "labels": {**kubelet_labels(node), **(labels or {})}},
-            },
-        )
-        now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-        ready = {"type": "Ready", "status": "True", "reason": "KubeletReady", "message": "local"}
-        node_obj["status"] = {
-            "conditions": [dict(ready, lastHeartbeatTime=now, lastTransitionTime=now)],
-            "addresses": [{"type": "InternalIP", "address": address}, {"type": "Hostname", "address": node}],
-        }
-        self.admin.json("PUT", f"/api/v1/nodes/{node}/status", body=node_obj)
-
-    def plugin_pod(self, node: str) -> dict:
-        container = {
-            "name": "plugin",
-            "image": "gpustack/gpustack-models:local",
-            "args": ["runplugin", f"--node={node}"],
-        }
-        return {
-            "apiVersion": "v1",
-            "kind": "Pod",
-            "metadata": {"name": self.plugin_pod_name(node), "labels": dict(PLUGIN_LABELS)},
-            "spec": {
-                "nodeName": node,
-                "serviceAccountName": settings.PLUGIN_SERVICE_ACCOUNT,
-                "containers": [container],
-            },
-        }
+        """Create ``node`` (Ready) and its plugin Pod, bound to it and Running at ``plugin_ip``."""
+        return self.nodes.register_node(node, plugin_ip, labels)
 
     def set_plugin_ready(self, node: str, plugin_ip: str, ready: bool, pod: dict | None = None) -> None:
-        path = f"/api/v1/namespaces/{settings.NAMESPACE}/pods/{self.plugin_pod_name(node)}"
-        pod = pod or self.admin.get(path)
-        now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-        state = "True" if ready else "False"
-        pod["status"] = {
-            "phase": "Running",
-            "podIP": plugin_ip,
-            "podIPs": [{"ip": plugin_ip}],
-            "hostIP": plugin_ip,
-            "startTime": now,
-            "conditions": [
-                {"type": t, "status": state, "lastTransitionTime": now}
-                for t in ("Initialized", "Ready", "ContainersReady", "PodScheduled")
-            ],
-        }
-        self.admin.json("PUT", f"{path}/status", body=pod)
+        self.nodes.set_plugin_ready(node, plugin_ip, ready, pod)
 
     def unregister_node(self, node: str) -> None:
-        for path in (
-            f"/api/v1/namespaces/{settings.NAMESPACE}/pods/{self.plugin_pod_name(node)}",
-            f"/api/v1/nodes/{node}",
-        ):
-            try:
-                self.admin.delete(path, query={"gracePeriodSeconds": "0"})
-            except kube.NotFound:
-                pass
+        self.nodes.unregister_node(node)
 
     # --- node plugins -----------------------------------------------------------------------------------
     def plugin_ca(self) -> tuple[Path, Path]:
