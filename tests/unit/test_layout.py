@@ -13,6 +13,8 @@ from tests.support.paths import REPO
 
 PACKAGE = REPO / "gpustack_models"
 MAX_FUNCTION_LINES = 40
+MAX_FILE_LINES = 500
+MAX_CLASS_LINES = 300
 
 
 def modules(root: Path):
@@ -88,6 +90,21 @@ def test_it_keeps_functions_short():
     long = [f"{p.relative_to(REPO)}:{n.lineno} {n.name} ({lines})" for p, n, lines in function_lengths()
             if lines > MAX_FUNCTION_LINES]  # fmt: skip
     assert long == []
+
+
+def test_it_keeps_files_and_classes_small():
+    """No module of ``gpustack_models/`` (migrations and generated stubs aside) over ``MAX_FILE_LINES`` lines,
+    no class over ``MAX_CLASS_LINES`` (from its ``class`` line to its last, decorators not counted)."""
+    big = []
+    for path in modules(PACKAGE):
+        text, name = path.read_text(), path.relative_to(REPO)
+        if len(text.splitlines()) > MAX_FILE_LINES:
+            big.append(f"{name} ({len(text.splitlines())} lines)")
+        for node in ast.walk(ast.parse(text)):
+            lines = node.end_lineno - node.lineno + 1 if isinstance(node, ast.ClassDef) else 0
+            if lines > MAX_CLASS_LINES:
+                big.append(f"{name}:{node.lineno} class {node.name} ({lines} lines)")
+    assert big == []
 
 
 def test_it_documents_the_layout_it_has():
