@@ -37,7 +37,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from gpustack_models import kube
 from gpustack_models.kube.leases import ACQUIRED, HELD, LeaseElector, Timing, micro_time
-from gpustack_models.kube.watch import Collection, WatchHandler, watch_forever
+from gpustack_models.kube.watch import WatchHandler, WatchTarget, watch_forever
 from gpustack_models.local.cluster import free_port
 from tests.support import wait_for
 from tests.test_shutdown import RunQueue, create_artifact, spawn, tail
@@ -308,7 +308,7 @@ class LeaseHistory(WatchHandler):
         self.specs: list[dict] = []
         self.listed_once = threading.Event()
         self.stop = threading.Event()
-        collection = Collection(LEASES, field_selector=f"metadata.name={name}")
+        collection = WatchTarget(LEASES, field_selector=f"metadata.name={name}")
         self.thread = threading.Thread(target=watch_forever, args=(client, collection, self, self.stop), daemon=True)
         self.thread.start()
         assert self.listed_once.wait(30), "the Lease's watch did not list"

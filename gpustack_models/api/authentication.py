@@ -33,7 +33,7 @@ from gpustack_models import kube
 from gpustack_models.api import api_metrics
 from gpustack_models.kube.errors import Unauthorized
 from gpustack_models.kube.reviews import TokenReviewer
-from gpustack_models.kube.watch import Collection, WatchHandler, watch_forever
+from gpustack_models.kube.watch import WatchHandler, WatchTarget, watch_forever
 
 log = logging.getLogger(__name__)
 
@@ -157,7 +157,7 @@ def _issued_by(cert: x509.Certificate, ca: x509.Certificate) -> bool:
         return False
 
 
-AUTH_CONFIGMAPS = Collection(
+AUTH_CONFIGMAPS = WatchTarget(
     "/api/v1/namespaces/kube-system/configmaps", field_selector="metadata.name=extension-apiserver-authentication"
 )
 

@@ -185,7 +185,7 @@ class ResourceView(KubeAPIView):
         agent = request.META.get("HTTP_USER_AGENT")
         return {"User-Agent": agent} if agent else {}
 
-    def upstream(self, method: str, path: str, **kwargs) -> kube.Response:
+    def upstream(self, method: str, path: str, **kwargs) -> kube.KubeResponse:
         """The storage's answer to this request's query; its ``StatusError`` unless it succeeded."""
         kwargs.setdefault("query", self.query.upstream(watch=False))
         return kube.default().request(method, path, **kwargs).raise_for_status()
@@ -197,7 +197,7 @@ class ResourceView(KubeAPIView):
         answer = self.upstream(method, self.target.storage_path(name), body=body, headers=headers)
         return self.respond(StorageAnswer(answer.data), answer)
 
-    def respond(self, body: StorageAnswer, answer: kube.Response) -> Response:
+    def respond(self, body: StorageAnswer, answer: kube.KubeResponse) -> Response:
         response = Response(body, status=answer.status)
         for key, value in answer.headers.items():
             if key.lower() in FORWARDED_RESPONSE_HEADERS:

@@ -30,7 +30,7 @@ def object_key(obj: dict) -> tuple[str, str]:
 
 
 @dataclass
-class Entry:
+class Buffered:
     """One buffered state: the event type, the object, when its first event arrived, how many events."""
 
     type: str
@@ -46,7 +46,7 @@ class Coalescer:
     """The buffer of one resource (see the module's docstring)."""
 
     def __init__(self):
-        self.objects: dict[tuple[str, str], list[Entry]] = {}
+        self.objects: dict[tuple[str, str], list[Buffered]] = {}
         self.size = 0  # entries held
 
     def add(self, type_: str, obj: dict, arrived: float, events: int = 1) -> None:
@@ -54,12 +54,12 @@ class Coalescer:
         held = self.objects.setdefault(key, [])
         self.size -= len(held)
         if type_ == "DELETED" and held:
-            held[:] = [Entry(type_, obj, held[0].arrived, sum(e.events for e in held) + events)]
+            held[:] = [Buffered(type_, obj, held[0].arrived, sum(e.events for e in held) + events)]
         elif held and held[-1].type != "DELETED":
             last = held[-1]
-            held[-1] = Entry(type_, obj, last.arrived, last.events + events)
+            held[-1] = Buffered(type_, obj, last.arrived, last.events + events)
         else:
-            held.append(Entry(type_, obj, arrived, events))
+            held.append(Buffered(type_, obj, arrived, events))
         self.size += len(held)
 
     def take(self) -> list[list]:

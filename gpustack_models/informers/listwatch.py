@@ -29,7 +29,7 @@ from gpustack_models.informers.sending import (
     send,
 )
 from gpustack_models.kinds import GROUP, STORAGE_VERSION
-from gpustack_models.kube.watch import Collection, WatchHandler, watch_forever
+from gpustack_models.kube.watch import WatchHandler, WatchTarget, watch_forever
 from gpustack_models.telemetry import roles
 
 log = logging.getLogger(__name__)
@@ -63,7 +63,7 @@ class Informer(WatchHandler):
     """One mirrored resource: what to watch and where its events go."""
 
     resource: str  # the mirror kind's resource name
-    collection: Collection
+    target: WatchTarget
     client: kube.Kube | None = None
     sink: object = None  # dispatches to Celery; tests may replace it
     stop: threading.Event = field(default_factory=threading.Event)
@@ -107,7 +107,7 @@ class Informer(WatchHandler):
             roles.INFORMER_WATCH_RESTARTS.labels(self.resource).inc()
 
     def run_forever(self) -> None:
-        watch_forever(self.kube, self.collection, self, self.stop, name=self.resource)
+        watch_forever(self.kube, self.target, self, self.stop, name=self.resource)
 
     def close(self) -> None:
         """Send what the sink still buffers (after the watch stopped)."""
@@ -134,12 +134,12 @@ def key_of(obj: dict) -> dict:
 def informers(namespace: str, plugin_selector: str) -> list[Informer]:
     base = f"/apis/{GROUP}/{STORAGE_VERSION}"
     return [
-        Informer("modelartifacts", Collection(f"{base}/modelartifacts")),
-        Informer("nodemodelstores", Collection(f"{base}/nodemodelstores")),
-        Informer("modelprefetches", Collection(f"{base}/modelprefetches")),
-        Informer("nodes", Collection("/api/v1/nodes")),
-        Informer("namespaces", Collection("/api/v1/namespaces")),
-        Informer("pods", Collection(f"/api/v1/namespaces/{namespace}/pods", label_selector=plugin_selector)),
+        Informer("modelartifacts", WatchTarget(f"{base}/modelartifacts")),
+        Informer("nodemodelstores", WatchTarget(f"{base}/nodemodelstores")),
+        Informer("modelprefetches", WatchTarget(f"{base}/modelprefetches")),
+        Informer("nodes", WatchTarget("/api/v1/nodes")),
+        Informer("namespaces", WatchTarget("/api/v1/namespaces")),
+        Informer("pods", WatchTarget(f"/api/v1/namespaces/{namespace}/pods", label_selector=plugin_selector)),
     ]
 
 

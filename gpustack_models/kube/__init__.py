@@ -10,7 +10,7 @@
 Nothing here imports the API, the reconcilers or the plugin.
 """
 
-from gpustack_models.kube.client import Kube, Response, default, load_configuration, reset
+from gpustack_models.kube.client import Kube, KubeResponse, default, load_configuration, reset
 from gpustack_models.kube.errors import (
     AlreadyExists,
     BadRequest,
@@ -41,7 +41,7 @@ __all__ = [
     "NotAcceptable",
     "NotFound",
     "RequestEntityTooLarge",
-    "Response",
+    "KubeResponse",
     "StatusError",
     "Unauthorized",
     "UnsupportedMediaType",

@@ -24,7 +24,7 @@ from gpustack_models.kube.errors import error_for
 
 
 @dataclass
-class Response:
+class KubeResponse:
     status: int
     headers: dict
     data: bytes
@@ -32,7 +32,7 @@ class Response:
     def json(self):
         return orjson.loads(self.data)
 
-    def raise_for_status(self) -> Response:
+    def raise_for_status(self) -> KubeResponse:
         """This answer, or the ``StatusError`` of its reason when it is not a success."""
         if self.status >= 300:
             raise error_for(self.status, self.data)
@@ -96,7 +96,7 @@ class Kube:
         stream: bool = False,
         read_timeout: float | None = None,
     ):
-        """Send one request; returns a ``Response`` (or the raw urllib3 response when ``stream``, whose
+        """Send one request; returns a ``KubeResponse`` (or the raw urllib3 response when ``stream``, whose
         reads time out after ``read_timeout`` seconds of silence, if given)."""
         all_headers = {"Accept": "application/json", **self.auth_headers(), **(headers or {})}
         if body is not None and not isinstance(body, (bytes, bytearray)):
@@ -115,7 +115,7 @@ class Kube:
         )
         if stream:
             return resp
-        return Response(resp.status, dict(resp.headers), resp.data)
+        return KubeResponse(resp.status, dict(resp.headers), resp.data)
 
     def json(self, method: str, path: str, **kwargs):
         """Send a request and decode the JSON answer; raise the ``StatusError`` of a non-2xx answer."""

@@ -41,7 +41,7 @@ STOP_POLL = 0.5  # seconds between looks at ``stop`` while a watch is open
 
 
 @dataclass(frozen=True)
-class Collection:
+class WatchTarget:
     """What to watch: a collection's path and its selectors."""
 
     path: str
@@ -76,13 +76,13 @@ class WatchHandler:
         """A watch from ``resource_version`` is being opened."""
 
 
-def list_all(client: Kube, collection: Collection, handler: WatchHandler, expired: bool = False) -> str:
-    """List ``collection`` in pages into ``handler``; the list's resourceVersion."""
+def list_all(client: Kube, target: WatchTarget, handler: WatchHandler, expired: bool = False) -> str:
+    """List ``target`` in pages into ``handler``; the list's resourceVersion."""
     handler.relisting()
     cont = ""
     while True:
-        query = collection.query(limit=str(PAGE_SIZE), **({"continue": cont} if cont else {}))
-        page = client.get(collection.path, query=query, timeout=120)
+        query = target.query(limit=str(PAGE_SIZE), **({"continue": cont} if cont else {}))
+        page = client.get(target.path, query=query, timeout=120)
         handler.page(page.get("items") or [])
         metadata = page.get("metadata") or {}
         cont = metadata.get("continue") or ""
@@ -94,7 +94,7 @@ def list_all(client: Kube, collection: Collection, handler: WatchHandler, expire
 
 def list_and_watch(
     client: Kube,
-    collection: Collection,
+    target: WatchTarget,
     handler: WatchHandler,
     *,
     resource_version: str = "",
@@ -103,15 +103,15 @@ def list_and_watch(
 ) -> str:
     """One cycle (see the module's docstring): the resourceVersion to continue from, ``""`` to relist."""
     if not resource_version:
-        resource_version = list_all(client, collection, handler, expired)
+        resource_version = list_all(client, target, handler, expired)
     handler.watching(resource_version)
-    query = collection.query(
+    query = target.query(
         watch="true",
         resourceVersion=resource_version,
         allowWatchBookmarks="true",
         timeoutSeconds=str(WATCH_SECONDS),
     )
-    resp = client.request("GET", collection.path, query=query, stream=True, read_timeout=SILENCE_SECONDS)
+    resp = client.request("GET", target.path, query=query, stream=True, read_timeout=SILENCE_SECONDS)
     ended = _shut_down_on_stop(resp, stop)
     try:
         if resp.status != 200:
@@ -171,16 +171,16 @@ def _dispatch(event: dict, handler: WatchHandler) -> str:
 
 
 def watch_forever(
-    client: Kube, collection: Collection, handler: WatchHandler, stop: threading.Event, name: str = ""
+    client: Kube, target: WatchTarget, handler: WatchHandler, stop: threading.Event, name: str = ""
 ) -> None:
     """``list_and_watch`` again and again until ``stop`` is set (see the module's docstring)."""
     resource_version, expired, backoff = "", False, BACKOFF_FIRST
-    name = name or collection.path
+    name = name or target.path
     while not stop.is_set():
         try:
             was = resource_version
             resource_version = list_and_watch(
-                client, collection, handler, resource_version=resource_version, expired=expired, stop=stop
+                client, target, handler, resource_version=resource_version, expired=expired, stop=stop
             )
             expired = not resource_version
             if expired:

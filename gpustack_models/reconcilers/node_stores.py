@@ -25,7 +25,7 @@ from gpustack_models.informers.sending import send
 from gpustack_models.kinds import GROUP
 from gpustack_models.kinds.nodemodelstore import MAX_BYTES_PER_SECOND, MAX_DOWNLOAD_CONCURRENCY, MAX_UPLOAD_CONNECTIONS
 from gpustack_models.models import Holding, Node, NodeStore, PluginPod, PrefetchTarget
-from gpustack_models.reconcilers.references import Placement, models_per_node, namespace_quotas, node_references, place
+from gpustack_models.reconcilers.references import Assignment, models_per_node, namespace_quotas, node_references, place
 from gpustack_models.reconcilers.task_names import RECONCILE_NODE_STORE, RECONCILE_PREFETCH, ROLLUP_DIGEST
 from gpustack_models.reconcilers.writes import API, STORE_SPEC, store_path
 
@@ -91,15 +91,15 @@ def _trim(node: str, kept: list[Holding]) -> list[Holding]:
     return [h for h in kept if h.pk not in gone]
 
 
-def desired_models(node: str, placement: Placement, now: datetime | None = None) -> list[dict]:
-    """spec.models of ``node``: the digests ``placement`` holds, plus those unreferenced for less than the
+def desired_models(node: str, assignment: Assignment, now: datetime | None = None) -> list[dict]:
+    """spec.models of ``node``: the digests ``assignment`` holds, plus those unreferenced for less than the
     collection grace (with their ``collectTime``); the holdings are kept in the database."""
     now = now or timezone.now()
     grace = timedelta(seconds=settings.COLLECTION_GRACE_SECONDS)
     kept = []
     with transaction.atomic():
         rows = {h.digest: h for h in Holding.objects.select_for_update().filter(node=node)}
-        for digest, pinned in placement.held.items():
+        for digest, pinned in assignment.held.items():
             kept.append(_hold(node, rows.pop(digest, None), digest, pinned))
         kept += [h for h in rows.values() if _release(node, h, now, grace)]
         kept = _trim(node, kept)
@@ -188,9 +188,9 @@ def plan_models(node: str) -> list[dict]:
     with transaction.atomic():
         list(Node.objects.select_for_update().filter(name=node).values_list("pk", flat=True))
         references, states = node_references(node, timezone.now())
-        placement = place(references, states, namespace_quotas(references))
-        models = desired_models(node, placement)
-        touched = _record_states(placement.states)
+        assignment = place(references, states, namespace_quotas(references))
+        models = desired_models(node, assignment)
+        touched = _record_states(assignment.states)
     for namespace, name in sorted(touched):
         send(RECONCILE_PREFETCH, namespace, name)
     return models
@@ -229,7 +229,7 @@ def reconcile_node_store(node: str) -> str:
 
 
 @reacts_to(mirror.STORES)
-def store_changed(before: dict | None, after: dict | None, namespace: str, name: str) -> None:
+def reconcile_and_roll_up(before: dict | None, after: dict | None, namespace: str, name: str) -> None:
     """A store gone or whose spec changed is reconciled; each digest whose entries changed is rolled up."""
     if after is None or (before or {}).get("spec") != after.get("spec"):
         enqueue(RECONCILE_NODE_STORE, name)

@@ -60,7 +60,7 @@ class Reference:
 
 
 @dataclass
-class Placement:
+class Assignment:
     """What a node holds: ``held`` digest -> pinned; ``states``: PrefetchTarget id -> its state."""
 
     held: dict[str, bool] = field(default_factory=dict)
@@ -185,18 +185,18 @@ def within_quotas(references: list[Reference], states: dict[int, str], quotas: d
 
 def place(
     references: list[Reference], states: dict[int, str], quotas: dict[str, int], cap: int | None = None
-) -> Placement:
+) -> Assignment:
     """The digests a node holds from its references (see the module's docstring); ``quotas``: bytes per
     namespace (0 or absent: no limit); ``cap``: the per-node cap (default: ``models_per_node()``)."""
     cap = models_per_node() if cap is None else cap
-    placement = Placement(states=states)
-    admitted = within_quotas(references, placement.states, quotas)
+    assignment = Assignment(states=states)
+    admitted = within_quotas(references, assignment.states, quotas)
     for ref in sorted(admitted, key=_priority):
-        if ref.digest in placement.held or len(placement.held) < cap:
-            placement.held[ref.digest] = placement.held.get(ref.digest, False) or ref.pinned
+        if ref.digest in assignment.held or len(assignment.held) < cap:
+            assignment.held[ref.digest] = assignment.held.get(ref.digest, False) or ref.pinned
             state = TargetState.HELD
         else:
             state = TargetState.NODE_FULL
         if ref.target_id is not None:
-            placement.states[ref.target_id] = state
-    return placement
+            assignment.states[ref.target_id] = state
+    return assignment

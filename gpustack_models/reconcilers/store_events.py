@@ -13,7 +13,7 @@ versions, records what happened to that digest on that node:
                                 removed it under disk pressure
 
 Each names the digest (short form) and its size. The Events are recorded by a task, off the mirror's path
-(``store_changed``, a reaction to the mirror's NodeModelStores).
+(``record_entry_events``, a reaction to the mirror's NodeModelStores).
 """
 
 from __future__ import annotations
@@ -77,7 +77,7 @@ def transitions(before: dict | None, after: dict | None) -> list[list[str]]:
 
 
 @reacts_to(mirror.STORES)
-def store_changed(before: dict | None, after: dict | None, namespace: str, name: str) -> None:
+def record_entry_events(before: dict | None, after: dict | None, namespace: str, name: str) -> None:
     """Send the Events a mirrored change of a NodeModelStore means (at once: never held for a batch's end)."""
     found = transitions(before, after)
     if not found:

@@ -2,8 +2,8 @@
 
 No Django and no Kubernetes here: callers pass the endpoint, token, proxy and CA bundle explicitly.
 
-- ``huggingface.resolve`` / ``modelscope.resolve`` -> ``Resolution(commit, files, pinned, note)`` or
-  ``SourceError`` (``pinned`` False: the hub named no commit, see ``Resolution``);
+- ``huggingface.resolve`` / ``modelscope.resolve`` -> ``ResolvedRevision(commit, files, pinned, note)`` or
+  ``SourceError`` (``pinned`` False: the hub named no commit, see ``ResolvedRevision``);
 - ``hub_errors``: what a hub's (or a peer's) status, error code and ``Retry-After`` mean, and the one
   failure type (``Failure``: reason, message, retry-after) of resolution, downloads and peers;
 - ``manifest``: ``ManifestFile``, ``select_files`` (the patterns, exactly as huggingface_hub applies
@@ -28,7 +28,7 @@ from gpustack_models.sources.hub_errors import (
 from gpustack_models.sources.manifest import (
     InvalidPath,
     ManifestFile,
-    Resolution,
+    ResolvedRevision,
     build_manifest,
     manifest_digest,
     manifest_text,
@@ -43,7 +43,7 @@ __all__ = [
     "InvalidManifest",
     "InvalidPath",
     "ManifestFile",
-    "Resolution",
+    "ResolvedRevision",
     "RevisionNotFound",
     "SourceError",
     "SourceUnavailable",

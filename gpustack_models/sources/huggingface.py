@@ -62,7 +62,7 @@ from gpustack_models.sources.hub_errors import (
     retry_after_seconds,
     transient,
 )
-from gpustack_models.sources.manifest import ManifestFile, Resolution
+from gpustack_models.sources.manifest import ManifestFile, ResolvedRevision
 
 hf_constants.HF_HUB_DISABLE_TELEMETRY = True
 
@@ -341,7 +341,7 @@ def resolve(
     proxy: str | None = None,
     ca_bundle: str | None = None,
     timeout: float = 30.0,
-) -> Resolution:
+) -> ResolvedRevision:
     """Turn ``revision`` (branch, tag or commit; default ``main``) into its commit and list every file.
 
     ``endpoint`` is the hub's base URL (``https://huggingface.co`` or a mirror). ``token`` is sent as
@@ -369,4 +369,4 @@ def resolve(
         _check_gated_access(api, repository, info)
         files = _list_tree(api, repository, commit, where)
     _check_duplicates(files, where)
-    return Resolution(commit=commit, files=files)
+    return ResolvedRevision(commit=commit, files=files)

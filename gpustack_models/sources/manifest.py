@@ -112,7 +112,7 @@ class ManifestFile:
 
 
 @dataclass(frozen=True)
-class Resolution:
+class ResolvedRevision:
     """What a hub revision resolves to: the commit and every file of the repository at it.
 
     ``pinned`` (the default) means ``commit`` is a 40-hex commit id and ``files`` is exactly the

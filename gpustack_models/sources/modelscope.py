@@ -24,7 +24,7 @@ else the newest) is listed in turn; when it holds exactly the files listed at th
 resolution is pinned to it. That is the revision's own commit unless its last commit changed no
 listed file (an empty or merge commit), and in any case a commit with exactly this content. When no
 commit qualifies (the files carry no commit ids; the revision's last commit deleted files, so no
-file was last changed by it), the resolution is not pinned: ``Resolution.pinned`` is False, its
+file was last changed by it), the resolution is not pinned: ``ResolvedRevision.pinned`` is False, its
 ``commit`` the revision the files were listed at and its ``note`` says why. A branch or tag name is
 never reported as a commit.
 
@@ -70,7 +70,7 @@ from gpustack_models.sources.hub_errors import (
     modelscope_reason,
     retry_after_seconds,
 )
-from gpustack_models.sources.manifest import ManifestFile, Resolution, validate_path
+from gpustack_models.sources.manifest import ManifestFile, ResolvedRevision, validate_path
 
 DEFAULT_REVISION = "master"
 # ModelScope's ``repo/files`` returns at most this many entries, whatever the directory holds.
@@ -390,7 +390,7 @@ def _unpinned_note(repository: str, revision: str, candidates: list[str]) -> str
 
 def _resolve_unnamed(
     hub: _Hub, revision: str, first: dict[str, Any], limit: int, max_listings: int, where: str
-) -> Resolution:
+) -> ResolvedRevision:
     """The revision's files, pinned to the commit of the files that holds exactly them, if any."""
     entries = _walk(hub, revision, first["Files"], limit, max_listings)
     files = _manifest_files(entries, where)
@@ -398,9 +398,9 @@ def _resolve_unnamed(
     for candidate in candidates:
         at_candidate = _files_at(hub, candidate, limit, max_listings, where)
         if at_candidate is not None and set(at_candidate) == set(files):
-            return Resolution(commit=candidate, files=at_candidate)
+            return ResolvedRevision(commit=candidate, files=at_candidate)
     note = _unpinned_note(hub.repository, revision, candidates)
-    return Resolution(commit=revision, files=files, pinned=False, note=note)
+    return ResolvedRevision(commit=revision, files=files, pinned=False, note=note)
 
 
 def _manifest_files(entries: list[dict[str, Any]], where: str) -> list[ManifestFile]:
@@ -426,7 +426,7 @@ def resolve(
     timeout: float = 30.0,
     listing_limit: int = DEFAULT_LISTING_LIMIT,
     max_listings: int = DEFAULT_MAX_LISTINGS,
-) -> Resolution:
+) -> ResolvedRevision:
     """Turn ``revision`` (branch, tag or commit; default ``master``) into its commit and list every file.
 
     ``endpoint`` is the hub's base URL (``https://modelscope.cn``, ``https://modelscope.ai`` or a
@@ -455,4 +455,4 @@ def resolve(
         return _resolve_unnamed(hub, revision, first, listing_limit, max_listings, where)
     # Further listings (only when the first one was truncated) ask for the commit, not the branch.
     entries = _walk(hub, commit, first["Files"], listing_limit, max_listings)
-    return Resolution(commit=commit, files=_manifest_files(entries, where))
+    return ResolvedRevision(commit=commit, files=_manifest_files(entries, where))

@@ -36,11 +36,11 @@ def main(rate: float, seconds: float, first_rv: int) -> None:
 
     django.setup()
     from gpustack_models.informers.listwatch import Informer
-    from gpustack_models.kube.watch import Collection
+    from gpustack_models.kube.watch import WatchTarget
 
     given = json.load(sys.stdin)
     template, names = given["object"], given["names"]
-    informer = Informer("modelartifacts", Collection("/unused"))
+    informer = Informer("modelartifacts", WatchTarget("/unused"))
     total = int(rate * seconds)
     started = time.monotonic()
     for i in range(total):

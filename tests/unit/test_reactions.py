@@ -21,7 +21,7 @@ def test_every_mirrored_kind_has_the_reactions_its_reconcilers_declare():
         "modelprefetches": [r + "selection.prefetch_changed"],
         "nodes": [r + "selection.node_changed"],
         "pods": [r + "selection.plugin_pod_changed"],
-        "nodemodelstores": [r + "node_stores.store_changed", r + "store_events.store_changed"],
+        "nodemodelstores": [r + "node_stores.reconcile_and_roll_up", r + "store_events.record_entry_events"],
         "namespaces": [r + "node_stores.namespace_changed"],
     }
 

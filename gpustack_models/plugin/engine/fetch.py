@@ -33,7 +33,7 @@ from gpustack_models.plugin.engine.frontier import HashFrontier
 from gpustack_models.plugin.engine.limits import RateLimiter
 from gpustack_models.plugin.engine.ranges import FileProgress
 from gpustack_models.plugin.engine.ticket import FetchTicket, HubSource, origin
-from gpustack_models.plugin.engine.transport import ConnectionPool, HttpError, Response
+from gpustack_models.plugin.engine.transport import ConnectionPool, HttpError, StreamedResponse
 from gpustack_models.sources.hub_errors import (
     ACCESS_DENIED,
     INTEGRITY_MISMATCH,
@@ -71,13 +71,13 @@ def _where(url: str) -> str:
     return f"{parts.scheme}://{parts.netloc}"
 
 
-def _error_detail(response: Response) -> str:
+def _error_detail(response: StreamedResponse) -> str:
     code = response.header("X-Error-Code")
     response.drain_small()
     return error_code_detail(code)
 
 
-def _status_error(f: FileProgress, response: Response, pos: int, end: int) -> Exception:
+def _status_error(f: FileProgress, response: StreamedResponse, pos: int, end: int) -> Exception:
     """What an answer other than 200/206 to ``bytes=pos-(end-1)`` means: a failure, or ``_HubStatus``."""
     status = response.status
     detail = _error_detail(response)
@@ -101,7 +101,7 @@ def _size_mismatch(f: FileProgress, served) -> DownloadFailed:
     )
 
 
-def _body_span(f: FileProgress, response: Response, pos: int, end: int) -> tuple[int, int]:
+def _body_span(f: FileProgress, response: StreamedResponse, pos: int, end: int) -> tuple[int, int]:
     """``(bytes to skip, position to stop at)`` of a 200/206 answer's body for ``[pos, end)``."""
     if response.status != 206:  # 200: the whole file, the Range was ignored
         if response.length is not None and response.length != f.size:
@@ -182,7 +182,7 @@ class RangeFetcher:
         self._penalties = penalties if penalties is not None else SourcePenalties()
         self._pool: ConnectionPool | None = None
         self._sources: tuple[HubSource, ...] = ()
-        self._active: set[Response] = set()
+        self._active: set[StreamedResponse] = set()
         self._active_lock = threading.Lock()
 
     # ---------------------------------------------------------------- lifecycle
@@ -295,7 +295,7 @@ class RangeFetcher:
                 self._active.discard(response)
             response.close(reuse=reuse)
 
-    def _open(self, hub: HubSource, f: FileProgress, pos: int, end: int) -> Response:
+    def _open(self, hub: HubSource, f: FileProgress, pos: int, end: int) -> StreamedResponse:
         """A response for ``bytes=pos-(end-1)`` of ``f`` from ``hub``, redirects followed, status checked."""
         for cached in (f.url, None):
             response = self._request(hub, f, cached or hub.url(f.file), pos, end)
@@ -310,7 +310,7 @@ class RangeFetcher:
             raise _status_error(f, response, pos, end)
         raise DownloadFailed(ACCESS_DENIED, f"{f.file.path}: the hub refused the download")
 
-    def _request(self, hub: HubSource, f: FileProgress, url: str, pos: int, end: int) -> Response:
+    def _request(self, hub: HubSource, f: FileProgress, url: str, pos: int, end: int) -> StreamedResponse:
         try:
             response = self._pool.get(
                 url,
@@ -327,7 +327,7 @@ class RangeFetcher:
 
     # ---------------------------------------------------------------- the body
 
-    def _skip(self, response: Response, skip: int, view: memoryview) -> None:
+    def _skip(self, response: StreamedResponse, skip: int, view: memoryview) -> None:
         """Read and drop the first ``skip`` bytes of the body (a 200 answer to a range request)."""
         rate, size = self._rate, len(view)
         while skip > 0:
@@ -339,7 +339,7 @@ class RangeFetcher:
             skip -= got
 
     def _read_body(
-        self, f: FileProgress, response: Response, cursor: list, stop: int, view: memoryview, seg=None
+        self, f: FileProgress, response: StreamedResponse, cursor: list, stop: int, view: memoryview, seg=None
     ) -> int:
         """Read the body up to ``stop``, writing each read at its offset and hashing it; ``cursor[0]``
         follows the first byte not written. Returns where it stopped (``stop`` unless cancelled)."""

@@ -70,7 +70,7 @@ class HttpError(Exception):
 
 
 @dataclass(eq=False)
-class Response:
+class StreamedResponse:
     """An answer whose body is still to be read (``readinto``) or discarded (``close``)."""
 
     status: int
@@ -198,7 +198,7 @@ class ConnectionPool:
 
     # ---------------------------------------------------------------- requests
 
-    def _send(self, url: str, headers: Mapping[str, str]) -> Response:
+    def _send(self, url: str, headers: Mapping[str, str]) -> StreamedResponse:
         key = origin(url)
         parts = urlsplit(url)
         target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
@@ -222,13 +222,13 @@ class ConnectionPool:
                 via = f" via proxy {redact_url(self.proxy)}" if self.proxy else ""
                 retryable = not isinstance(exc, ssl.SSLCertVerificationError)
                 raise HttpError(f"GET {where}{via}: {type(exc).__name__}: {exc}", retryable=retryable) from None
-            return Response(resp.status, resp.headers, url, conn, resp, self, key)
+            return StreamedResponse(resp.status, resp.headers, url, conn, resp, self, key)
         raise AssertionError("unreachable")
 
     def get(self, url: str, *, credentials: Mapping[str, str], credentials_origin: tuple, headers: Mapping[str, str]):
         """GET ``url`` following redirects; ``credentials`` headers only on ``credentials_origin``.
 
-        Returns the final non-redirect ``Response`` (its ``url`` is where the bytes came from)."""
+        Returns the final non-redirect ``StreamedResponse`` (its ``url`` is where the bytes came from)."""
         for _ in range(MAX_REDIRECTS + 1):
             hop_headers = dict(headers)
             if origin(url) == credentials_origin:

@@ -22,7 +22,7 @@ import requests
 from gpustack_models import kube
 from gpustack_models.kinds import GROUP, STORAGE_VERSION
 from gpustack_models.kube.reviews import TokenReviewer
-from gpustack_models.kube.watch import Collection, WatchHandler, watch_forever
+from gpustack_models.kube.watch import WatchHandler, WatchTarget, watch_forever
 from gpustack_models.plugin.csi.driver import Driver, IdentityService, NodeService
 from gpustack_models.plugin.csi.mount_client import MountClient
 from gpustack_models.plugin.csi.registration import CsiServers
@@ -243,7 +243,7 @@ class Plugin:
             timeout=30,
         )
         try:
-            answer = kube.Response(resp.status_code, dict(resp.headers), resp.content).raise_for_status()
+            answer = kube.KubeResponse(resp.status_code, dict(resp.headers), resp.content).raise_for_status()
         except (kube.NotFound, kube.Conflict) as exc:  # no store, or no resolution of the digest yet
             log.info("%s: the API has no ticket yet (%s)", digest, exc.message)
             return None
@@ -251,10 +251,10 @@ class Plugin:
 
     # --- watching our store ----------------------------------------------------------------------------
     def watch_store(self) -> None:
-        collection = Collection(
+        target = WatchTarget(
             f"/apis/{GROUP}/{STORAGE_VERSION}/nodemodelstores", field_selector=f"metadata.name={self.settings.node}"
         )
-        watch_forever(self.kube, collection, StoreWatch(self), self.stopping, name="store")
+        watch_forever(self.kube, target, StoreWatch(self), self.stopping, name="store")
 
     def reconcile_forever(self) -> None:
         passes = 0

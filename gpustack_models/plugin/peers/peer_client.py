@@ -28,7 +28,7 @@ from gpustack_models.plugin.engine import disk
 from gpustack_models.plugin.engine.frontier import HashFrontier
 from gpustack_models.plugin.engine.limits import RateLimiter
 from gpustack_models.plugin.engine.ticket import FetchTicket, PeerSource, origin
-from gpustack_models.plugin.engine.transport import ConnectionPool, HttpError, Response
+from gpustack_models.plugin.engine.transport import ConnectionPool, HttpError, StreamedResponse
 from gpustack_models.plugin.peers.contract import PREFIX
 from gpustack_models.plugin.peers.swarm import Segment
 from gpustack_models.sources.hub_errors import ACCESS_DENIED, BUSY, NOT_HELD, peer_reason, retry_after_seconds
@@ -72,7 +72,7 @@ class Stale(Exception):
     """The segment's file was thrown away meanwhile (a new epoch): its bytes are not wanted."""
 
 
-def _retry_after(response: Response) -> float:
+def _retry_after(response: StreamedResponse) -> float:
     """A busy peer's ``Retry-After``, 1 second when it gave none that reads."""
     seconds = retry_after_seconds(response.header("Retry-After"))
     return 1.0 if seconds is None else seconds
@@ -111,7 +111,7 @@ class PeerClient:
         self._frontier = frontier
         self._pool = ConnectionPool(proxy=None, ca_bundle=access.ca_file, timeout=timeout)
         self._polls = ConnectionPool(proxy=None, ca_bundle=access.ca_file, timeout=min(timeout, 5.0))
-        self._active: set[Response] = set()
+        self._active: set[StreamedResponse] = set()
         self._lock = threading.Lock()
 
     def close(self) -> None:
@@ -125,7 +125,7 @@ class PeerClient:
         for response in active:
             response.abort()
 
-    def _get(self, pool: ConnectionPool, peer: PeerSource, path: str, headers: dict) -> Response:
+    def _get(self, pool: ConnectionPool, peer: PeerSource, path: str, headers: dict) -> StreamedResponse:
         url = f"{peer.url}{PREFIX}{self.hex}{path}"
         try:
             token = self.access.token()
@@ -181,7 +181,7 @@ class PeerClient:
         return seg.pos - start
 
     @staticmethod
-    def _check(response: Response, size: int, start: int) -> None:
+    def _check(response: StreamedResponse, size: int, start: int) -> None:
         status = response.status
         if status == 206:
             m = _CONTENT_RANGE.fullmatch((response.header("Content-Range") or "").strip())
@@ -198,7 +198,7 @@ class PeerClient:
             raise PeerRefused(f"answered HTTP {status}")
         raise PeerError(f"answered HTTP {status}")
 
-    def _read(self, seg: Segment, response: Response, view: memoryview, stopped: Callable[[], bool]) -> None:
+    def _read(self, seg: Segment, response: StreamedResponse, view: memoryview, stopped: Callable[[], bool]) -> None:
         """Read the body into the file at ``seg.pos`` until ``seg.end`` (read each time: a split moves it)."""
         rate, size, f = self._rate, len(view), seg.f
         fd = f.open()

@@ -12,7 +12,7 @@ from gpustack_models.sources import (
     InvalidManifest,
     InvalidPath,
     ManifestFile,
-    Resolution,
+    ResolvedRevision,
     build_manifest,
     manifest_digest,
     manifest_text,
@@ -160,7 +160,7 @@ def test_a_selection_that_keeps_nothing_names_a_few_of_the_files_there_are():
 
 
 def test_a_resolution_that_is_not_pinned_says_why():
-    assert Resolution("c" * 40, FILES).pinned
+    assert ResolvedRevision("c" * 40, FILES).pinned
     with pytest.raises(ValueError, match="needs a note"):
-        Resolution("main", FILES, pinned=False)
-    assert Resolution("main", FILES, pinned=False, note="the hub named no commit").note
+        ResolvedRevision("main", FILES, pinned=False)
+    assert ResolvedRevision("main", FILES, pinned=False, note="the hub named no commit").note
