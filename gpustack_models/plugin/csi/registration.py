@@ -58,12 +58,12 @@ def remove_stale(path: str) -> None:
     os.unlink(path)
 
 
-def unix_server(path: str, add_services, workers: int = 8) -> grpc.Server:
+def unix_server(path: str, add_services, threads: int = 8) -> grpc.Server:
     """A started gRPC server on the unix socket ``path`` (its directory made, a stale socket replaced),
     readable and writable by root only."""
     os.makedirs(os.path.dirname(path), exist_ok=True)
     remove_stale(path)
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="csi"))
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=threads, thread_name_prefix="csi"))
     add_services(server)
     server.add_insecure_port(f"unix:{path}")
     server.start()
@@ -113,7 +113,7 @@ class CsiServers:
         if self.registration_path:
             check_socket_path(self.registration_path, "GPUSTACK_PLUGIN_REGISTRATION_DIR")
             add = pluginregistration_pb2_grpc.add_RegistrationServicer_to_server
-            self.servers.append(unix_server(self.registration_path, lambda s: add(self.registration, s), workers=2))
+            self.servers.append(unix_server(self.registration_path, lambda s: add(self.registration, s), threads=2))
             log.info("registering with the kubelet through %s", self.registration_path)
 
     def stop(self) -> None:

@@ -11,7 +11,7 @@ How a digest is fetched (``Download`` runs the steps; each has its module):
 2. The missing bytes become *parts*: a small file is one part (one request); a file of at least
    ``split_threshold`` bytes is cut into ``part_size`` pieces fetched in parallel. Parts are handed
    out in file order, so the bytes of a file arrive roughly in order (``Parts``).
-3. Worker threads take a node-wide connection slot, then the next part, and fetch it (``fetch``)
+3. Fetching threads take a node-wide connection slot, then the next part, and fetch it (``fetch``)
    with an HTTP ``Range`` request, reading straight into a reusable buffer and writing it with
    ``pwrite`` at its offset. Every read first takes its bytes from the node-wide rate limiter. A
    read that stalls (no byte for ``stall_timeout``) or a connection that drops is retried from the
@@ -98,7 +98,7 @@ class DownloadSettings:
     http_retry_max_wait: float = 10.0  # a longer Retry-After fails at once (the backoff honours it)
     checkpoint_interval: float = 5.0  # seconds between checkpoints of a running download
     durable: bool = True  # fdatasync data before a checkpoint claims it and before publishing
-    max_workers: int = 32  # threads per download (the node-wide slots bound real parallelism)
+    max_threads: int = 32  # threads per download (the node-wide slots bound real parallelism)
 
     def __post_init__(self):
         if self.part_size < 64 * 1024 or self.buffer_size < 4096 or self.split_threshold < 1:
@@ -106,7 +106,7 @@ class DownloadSettings:
 
 
 class Parts:
-    """2. The missing bytes of a download's files as parts, handed out in file order to its workers."""
+    """2. The missing bytes of a download's files as parts, handed out in file order to its threads."""
 
     def __init__(self, settings: DownloadSettings):
         self._settings = settings
@@ -279,9 +279,9 @@ class Download:
         return {"hub": max(0, self.stats["network_bytes"] - sum(peers.values())), **peers}
 
     def _fetch_missing(self) -> None:
-        """Fetch every missing part with the worker threads, until all are in or the download failed."""
+        """Fetch every missing part with the fetching threads, until all are in or the download failed."""
         self._fetcher.open()
-        workers: list[threading.Thread] = []
+        threads: list[threading.Thread] = []
         try:
             for f in self._files:
                 if not f.verified:
@@ -291,17 +291,17 @@ class Download:
             else:
                 self._parts.plan(self._files)
                 count = len(self._parts)
-            self._start_workers(workers, count)
-            self._coordinate(workers)
+            self._start_threads(threads, count)
+            self._coordinate(threads)
             while self.fanout is not None and self.fanout.unfinished() and not self._stop.is_set():
-                self._start_workers(workers, self.settings.max_workers)  # a file was thrown away at the end
-                self._coordinate(workers)
+                self._start_threads(threads, self.settings.max_threads)  # a file was thrown away at the end
+                self._coordinate(threads)
         except DownloadFailed as exc:
             self._fail(exc)
         except (DiskError, OSError) as exc:
             self._fail(disk_failure(exc))
         finally:
-            self._stop_workers(workers)
+            self._stop_threads(threads)
             if self.fanout is not None:
                 self.fanout.close()
             self._fetcher.close()
@@ -316,22 +316,23 @@ class Download:
             self._fail(disk_failure(exc))
         return None
 
-    # ---------------------------------------------------------------- 3. workers
+    # ---------------------------------------------------------------- 3. the fetching threads
 
-    def _start_workers(self, workers: list[threading.Thread], count: int) -> None:
-        """One thread per part, at most ``max_workers``, each appended to ``workers`` once started."""
-        for i in range(min(count, self.settings.max_workers)):
-            thread = threading.Thread(target=self._worker, name=f"download-{self.ticket.hex[:8]}-{i}", daemon=True)
+    def _start_threads(self, threads: list[threading.Thread], count: int) -> None:
+        """One thread per part, at most ``max_threads``, each appended to ``threads`` once started."""
+        for i in range(min(count, self.settings.max_threads)):
+            thread = threading.Thread(target=self._fetching, name=f"download-{self.ticket.hex[:8]}-{i}", daemon=True)
             thread.start()
-            workers.append(thread)
+            threads.append(thread)
 
-    def _stop_workers(self, workers: list[threading.Thread]) -> None:
+    def _stop_threads(self, threads: list[threading.Thread]) -> None:
         if self._failure is not None:
             self._stop.set()
-        for thread in workers:
+        for thread in threads:
             thread.join()
 
-    def _worker(self) -> None:
+    def _fetching(self) -> None:
+        """One fetching thread: parts (or the fan-out's segments) into its own buffer, until none is left."""
         view = memoryview(bytearray(self.settings.buffer_size))
         try:
             if self.fanout is not None:
@@ -363,8 +364,8 @@ class Download:
 
     # ---------------------------------------------------------------- 5. the coordinator and checkpoints
 
-    def _coordinate(self, workers: list[threading.Thread]) -> None:
-        """Close finished files, write checkpoints, until the workers are done or something failed.
+    def _coordinate(self, threads: list[threading.Thread]) -> None:
+        """Close finished files, write checkpoints, until the fetching threads are done or something failed.
 
         Finished files are made durable by a few syncing threads, so flushing to disk overlaps the
         download instead of trailing it (a file counts as verified once it is on disk)."""
@@ -373,7 +374,7 @@ class Download:
         syncer = ThreadPoolExecutor(max_workers=4, thread_name_prefix="sync") if self.settings.durable else None
         try:
             while not self._stop.is_set():
-                alive = any(t.is_alive() for t in workers)
+                alive = any(t.is_alive() for t in threads)
                 self._tree.close_completed(syncer)
                 if not alive:
                     break

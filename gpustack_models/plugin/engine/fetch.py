@@ -2,7 +2,7 @@
 
 A part ``[start, end)`` of a file is asked for with one ``Range`` request (redirects followed, a
 redirect's target remembered for the file's later parts). The body is read straight into the
-worker's buffer, each read first taking its bytes from the node-wide rate limiter, written with
+fetching thread's buffer, each read first taking its bytes from the node-wide rate limiter, written with
 ``pwrite`` at its offset and handed to the hash frontier. A read that stalls (no byte for
 ``stall_timeout``) or a connection that drops is retried from the part's first byte not written,
 at most ``range_retries`` times; a 5xx or 429 answer is retried ``http_retries`` times, honouring

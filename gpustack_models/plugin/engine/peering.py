@@ -22,10 +22,10 @@ class FanOutLike(Protocol):
         """Plan the segments of ``files``; the number of segments."""
 
     def work(self, view: memoryview) -> None:
-        """One worker: fetch segments into ``view`` until none is left or the download stops."""
+        """One fetching thread: fetch segments into ``view`` until none is left or the download stops."""
 
     def unfinished(self) -> bool:
-        """Segments are left (a file thrown away after the workers had finished)."""
+        """Segments are left (a file thrown away after the fetching threads had finished)."""
 
     def recover(self, failure: DownloadFailed) -> bool:
         """True if a file that failed its hash is fetched again (peers had sent bytes of it)."""

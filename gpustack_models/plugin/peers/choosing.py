@@ -1,4 +1,4 @@
-"""How the ``Board`` (``swarm``) chooses a worker's next segment and its source.
+"""How the ``Board`` (``swarm``) chooses a fetching thread's next segment and its source.
 
 Peers first, each segment from the peer that promises the best throughput; the hub only for the
 segments no usable peer holds that this node owns (rendezvous hashing over the live nodes) or that

@@ -5,7 +5,7 @@ No Django here (the downloader may import it); the server is ``peer_server``, th
 
 Where
     Every plugin serves its peer endpoints on its own HTTPS port ``GPUSTACK_PLUGIN_PEER_PORT`` (default
-    8444; 0: no peer server, and the worker lists no peers), with the same certificate and key as its main
+    8444; 0: no peer server, and the API lists no peers), with the same certificate and key as its main
     HTTPS port. Peers are called at ``https://<plugin Pod IP>:<peer port>``, the ``url`` of a ticket's
     peer. The caller checks the peer's certificate against ``GPUSTACK_PLUGIN_PEER_CA_FILE`` (default:
     ``GPUSTACK_PLUGIN_CA_FILE``, the CA the plugins' certificates are issued by; they name the Pod IP).
@@ -13,7 +13,7 @@ Where
 Who
     Every request carries ``Authorization: Bearer <token>``: the calling plugin's Pod-bound
     ServiceAccount token for the audience ``GPUSTACK_PLUGIN_PEER_AUDIENCE`` (default
-    ``gpustack-models-peer``), never its kube-apiserver token or the worker's audience (a compromised peer
+    ``gpustack-models-peer``), never its kube-apiserver token or the service's audience (a compromised peer
     must not be able to replay it anywhere else). ``FileToken(path)()`` reads it from the file
     ``GPUSTACK_PLUGIN_PEER_TOKEN_FILE`` (a projected token the kubelet rotates; re-read when it changes);
     the agent holds it as ``Plugin.peer_token`` (and the CA file as ``PluginSettings.peer_ca_file``).
@@ -45,7 +45,7 @@ What (``GET`` only; ``<hex>`` is the 64 lowercase hex characters of ``sha256:<he
 How much
     The node's store's ``spec.upload``: ``connections`` file transfers in flight at once on the node (one
     more is answered 503 with ``Retry-After: 1``) and ``bytesPerSecond`` bytes per second across them (0: no
-    limit), so serving peers never starves the node's own workloads. The worker writes it from
+    limit), so serving peers never starves the node's own workloads. The service writes it from
     ``GPUSTACK_UPLOAD_CONNECTIONS`` (8) and ``GPUSTACK_UPLOAD_BYTES_PER_SECOND`` (0), overridden per node by
     the Node's annotations ``worker.gpustack.ai/upload-connections`` and
     ``worker.gpustack.ai/upload-bytes-per-second``; the plugin applies each new spec while it serves
@@ -55,7 +55,7 @@ How much
     a downloader counts what it receives from a peer with ``Metrics.bytes_from_peer(node, n)``.
 
 The ticket
-    The worker's fetch ticket lists ``"peers": [{"node", "url", "state"}]``: the nodes whose store entry of
+    The API's fetch ticket lists ``"peers": [{"node", "url", "state"}]``: the nodes whose store entry of
     the digest is Ready, then (``GPUSTACK_PEER_DOWNLOADING_ALLOWED``, default true) those Downloading it,
     never the asking node, only nodes with a Ready plugin Pod, shuffled within each state, at most
     ``GPUSTACK_TICKET_PEERS_MAX`` (16). ``FetchTicket.peers`` holds them as ``PeerSource``.

@@ -1,9 +1,9 @@
 """A download's fetching when it may ask peers: the ``Board`` decides, this module carries it out.
 
-``FanOut`` runs beside ``Download``: its workers take ``(segment, source)`` from the board, fetch a
+``FanOut`` runs beside ``Download``: its fetching threads take ``(segment, source)`` from the board, fetch a
 hub segment through the download's ``RangeFetcher`` (the ticket's hubs in their failover order) and
 a peer segment through ``PeerClient``, and report back. A poller thread asks the Downloading peers
-for the ranges they hold and the worker for the ticket's current peers. A file that fails its hash
+for the ranges they hold and the API for the ticket's current peers. A file that fails its hash
 with bytes from peers is thrown away and fetched again, those peers banned (``recover``); bytes by
 source are counted for the status (``Peer`` when most came from peers), the metrics and the log.
 """
@@ -94,7 +94,7 @@ class FanOut:
             self.board.wake()
 
     def unfinished(self) -> bool:
-        """Segments are left (a file thrown away after the workers had finished)."""
+        """Segments are left (a file thrown away after the fetching threads had finished)."""
         return self.board is not None and bool(self.board.pending or self.board.inflight)
 
     def peer_bytes(self) -> dict[str, int]:
@@ -105,8 +105,8 @@ class FanOut:
 
     def _settling(self, joining: int | None, peers) -> bool:
         """Wait for nodes starting beside us before asking the hub: nobody holds the digest yet (no Ready
-        peer) and the worker knows of nodes starting on it that the ticket cannot list yet (``joining``; a
-        worker that does not say may have some). Each node's share of the hub's bytes is then computed over
+        peer) and the API knows of nodes starting on it that the ticket cannot list yet (``joining``; an
+        API that does not say may have some). Each node's share of the hub's bytes is then computed over
         all of them. A node alone, or one whose ticket lists every node starting beside it, has nobody to
         wait for."""
         if self.access.refresh is None or any(p.state == "Ready" for p in peers):
@@ -138,7 +138,7 @@ class FanOut:
     def _refresh(self) -> None:
         try:
             ticket = self.access.refresh(self.ticket.digest)
-        except Exception as exc:  # the worker unreachable a moment: keep the peers known
+        except Exception as exc:  # the API unreachable a moment: keep the peers known
             log.info("%s: the ticket's peers could not be read again: %s", self.ticket.digest[:19], exc)
             return
         if ticket is None:
@@ -148,10 +148,10 @@ class FanOut:
         if self.board.held() and not self._settling(ticket.joining, peers):
             self.board.release()  # every node that wants the digest is listed now
 
-    # ---------------------------------------------------------------- workers
+    # ---------------------------------------------------------------- fetching threads
 
     def work(self, view: memoryview) -> None:
-        """A worker: take segments and fetch them until none is left or the download stops."""
+        """A fetching thread: take segments and fetch them until none is left or the download stops."""
         d, board, slots = self.download, self.board, self.download.limits.slots
         while not d._stop.is_set():
             try:

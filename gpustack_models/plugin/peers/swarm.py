@@ -22,8 +22,8 @@ what (it keeps the segments and the peers' state, ``segments``; how it chooses i
   not by everyone. At least two hub requests run whenever owned segments wait, so a node always
   moves its share forward while it takes the rest from peers. The ticket's peer list is asked for
   again every ``peer_refresh`` seconds, so nodes that started with no peer soon know each other.
-  Nodes placed together may not all be listed in each other's first ticket (the worker places a digest
-  on one node at a time): a ticket with no Ready peer whose worker knows of nodes still joining
+  Nodes placed together may not all be listed in each other's first ticket (the service places a digest
+  on one node at a time): a ticket with no Ready peer whose API knows of nodes still joining
   (``FetchTicket.joining``) asks the hub nothing for ``peer_settle`` seconds, or until the ticket,
   asked for again every ``peer_poll`` seconds meanwhile, lists them all, so that the nodes placed
   together all count in each segment's owner; then a node asks the hub for its surest share first, the
@@ -79,8 +79,8 @@ __all__ = [
 class Board(Choosing):
     """The segments of one download and the sources they go to (see the module's docstring).
 
-    ``take()`` (``Choosing``) hands a worker its next ``(segment, source)``, ``None`` when it should
-    wait, or raises ``Finished``; the worker reports back with ``done``, ``put_back`` or ``failed``.
+    ``take()`` (``Choosing``) hands a fetching thread its next ``(segment, source)``, ``None`` when it should
+    wait, or raises ``Finished``; the thread reports back with ``done``, ``put_back`` or ``failed``.
     Thread-safe: one condition guards everything; ``wait()`` sleeps until something changes."""
 
     def __init__(
