@@ -3,14 +3,15 @@ everything a client may hold open, and a bound on the connections open at once.
 
 - The accept loop only accepts: it never reads from a client, so a client that connects and sends
   nothing (or half a handshake) holds its own thread, never the loop.
-- The TLS handshake must end within ``Limits.handshake`` seconds of the accept.
-- A request's line and headers must arrive whole within ``Limits.request`` seconds (the first request
-  counting from the handshake, later ones from their first byte), however slowly they trickle in: the
-  deadline is for the whole head, not for each read. Writing the answer gets ``Limits.request`` too.
-- A keep-alive connection waits ``Limits.idle`` seconds at most for its next request: longer than the
-  worker keeps an idle connection to a plugin (60 s), so the worker closes first and never sends a
-  request on a connection closing under it.
-- At most ``Limits.connections`` connections are open at once; one accepted beyond that is closed at
+- The TLS handshake must end within ``ConnectionLimits.handshake`` seconds of the accept.
+- A request's line and headers must arrive whole within ``ConnectionLimits.request`` seconds (the first
+  request counting from the handshake, later ones from their first byte), however slowly they trickle in:
+  the deadline is for the whole head, not for each read. Writing the answer gets ``ConnectionLimits.request``
+  too.
+- A keep-alive connection waits ``ConnectionLimits.idle`` seconds at most for its next request: longer than
+  the API keeps an idle connection to a plugin (60 s), so the API closes first and never sends a request on
+  a connection closing under it.
+- At most ``ConnectionLimits.connections`` connections are open at once; one accepted beyond that is closed at
   once, without a byte read or written.
 """
 
@@ -31,7 +32,7 @@ log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
-class Limits:
+class ConnectionLimits:
     handshake: float = 5.0  # seconds for the whole TLS handshake
     request: float = 10.0  # seconds for a request's line and headers, and again to write its answer
     idle: float = 75.0  # seconds a keep-alive connection waits for its next request
@@ -56,7 +57,7 @@ def server_context(cert_file: str, key_file: str) -> ssl.SSLContext:
 class _DeadlineReader(io.RawIOBase):
     """The connection's bytes, read under a deadline that the next request resets, not each read."""
 
-    def __init__(self, sock: socket.socket, limits: Limits):
+    def __init__(self, sock: socket.socket, limits: ConnectionLimits):
         self._sock, self._limits = sock, limits
         self._deadline = time.monotonic() + limits.request  # the first request: from the handshake's end
         self._waiting = False
@@ -81,7 +82,7 @@ class _DeadlineReader(io.RawIOBase):
 
 
 class GuardedRequestHandler(BaseHTTPRequestHandler):
-    """HTTP/1.1 with keep-alive, each request under the server's ``Limits``."""
+    """HTTP/1.1 with keep-alive, each request under the server's ``ConnectionLimits``."""
 
     protocol_version = "HTTP/1.1"
 
@@ -105,13 +106,13 @@ class GuardedRequestHandler(BaseHTTPRequestHandler):
 
 
 class GuardedHTTPSServer(ThreadingHTTPServer):
-    """``ThreadingHTTPServer`` over TLS with the handshake off the accept loop, and ``Limits``."""
+    """``ThreadingHTTPServer`` over TLS with the handshake off the accept loop, and ``ConnectionLimits``."""
 
     daemon_threads = True
     block_on_close = False  # closing the server does not wait for its connections' threads
     request_queue_size = 128  # a burst of connections waits in the kernel's queue, not in SYN retries
 
-    def __init__(self, address, handler, context: ssl.SSLContext, limits: Limits):
+    def __init__(self, address, handler, context: ssl.SSLContext, limits: ConnectionLimits):
         self.context, self.limits = context, limits
         self.open = 0  # connections accepted and not yet closed (each holds a thread)
         self._lock = threading.Lock()

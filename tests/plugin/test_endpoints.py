@@ -18,7 +18,7 @@ import pytest
 
 from gpustack_models.local import pki
 from gpustack_models.plugin.engine import Engine, Metrics
-from gpustack_models.plugin.https_server import Limits
+from gpustack_models.plugin.https_server import ConnectionLimits
 from gpustack_models.plugin.node.endpoints import serve
 from tests.plugin.attackers import SLOW_REQUEST, Attack, SlowClient, client_context, client_hello, probe, timed_get
 from tests.plugin.conftest import settings, wait_for
@@ -162,7 +162,7 @@ def lateness(server, context) -> float:
 
 
 def test_it_closes_each_connection_at_its_deadline_however_slowly_it_sends(plugin, served):
-    limits = Limits(handshake=0.5, request=1.0, idle=1.5)
+    limits = ConnectionLimits(handshake=0.5, request=1.0, idle=1.5)
     server = served(limits=limits)
     address, context = ("127.0.0.1", server.server_address[1]), client_context(plugin.ca_file)
     late = lateness(server, context)
@@ -205,7 +205,7 @@ def test_it_closes_each_connection_at_its_deadline_however_slowly_it_sends(plugi
 
 
 def test_it_closes_connections_beyond_the_bound_at_once_and_serves_again_when_they_end(plugin, served, caplog):
-    limits = Limits(handshake=1.0, connections=4)
+    limits = ConnectionLimits(handshake=1.0, connections=4)
     server = served(limits=limits)
     port = server.server_address[1]
     late = lateness(server, client_context(plugin.ca_file))

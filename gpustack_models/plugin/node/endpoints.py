@@ -13,9 +13,9 @@ import json
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from gpustack_models.plugin.https_server import (
+    ConnectionLimits,
     GuardedHTTPSServer,
     GuardedRequestHandler,
-    Limits,
     server_context,
     status,
 )
@@ -53,10 +53,10 @@ class PluginRequestHandler(GuardedRequestHandler):
         return self._send(200, json.dumps({"downloads": self.plugin.engine.running()}).encode())
 
 
-def serve(plugin, limits: Limits | None = None) -> GuardedHTTPSServer:
+def serve(plugin, limits: ConnectionLimits | None = None) -> GuardedHTTPSServer:
     """The HTTPS server of ``plugin`` (not started: call ``serve_forever``): its certificate from the
     plugin's settings, no client certificate asked for."""
     handler = type("Handler", (PluginRequestHandler,), {"plugin": plugin})
     host, _, port = plugin.settings.address.rpartition(":")
     context = server_context(plugin.settings.cert_file, plugin.settings.key_file)
-    return GuardedHTTPSServer((host.strip("[]"), int(port)), handler, context, limits or Limits())
+    return GuardedHTTPSServer((host.strip("[]"), int(port)), handler, context, limits or ConnectionLimits())

@@ -30,9 +30,9 @@ from gpustack_models.kube.identity import NODE_NAME_EXTRA
 from gpustack_models.kube.reviews import TokenReviewer, TTLCache
 from gpustack_models.plugin.engine.limits import RateLimiter
 from gpustack_models.plugin.https_server import (
+    ConnectionLimits,
     GuardedHTTPSServer,
     GuardedRequestHandler,
-    Limits,
     server_context,
     status,
 )
@@ -162,10 +162,10 @@ def upload_limits(spec: dict, fallback: tuple[int, int]) -> tuple[int, int]:
     )
 
 
-def connection_limits(transfers: int) -> Limits:
+def connection_limits(transfers: int) -> ConnectionLimits:
     """The peer server's bounds for at most ``transfers`` transfers: more connections than transfers, so
     idle keep-alive connections of peers never keep a transfer out."""
-    return Limits(connections=max(128, 4 * transfers))
+    return ConnectionLimits(connections=max(128, 4 * transfers))
 
 
 # ------------------------------------------------------------------------------------------ what
