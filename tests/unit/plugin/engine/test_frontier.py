@@ -101,3 +101,16 @@ def test_it_fails_when_recorded_bytes_are_not_on_disk(tmp_path):
         counts.frontier().advance(f)
     assert caught.value.reason == INTEGRITY_MISMATCH and "vanished at 100" in caught.value.message
     f.close(sync=False)
+
+
+def test_it_hashes_resumed_bytes_from_disk_before_the_ones_just_written(tmp_path):
+    f, counts = progress(tmp_path, DATA), Counts()
+    write(f, DATA, 0, 4000)
+    with f.lock:
+        f.add_range(0, 4000)  # resumed from a checkpoint whose hash state could not be restored
+
+    counts.frontier().record(f, 4000, len(DATA), write(f, DATA, 4000, len(DATA)))
+
+    assert f.complete and f.hexdigest == hashlib.sha256(DATA).hexdigest()
+    assert (counts.hashed, counts.reread) == (len(DATA), len(DATA))  # the writer's bytes were not at the frontier
+    f.close(sync=False)
