@@ -68,11 +68,11 @@ def gunicorn_options(workers: int) -> list[str]:
         "--cert-reqs",
         "1",  # request a client certificate, do not require one
         "--graceful-timeout",
-        "5",  # SIGTERM: open watches end at once (tls_worker), a request in flight gets this long
+        "5",  # SIGTERM: open watches end at once (api.server), a request in flight gets this long
         "--timeout",
         "60",
         "--keep-alive",
-        str(KEEPALIVE_SECONDS),  # beyond kube-apiserver's proxy's idle connections (tls_worker)
+        str(KEEPALIVE_SECONDS),  # beyond kube-apiserver's proxy's idle connections (api.server)
         "--no-control-socket",
         "--asgi-lifespan",
         "off",
