@@ -73,8 +73,6 @@ Made once per render and kept across upgrades: an existing Secret is read back w
   valueFrom: {secretKeyRef: {name: {{ .Values.secretKey.existingSecret | default "gpustack-models-secret-key" | quote }}, key: SECRET_KEY}}
 - name: GPUSTACK_DATA_DIR
   value: /var/lib/gpustack-models
-- name: GPUSTACK_PLUGIN_CA_FILE
-  value: /etc/gpustack-models/plugin-ca/tls.crt
 - name: GPUSTACK_PLUGIN_PORT
   value: {{ .Values.plugin.port | quote }}
 - name: GPUSTACK_PLUGIN_PEER_PORT
@@ -123,27 +121,30 @@ seccompProfile: {type: RuntimeDefault}
     {{- include "gpustack-models.restricted" . | nindent 4 }}
   volumeMounts:
     - {name: data, mountPath: /var/lib/gpustack-models}
-    - {name: plugin-ca, mountPath: /etc/gpustack-models/plugin-ca, readOnly: true}
 {{- end }}
 
-{{/* Volumes every role of the service has: scratch space and the plugins' CA certificate (never its key). */}}
+{{/*
+Volumes every role of the service has: scratch space only. A node reads every Secret a Pod bound to it
+references, whole (a volume's items limit only what is mounted), so the Secrets holding the serving and CA
+keys are referenced by the API's Pods alone (api.yaml); no other role needs a certificate.
+*/}}
 {{- define "gpustack-models.serviceVolumes" -}}
 - {name: data, emptyDir: {}}
 - {name: tmp, emptyDir: {medium: Memory}}
-- name: plugin-ca
-  secret: {secretName: gpustack-models-plugin-ca, items: [{key: tls.crt, path: tls.crt}]}
 {{- end }}
 
 {{- define "gpustack-models.serviceMounts" -}}
 - {name: data, mountPath: /var/lib/gpustack-models}
 - {name: tmp, mountPath: /tmp}
-- {name: plugin-ca, mountPath: /etc/gpustack-models/plugin-ca, readOnly: true}
 {{- end }}
 
-{{/* The Pod-level settings of every role of the service (its ServiceAccount keeps its first name). */}}
+{{/*
+The Pod-level settings of every role of the service: its ServiceAccount (the service's keeps its first name)
+and whether its token is mounted (serviceAccount and automount, defaults gpustack-models-worker and true).
+*/}}
 {{- define "gpustack-models.servicePod" -}}
-serviceAccountName: gpustack-models-worker
-automountServiceAccountToken: true
+serviceAccountName: {{ .serviceAccount | default "gpustack-models-worker" }}
+automountServiceAccountToken: {{ if hasKey . "automount" }}{{ .automount }}{{ else }}true{{ end }}
 securityContext: {runAsNonRoot: true, runAsUser: 10001, runAsGroup: 10001, fsGroup: 10001, seccompProfile: {type: RuntimeDefault}}
 {{- with .root.Values.imagePullSecrets }}
 imagePullSecrets: {{- toYaml . | nindent 2 }}
