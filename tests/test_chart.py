@@ -41,6 +41,7 @@ EXPECTED = {
     ("CSIDriver", "model.csi.gpustack.ai"),
     ("ServiceAccount", "gpustack-models-worker"),
     ("ServiceAccount", "gpustack-models-plugin"),
+    ("ServiceAccount", "gpustack-models-console"),
     ("ClusterRole", "gpustack-models-worker"),
     ("ClusterRole", "gpustack-models-plugin"),
     ("ValidatingAdmissionPolicy", "gpustack-models-storage-writes"),
@@ -48,8 +49,11 @@ EXPECTED = {
     ("Secret", "gpustack-models-api-serving"),
     ("Secret", "gpustack-models-plugin-ca"),
     ("Secret", "gpustack-models-secret-key"),
+    ("ConfigMap", "gpustack-models-ca"),
     ("NetworkPolicy", "gpustack-models-plugin"),
     ("NetworkPolicy", "gpustack-models-api"),
+    ("NetworkPolicy", "gpustack-models-background"),
+    ("NetworkPolicy", "gpustack-models-console"),
 }
 
 
@@ -188,8 +192,8 @@ def test_only_the_api_holds_the_plugin_ca_key_and_the_plugin_runs_as_the_design_
     env = {e["name"]: e for e in container["env"]}
     assert "valueFrom" in env["SECRET_KEY"] and "secretKeyRef" not in env["SECRET_KEY"]["valueFrom"]
     assert not any(name == "DATABASE_URL" or name == "CELERY_BROKER_URL" for name in env)
-    (peer,) = [v for v in plugin["volumes"] if v["name"] == "peer-token"]
-    assert peer["projected"]["sources"][0]["serviceAccountToken"]["audience"] == "gpustack-models-peer"
+    # No token for its peers (they present client certificates the API issues): no projected volume.
+    assert not [v for v in plugin["volumes"] if "projected" in v]
     workers = [o for o in objects if o["kind"] == "Deployment"]
     for deployment in workers:
         for c in deployment["spec"]["template"]["spec"]["containers"]:
@@ -310,6 +314,9 @@ def test_install_upgrade_and_uninstall(helm, chart_cluster):
         for n in ("gpustack-models-api-serving", "gpustack-models-plugin-ca", "gpustack-models-secret-key")
     )
     assert apiservice["spec"]["caBundle"] == serving["ca.crt"]
+    # The nodes' CA certificates, in a ConfigMap: the same CAs, no key.
+    cas = found[("ConfigMap", "gpustack-models-ca", NS)]["data"]
+    assert b64(cas["api-ca.crt"]) == serving["ca.crt"] and b64(cas["plugin-ca.crt"]) == plugin_ca["tls.crt"]
 
     # The chart grants tenants nothing: an authenticated user and a tenant's ServiceAccount may do nothing
     # with the group's resources, in their namespace or cluster-wide, nor read the chart's Secrets.
@@ -332,7 +339,8 @@ def test_install_upgrade_and_uninstall(helm, chart_cluster):
     kubectl(lc, "create", f"--as={worker}", "-f", "-", input=json.dumps(store))
 
     run_helm(helm, "upgrade", RELEASE, str(CHART), "--namespace", NS, "--set", "api.replicas=3", lc=lc)
-    found = listing(lc, "secret", "apiservice.v1.apiregistration.k8s.io", "deployment.v1.apps")
+    found = listing(lc, "secret", "configmap", "apiservice.v1.apiregistration.k8s.io", "deployment.v1.apps")
+    assert found[("ConfigMap", "gpustack-models-ca", NS)]["data"] == cas
     assert found[("Secret", "gpustack-models-api-serving", NS)]["data"] == serving
     assert found[("Secret", "gpustack-models-plugin-ca", NS)]["data"] == plugin_ca
     assert found[("Secret", "gpustack-models-secret-key", NS)]["data"] == key

@@ -1,7 +1,8 @@
 """The chart's plugin DaemonSet on the real node: from the image built here (``product_image``), imported
 into the node's containerd, rendered by helm from the chart and run by the DaemonSet controller and the
 kubelet. The plugin gets its serving certificate from the worker, registers its CSI driver with the kubelet
-by itself and serves ``/readyz``.
+by itself and serves ``/readyz``. The node's own kubelet identity (``system:node:<name>``, which the Node
+authorizer lets read what its Pods reference) reads none of the chart's Secrets holding a key.
 
 The local control plane has no kube-proxy and its kube-apiserver listens on loopback only, so the plugin
 runs in the node's network (``plugin.hostNetwork``) and is told where kube-apiserver and the worker are
@@ -10,8 +11,8 @@ runs in the node's network (``plugin.hostNetwork``) and is told where kube-apise
 
 from __future__ import annotations
 
-import base64
 import json
+import subprocess
 
 import requests
 import yaml
@@ -20,6 +21,7 @@ from django.conf import settings
 from gpustack_models.local.cluster import free_port
 from gpustack_models.plugin.csi import DRIVER_NAME
 from tests.support import TEST_STATE, wait_for
+from tests.support.chart import key_bearing, pod_specs, referenced_configmaps, referenced_secrets
 from tests.support.helm import CHART, run_helm
 from tests.support.image_build import IMAGE
 
@@ -34,18 +36,54 @@ def import_image(buildah, real_node) -> None:
     archive.unlink()
 
 
-def secrets(launcher) -> list[dict]:
-    """What the chart's certificates would hold, from the test stack's own CAs."""
+def ca_configmap(launcher) -> dict:
+    """The nodes' CA certificates as the chart's ConfigMap holds them, from the test stack's own CAs (the
+    plugin asks the test stack's API for its certificates)."""
     ca, _key = launcher.plugin_ca()
+    data = {"api-ca.crt": (launcher.pki_dir / "ca.crt").read_text(), "plugin-ca.crt": ca.read_text()}
+    return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "gpustack-models-ca"}, "data": data}
 
-    def secret(name, data):
-        encoded = {k: base64.b64encode(v).decode() for k, v in data.items()}
-        return {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": name}, "data": encoded}
 
-    return [
-        secret("gpustack-models-api-serving", {"ca.crt": (launcher.pki_dir / "ca.crt").read_bytes()}),
-        secret("gpustack-models-plugin-ca", {"tls.crt": ca.read_bytes()}),
+def chart_secrets(helm) -> list[dict]:
+    """The Secrets the chart writes (its generated certificates, keys included, and Django's key)."""
+    args = ["--namespace", settings.NAMESPACE, "--show-only", "templates/certificates.yaml"]
+    out = run_helm(helm, "template", "node", str(CHART), *args).stdout
+    return [doc for doc in yaml.safe_load_all(out) if doc and doc["kind"] == "Secret"]
+
+
+def as_node(real_node, *args: str) -> subprocess.CompletedProcess:
+    """kubectl with the node's kubelet credentials (its client certificate: system:node:<name>)."""
+    cmd = [str(real_node.cluster.kubectl), f"--kubeconfig={real_node.kubeconfig}", "-n", settings.NAMESPACE, *args]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+
+
+def pods_on(real_node) -> list[dict]:
+    out = real_node.kubectl("get", "pods", "-A", "--field-selector", f"spec.nodeName={real_node.name}", "-o", "json")
+    return json.loads(out.stdout)["items"]
+
+
+def check_the_node_reads_no_key(real_node, daemonset: dict, secrets: list[dict]) -> None:
+    """Once the node can read what its plugin Pod references (the Node authorizer knows the Pod), it is
+    refused every Secret of the chart that holds a key. No Pod bound to the node references one: the API's
+    Pods, which do, run elsewhere (here the test stack's API is no Pod at all), as api.nodeSelector keeps
+    them off the GPU nodes in a cluster."""
+    keys = key_bearing(secrets)
+    assert keys >= {"gpustack-models-api-serving", "gpustack-models-plugin-ca"}, keys
+    wait_for(lambda: (p := plugin_pod(real_node)) and p["spec"].get("nodeName") == real_node.name,
+             timeout=120, interval=1, message="the chart's plugin Pod bound to the real node")  # fmt: skip
+    ((_, spec),) = pod_specs(daemonset)
+    referenced = [("configmap", n) for n in referenced_configmaps(spec)] + [
+        ("secret", n) for n in referenced_secrets(spec)
     ]
+    assert referenced, "the plugin Pod references nothing the node could read"
+    wait_for(lambda: all(as_node(real_node, "get", *r).returncode == 0 for r in referenced), timeout=60,
+             message="the node to read what its plugin Pod references")  # fmt: skip
+    on_node = {p["metadata"]["name"]: referenced_secrets(p["spec"]) & keys for p in pods_on(real_node)}
+    assert {pod: names for pod, names in on_node.items() if names} == {}
+    for name in sorted(keys):
+        answer = as_node(real_node, "get", "secret", name, "-o", "name")
+        assert answer.returncode != 0 and "forbidden" in answer.stderr.lower(), (name, answer.stdout, answer.stderr)
+        assert f'"system:node:{real_node.name}" cannot get resource "secrets"' in answer.stderr, answer.stderr
 
 
 def values(real_node, cluster, worker_api, port: int, peer_port: int) -> dict:
@@ -104,7 +142,7 @@ def drivers(real_node) -> list[str]:
     return [d["name"] for d in json.loads(proc.stdout)["spec"].get("drivers") or []]
 
 
-def test_the_charts_plugin_daemonset_runs_on_the_real_node_from_the_image_built_here(
+def test_the_charts_plugin_daemonset_runs_on_the_real_node_from_the_image_built_here_and_reads_no_key(
     helm, product_image, real_node, cluster, worker_api, launcher
 ):
     import_image(product_image, real_node)
@@ -115,9 +153,11 @@ def test_the_charts_plugin_daemonset_runs_on_the_real_node_from_the_image_built_
     daemonset = run_helm(helm, "template", "node", str(CHART), *args).stdout
     assert yaml.safe_load(daemonset)["kind"] == "DaemonSet"
     ns = ["-n", settings.NAMESPACE]
-    real_node.kubectl(*ns, "apply", "-f", "-", input=yaml.safe_dump_all(secrets(launcher)))
+    secrets = chart_secrets(helm)
+    real_node.kubectl(*ns, "apply", "-f", "-", input=yaml.safe_dump_all([ca_configmap(launcher), *secrets]))
     real_node.kubectl(*ns, "apply", "-f", "-", input=daemonset)
     try:
+        check_the_node_reads_no_key(real_node, yaml.safe_load(daemonset), secrets)
         pod = wait_ready(real_node)
         assert pod["spec"]["nodeName"] == real_node.name
         (status,) = pod["status"]["containerStatuses"]
@@ -138,6 +178,5 @@ def test_the_charts_plugin_daemonset_runs_on_the_real_node_from_the_image_built_
         )
         wait_for(lambda: plugin_pod(real_node) is None, timeout=90, message="the chart's plugin Pod to go")
         wait_for(lambda: DRIVER_NAME not in drivers(real_node), timeout=60, message="the CSI driver to unregister")
-        real_node.kubectl(
-            *ns, "delete", "secret", "gpustack-models-api-serving", "gpustack-models-plugin-ca", check=False
-        )
+        real_node.kubectl(*ns, "delete", "configmap", "gpustack-models-ca", check=False)
+        real_node.kubectl(*ns, "delete", "secret", *(s["metadata"]["name"] for s in secrets), check=False)
