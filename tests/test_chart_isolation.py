@@ -60,6 +60,22 @@ def test_only_the_api_pods_reference_a_secret_holding_a_key_and_the_plugin_refer
         assert plugin["imagePullSecrets"] == [{"name": "registry"}]
 
 
+def test_the_api_prefers_nodes_without_a_plugin_by_default(helm):
+    objects = render(helm)
+    api = one(objects, "Deployment", "gpustack-models-api")["spec"]["template"]["spec"]
+    (term,) = api["affinity"]["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
+    assert term["podAffinityTerm"]["topologyKey"] == "kubernetes.io/hostname"
+    plugin_labels = one(objects, "DaemonSet", "gpustack-models-plugin")["spec"]["template"]["metadata"]["labels"]
+    selector = term["podAffinityTerm"]["labelSelector"]["matchLabels"]
+    assert selector.items() <= plugin_labels.items() and "app.kubernetes.io/name" in selector
+    # A rule added in api.affinity (helm merges it with the preference).
+    term = {"matchExpressions": [{"key": "node-role.example/control", "operator": "Exists"}]}
+    required = {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [term]}}
+    values = ("--set-json", f"api.affinity={json.dumps({'nodeAffinity': required})}")
+    merged = one(render(helm, *values), "Deployment", "gpustack-models-api")["spec"]["template"]["spec"]
+    assert merged["affinity"] == {"nodeAffinity": required, "podAntiAffinity": api["affinity"]["podAntiAffinity"]}
+
+
 def test_the_nodes_get_the_ca_certificates_from_a_configmap_without_a_key(helm):
     objects = render(helm)
     ca = one(objects, "ConfigMap", "gpustack-models-ca")["data"]
