@@ -390,6 +390,11 @@ MIRROR_LAG_FILE = env_str("GPUSTACK_MIRROR_LAG_FILE", "")
 # (0: not served). The API serves its metrics on its own HTTPS port, to authorized callers only.
 METRICS_PORT = env_int("GPUSTACK_METRICS_PORT", 0, minimum=0, maximum=65535)
 METRICS_ADDRESS = env_str("GPUSTACK_METRICS_ADDRESS", "0.0.0.0")
+# The metrics port's bounds: at most this many connections open at once (one accepted beyond is closed at once,
+# unread), and the seconds a request's line and headers have to arrive whole (however slowly they trickle) and
+# its answer to be written whole. A keep-alive connection waits 75 s for its next request.
+METRICS_MAX_CONNECTIONS = env_int("GPUSTACK_METRICS_MAX_CONNECTIONS", 32, minimum=1)
+METRICS_REQUEST_SECONDS = env_float("GPUSTACK_METRICS_REQUEST_SECONDS", 10.0, minimum=0.1)
 # --- Leader election (several replicas of the informers and of Celery beat) ------------------------------
 # Only the holder of a coordination.k8s.io Lease in GPUSTACK_NAMESPACE acts; the others stand by (false: every
 # process acts at once, for a single replica that may not read or write Leases).
