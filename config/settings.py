@@ -7,8 +7,10 @@ plane's kubeconfig under ``GPUSTACK_DATA_DIR``.
 """
 
 import importlib.util
+import ipaddress
 import logging
 import os
+from datetime import timedelta
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -82,6 +84,17 @@ def env_list(name, default=()):
     return [item.strip() for item in raw.split(",") if item.strip()]
 
 
+def env_networks(name):
+    """Comma-separated IP addresses or CIDR networks, each normalised to a network ("10.0.0.0/8"); [] when unset."""
+    networks = []
+    for item in env_list(name):
+        try:
+            networks.append(str(ipaddress.ip_network(item, strict=False)))
+        except ValueError:
+            raise ImproperlyConfigured(f"{name}: {item!r} is not an IP address or CIDR network") from None
+    return networks
+
+
 def env_abs_path(name):
     """An absolute path, or "" when unset."""
     raw = os.environ.get(name, "")
@@ -121,6 +134,7 @@ INSTALLED_APPS = [
     "django.contrib.messages",
     "django.contrib.staticfiles",
     "rest_framework",
+    "axes",  # the console's sign-in throttling; installed in every role so that migrate makes its tables
     "gpustack_models",
 ]
 # Development tools (the local control plane, `runlocal`): in a checkout, not in the image.
@@ -146,6 +160,7 @@ MIDDLEWARE = (
         "django.contrib.auth.middleware.AuthenticationMiddleware",
         "django.contrib.messages.middleware.MessageMiddleware",
         "django.middleware.clickjacking.XFrameOptionsMiddleware",
+        "axes.middleware.AxesMiddleware",  # last: turns a refused sign-in into the lockout page
     ]
 )
 
@@ -390,6 +405,11 @@ MIRROR_LAG_FILE = env_str("GPUSTACK_MIRROR_LAG_FILE", "")
 # (0: not served). The API serves its metrics on its own HTTPS port, to authorized callers only.
 METRICS_PORT = env_int("GPUSTACK_METRICS_PORT", 0, minimum=0, maximum=65535)
 METRICS_ADDRESS = env_str("GPUSTACK_METRICS_ADDRESS", "0.0.0.0")
+# The metrics port's bounds: at most this many connections open at once (one accepted beyond is closed at once,
+# unread), and the seconds a request's line and headers have to arrive whole (however slowly they trickle) and
+# its answer to be written whole. A keep-alive connection waits 75 s for its next request.
+METRICS_MAX_CONNECTIONS = env_int("GPUSTACK_METRICS_MAX_CONNECTIONS", 32, minimum=1)
+METRICS_REQUEST_SECONDS = env_float("GPUSTACK_METRICS_REQUEST_SECONDS", 10.0, minimum=0.1)
 # --- Leader election (several replicas of the informers and of Celery beat) ------------------------------
 # Only the holder of a coordination.k8s.io Lease in GPUSTACK_NAMESPACE acts; the others stand by (false: every
 # process acts at once, for a single replica that may not read or write Leases).
@@ -452,7 +472,33 @@ if CONSOLE_HTTPS:
 SILENCED_SYSTEM_CHECKS = ["security.W005", "security.W021"]
 if SERVER_ROLE == "api":
     # The API serves no console page (its URLs have none), so it runs without the console's middleware.
-    SILENCED_SYSTEM_CHECKS += ["admin.E408", "admin.E409", "admin.E410"]
+    SILENCED_SYSTEM_CHECKS += ["admin.E408", "admin.E409", "admin.E410", "axes.W002"]
+
+# The console's sign-in (django-axes). Failed sign-ins are counted per username and client address, in the
+# database every console replica shares (SQLite or PostgreSQL; migrate makes the tables). After
+# GPUSTACK_CONSOLE_LOGIN_FAILURES failures that pair is refused for GPUSTACK_CONSOLE_LOCKOUT_SECONDS from the last
+# counted failure: a 429 page with Retry-After, even with the right password, which is then never checked. Attempts
+# while refused are not counted (the refusal ends on time); a successful sign-in clears the pair's count.
+# `manage.py axes_reset_username NAME` (or `axes_reset`) lifts refusals at once.
+CONSOLE_LOGIN_FAILURES = env_int("GPUSTACK_CONSOLE_LOGIN_FAILURES", 5, minimum=1)
+CONSOLE_LOCKOUT_SECONDS = env_int("GPUSTACK_CONSOLE_LOCKOUT_SECONDS", 900, minimum=1)
+# The client address is the connection's peer (REMOTE_ADDR; behind kubectl port-forward that is the Pod's own
+# loopback, the same for every user). X-Forwarded-For is read only on a connection from one of
+# GPUSTACK_CONSOLE_TRUSTED_PROXIES (comma-separated addresses or CIDR networks: the Ingress controller's Pods): the
+# client is then the right-most address of that header that is not a trusted proxy. Empty, the default: the header
+# is ignored, whoever sends it.
+CONSOLE_TRUSTED_PROXIES = env_networks("GPUSTACK_CONSOLE_TRUSTED_PROXIES")
+AUTHENTICATION_BACKENDS = ["axes.backends.AxesStandaloneBackend", "django.contrib.auth.backends.ModelBackend"]
+AXES_FAILURE_LIMIT = CONSOLE_LOGIN_FAILURES
+AXES_COOLOFF_TIME = timedelta(seconds=CONSOLE_LOCKOUT_SECONDS)
+AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
+AXES_RESET_ON_SUCCESS = True
+AXES_RESET_COOL_OFF_ON_FAILURE_DURING_LOCKOUT = False
+AXES_CLIENT_IP_CALLABLE = "gpustack_models.console.client_ip.client_ip"
+AXES_LOCKOUT_CALLABLE = "gpustack_models.console.lockout.locked_out"
+AXES_ENABLE_ADMIN = False  # the console stays read-only: refusals are lifted with the management commands
+AXES_DISABLE_ACCESS_LOG = True  # no row per successful sign-in (a table nothing would prune)
+AXES_VERBOSE = False
 LANGUAGE_CODE = "en-us"
 TIME_ZONE = "UTC"
 USE_I18N = False

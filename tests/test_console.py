@@ -11,8 +11,8 @@ import pytest
 import requests
 
 from gpustack_models.kinds import GROUP
-from gpustack_models.local.cluster import free_port
 from tests.support import REPO, TEST_STATE, kube_update, wait_for
+from tests.support.console import running_console
 from tests.support.stores import STORAGE, entry, prefetch, put_entries, store
 
 SCREENSHOTS = TEST_STATE / "screenshots"
@@ -49,39 +49,8 @@ def console(worker_stack):
         text=True,
         capture_output=True,
     )
-    port = free_port()
-    log = open(TEST_STATE / "console.log", "ab")
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "gunicorn",
-            "config.wsgi:application",
-            "--bind",
-            f"127.0.0.1:{port}",
-            "--workers",
-            "1",
-            "--no-control-socket",
-        ],
-        cwd=REPO,
-        env=env,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
-    session = requests.Session()
-    session.trust_env = False
-    url = f"http://127.0.0.1:{port}"
-    wait_for(lambda: _up(session, url), timeout=30, message="the console")
-    yield url, password
-    proc.terminate()
-    proc.wait(10)
-
-
-def _up(session, url):
-    try:
-        return session.get(f"{url}/admin/login/", timeout=2).status_code == 200
-    except requests.RequestException:
-        return False
+    with running_console(env) as url:
+        yield url, password
 
 
 def test_it_shows_artifacts_node_stores_and_prefetches(console, nodes, resolved, worker_kube, namespace):

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import signal
 import socket
+import time
 import uuid
 from pathlib import Path
 
@@ -22,9 +23,10 @@ from prometheus_client.parser import text_string_to_metric_families
 from gpustack_models.kinds import GROUP
 from gpustack_models.local.cluster import free_port
 from gpustack_models.telemetry.registry import multiprocess_root
+from tests.plugin.attackers import SlowClient
 from tests.support import wait_for
 from tests.support.paths import TEST_STATE
-from tests.support.worker import WorkerAPI, database_url
+from tests.support.worker import METRICS_MAX_CONNECTIONS, METRICS_REQUEST_SECONDS, WorkerAPI, database_url
 
 V1 = f"/apis/{GROUP}/v1"
 STORAGE = f"/apis/{GROUP}/v1alpha1"
@@ -370,7 +372,7 @@ def test_the_metrics_port_answers_get_metrics_only_and_a_silent_client_stops_no_
         resp = requests.get(roles.url("celery"), timeout=5)
         assert resp.status_code == 200 and "gpustack_models_tasks_total" in resp.text
         # Answered while every silent client still held its connection: the scrape did not wait for the
-        # server to give up on them (it drops a silent connection after READ_TIMEOUT).
+        # server to give up on them (it drops a silent connection after METRICS_REQUEST_SECONDS).
         for sock in silent:
             sock.setblocking(False)
             try:
@@ -380,6 +382,60 @@ def test_the_metrics_port_answers_get_metrics_only_and_a_silent_client_stops_no_
             raise AssertionError(f"a silent client was answered or dropped before the scrape: {data!r}")
     finally:
         for sock in silent:
+            sock.close()
+
+
+def _scrape_once(roles: Roles, name: str):
+    """``(status, seconds)`` of one scrape on a new connection; the error's name for the status when it fails."""
+    started = time.monotonic()
+    try:
+        status = requests.get(roles.url(name), timeout=5, headers={"Connection": "close"}).status_code
+    except requests.RequestException as exc:
+        status = type(exc).__name__
+    return status, time.monotonic() - started
+
+
+def test_a_client_trickling_its_request_a_byte_a_second_is_cut_at_the_deadline_while_scrapes_answer(roles):
+    port = roles.ports["informers"]
+    rounds = [_scrape_once(roles, "informers") for _ in range(3)]
+    assert [status for status, _ in rounds] == [200] * 3, rounds
+    late = 0.5 + 2 * max(seconds for _, seconds in rounds)  # how late this machine may be to notice a deadline
+    trickle = b"GET /metrics HTTP/1.1\r\nHost: metrics\r\nX-Slow: " + b"a" * 600  # never ends its headers
+    slow = SlowClient(("127.0.0.1", port), trickle, tls=False, interval=1.0)
+    slow.start()
+    answers = []
+    while slow.is_alive() and len(answers) < 100:
+        answers.append(_scrape_once(roles, "informers"))
+        time.sleep(0.2)
+    slow.join(METRICS_REQUEST_SECONDS + late + 1)
+    slow.stop()
+    # Cut at the deadline of the whole head (it sent a byte each second until then, each read well within
+    # any per-read timeout), noticed at its next byte; scrapes answered all along.
+    assert slow.cut_after is not None, f"not cut after {METRICS_REQUEST_SECONDS + late + 1:.1f} s ({slow.sent} bytes)"
+    assert METRICS_REQUEST_SECONDS <= slow.cut_after <= METRICS_REQUEST_SECONDS + late + 1, (slow.cut_after, late)
+    assert slow.sent >= METRICS_REQUEST_SECONDS - 1, slow.sent
+    assert len(answers) >= 3 and [a for a in answers if a[0] != 200] == [], answers
+
+
+def test_connections_beyond_the_bound_are_closed_at_once_and_a_scrape_answers_once_they_close(roles):
+    port = roles.ports["beat"]
+    assert _scrape_once(roles, "beat")[0] == 200
+    held = []
+    try:
+        # Up to the bound, each holding a thread (the scrape above may hold one a moment longer: then the
+        # first beyond takes its place).
+        held = [socket.create_connection(("127.0.0.1", port), timeout=2) for _ in range(METRICS_MAX_CONNECTIONS)]
+        started = time.monotonic()
+        beyond = [socket.create_connection(("127.0.0.1", port), timeout=2) for _ in range(10)]
+        closed = [sock.recv(1) for sock in beyond[1:]]  # the first may have taken the scrape's place
+        # Closed by the accept loop at once, unread: long before any deadline would have closed them.
+        assert closed == [b""] * 9 and time.monotonic() - started < METRICS_REQUEST_SECONDS / 2
+        assert _scrape_once(roles, "beat")[0] != 200  # full: a scrape is closed at once too
+        for sock in beyond + held[:2]:
+            sock.close()
+        wait_for(lambda: _scrape_once(roles, "beat")[0] == 200, timeout=METRICS_REQUEST_SECONDS / 2, interval=0.05)
+    finally:
+        for sock in held:
             sock.close()
 
 

@@ -67,6 +67,10 @@ def test_it_defaults_to_sqlite_and_a_file_broker():
         # A renew deadline past the Lease's duration would let two leaders act at once.
         ("GPUSTACK_LEADER_RENEW_DEADLINE_SECONDS", "20", "must hold (now 15.0 / 20.0 / 2.0)"),
         ("GPUSTACK_LEADER_RETRY_SECONDS", "10", "GPUSTACK_LEADER_RETRY_SECONDS must hold"),
+        # A trusted proxy that is no address would trust nothing (or, mistyped, the wrong hosts): refused.
+        ("GPUSTACK_CONSOLE_TRUSTED_PROXIES", "10.0.0.0/8, ingress", "'ingress' is not an IP address"),
+        ("GPUSTACK_CONSOLE_LOGIN_FAILURES", "0", "GPUSTACK_CONSOLE_LOGIN_FAILURES=0: must be at least 1"),
+        ("GPUSTACK_METRICS_MAX_CONNECTIONS", "0", "GPUSTACK_METRICS_MAX_CONNECTIONS=0: must be at least 1"),
     ],
 )
 def test_it_refuses_a_malformed_variable_at_start(name, value, complaint):

@@ -7,5 +7,5 @@
 - ``node``: the Kubernetes glue (the node's store watched, its status written, the HTTPS endpoints, the
   serving certificate);
 - ``csi``: the CSI Identity and Node services, bind mounts, the kubelet registration;
-- ``https_server``: the HTTPS server the node's and the peers' endpoints share.
+- ``https_server``: the HTTPS server the node's and the peers' endpoints share (TLS over ``guarded_http``).
 """

@@ -1,5 +1,4 @@
-"""The plugin's HTTPS server: a thread per connection, the TLS handshake on that thread, deadlines for
-everything a client may hold open, and a bound on the connections open at once.
+"""The plugin's HTTPS server: ``guarded_http``'s server with the TLS handshake on each connection's thread.
 
 - The accept loop only accepts: it never reads from a client, so a client that connects and sends
   nothing (or half a handshake) holds its own thread, never the loop.
@@ -17,26 +16,21 @@ everything a client may hold open, and a bound on the connections open at once.
 
 from __future__ import annotations
 
-import io
 import json
 import logging
-import socket
 import ssl
-import sys
-import threading
-import time
-from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from gpustack_models.guarded_http import ConnectionLimits, GuardedHTTPServer, GuardedRequestHandler
+
+__all__ = [
+    "ConnectionLimits",
+    "GuardedHTTPSServer",
+    "GuardedRequestHandler",
+    "server_context",
+    "status",
+]
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class ConnectionLimits:
-    handshake: float = 5.0  # seconds for the whole TLS handshake
-    request: float = 10.0  # seconds for a request's line and headers, and again to write its answer
-    idle: float = 75.0  # seconds a keep-alive connection waits for its next request
-    connections: int = 128  # connections open at once (handshaking, reading, answering or idle)
 
 
 def status(code: int, reason: str, message: str = "") -> bytes:
@@ -54,110 +48,18 @@ def server_context(cert_file: str, key_file: str) -> ssl.SSLContext:
     return context
 
 
-class _DeadlineReader(io.RawIOBase):
-    """The connection's bytes, read under a deadline that the next request resets, not each read."""
+class GuardedHTTPSServer(GuardedHTTPServer):
+    """``GuardedHTTPServer`` over TLS, the handshake off the accept loop under ``ConnectionLimits.handshake``."""
 
-    def __init__(self, sock: socket.socket, limits: ConnectionLimits):
-        self._sock, self._limits = sock, limits
-        self._deadline = time.monotonic() + limits.request  # the first request: from the handshake's end
-        self._waiting = False
-
-    def readable(self) -> bool:
-        return True
-
-    def next_request(self) -> None:
-        """Wait ``idle`` seconds for the next request's first byte, then ``request`` for the rest."""
-        self._deadline = time.monotonic() + self._limits.idle
-        self._waiting = True
-
-    def readinto(self, buffer) -> int:
-        timeout = self._deadline - time.monotonic()
-        if timeout <= 0:
-            raise TimeoutError("the request did not arrive in time")
-        self._sock.settimeout(timeout)
-        count = self._sock.recv_into(buffer)
-        if count and self._waiting:
-            self._deadline, self._waiting = time.monotonic() + self._limits.request, False
-        return count
-
-
-class GuardedRequestHandler(BaseHTTPRequestHandler):
-    """HTTP/1.1 with keep-alive, each request under the server's ``ConnectionLimits``."""
-
-    protocol_version = "HTTP/1.1"
-
-    def setup(self):
-        super().setup()
-        self.rfile.close()  # the plain file of the socket: read through the deadline instead
-        self._reader = _DeadlineReader(self.connection, self.server.limits)
-        self.rfile = io.BufferedReader(self._reader)
-        self._requests = 0
-
-    def handle_one_request(self):
-        if self._requests:
-            self._reader.next_request()
-        self._requests += 1
-        super().handle_one_request()
-
-    def parse_request(self) -> bool:
-        ok = super().parse_request()  # reads the headers
-        self.connection.settimeout(self.server.limits.request)  # for writing the answer
-        return ok
-
-
-class GuardedHTTPSServer(ThreadingHTTPServer):
-    """``ThreadingHTTPServer`` over TLS with the handshake off the accept loop, and ``ConnectionLimits``."""
-
-    daemon_threads = True
-    block_on_close = False  # closing the server does not wait for its connections' threads
-    request_queue_size = 128  # a burst of connections waits in the kernel's queue, not in SYN retries
+    logger = log
 
     def __init__(self, address, handler, context: ssl.SSLContext, limits: ConnectionLimits):
-        self.context, self.limits = context, limits
-        self.open = 0  # connections accepted and not yet closed (each holds a thread)
-        self._lock = threading.Lock()
-        self._warned = float("-inf")
-        super().__init__(address, handler)
-        self.socket.setblocking(False)  # accept() never waits: a connection gone meanwhile is an OSError
+        self.context = context
+        super().__init__(address, handler, limits)
 
     def load_certificate(self, cert_file: str, key_file: str) -> None:
         """Serve new connections with this certificate (a renewed one); open connections keep theirs."""
         self.context = server_context(cert_file, key_file)
-
-    def process_request(self, request, client_address):
-        with self._lock:
-            taken = self.open < self.limits.connections
-            if taken:
-                self.open += 1
-        if not taken:
-            self._refuse(request, client_address)
-            return
-        try:
-            super().process_request(request, client_address)  # starts the connection's thread
-        except BaseException:
-            self._release()
-            raise
-
-    def _release(self) -> None:
-        with self._lock:
-            self.open -= 1
-
-    def _refuse(self, request, client_address) -> None:
-        now = time.monotonic()
-        if now - self._warned >= 60:
-            self._warned = now
-            log.warning(
-                "%d connections open, the most allowed: closing new ones (from %s, ...)",
-                self.limits.connections,
-                client_address[0],
-            )
-        self.shutdown_request(request)
-
-    def process_request_thread(self, request, client_address):
-        try:
-            super().process_request_thread(request, client_address)
-        finally:
-            self._release()
 
     def finish_request(self, request, client_address):
         """On the connection's thread: the TLS handshake, then the requests."""
@@ -168,10 +70,3 @@ class GuardedHTTPSServer(ThreadingHTTPServer):
             self.RequestHandlerClass(tls, client_address, self)
         finally:
             self.shutdown_request(tls)
-
-    def handle_error(self, request, client_address):
-        error = sys.exc_info()[1]
-        if isinstance(error, OSError):  # a timeout, a reset, a failed handshake: the client's doing
-            log.debug("connection from %s: %s", client_address[0], error)
-        else:
-            log.exception("serving a connection from %s", client_address[0])

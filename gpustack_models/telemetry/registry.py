@@ -8,10 +8,12 @@ HTTP server of their own.
   process is gone are removed), points ``PROMETHEUS_MULTIPROC_DIR`` at it before any metric exists, and
   one scrape then sums every process. A process that exits is marked dead (``mark_process_dead``).
 - The informers, the Celery worker and Celery beat serve ``GET /metrics`` over plain HTTP on
-  ``GPUSTACK_METRICS_ADDRESS:GPUSTACK_METRICS_PORT`` (0: not served) with ``serve(registry)``: one thread
-  per connection (a client that connects and says nothing holds only its own thread, for at most
-  ``READ_TIMEOUT`` seconds); anything but ``GET /metrics`` is a 404. Labels there name resources, tasks,
-  outcomes and reasons, never a namespace, an object or a node.
+  ``GPUSTACK_METRICS_ADDRESS:GPUSTACK_METRICS_PORT`` (0: not served) with ``serve(registry)``, on
+  ``guarded_http``'s server: one thread per connection, at most ``GPUSTACK_METRICS_MAX_CONNECTIONS`` open
+  at once (one beyond is closed at once), a request's line and headers whole within
+  ``GPUSTACK_METRICS_REQUEST_SECONDS`` however slowly they trickle, the answer written whole within as
+  long. Anything but ``GET /metrics`` is a 404. Labels there name resources, tasks, outcomes and reasons,
+  never a namespace, an object or a node.
 """
 
 from __future__ import annotations
@@ -22,12 +24,11 @@ import shutil
 import tempfile
 import threading
 from pathlib import Path
-from socketserver import ThreadingMixIn
-from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
+
+from gpustack_models.guarded_http import ConnectionLimits, GuardedHTTPServer, GuardedRequestHandler
 
 log = logging.getLogger(__name__)
 
-READ_TIMEOUT = 10.0  # seconds a connection of the metrics port may take to send its request
 NOT_FOUND = b"404 page not found\n"
 
 
@@ -115,32 +116,62 @@ def metrics_app(registry):
     return app
 
 
-class _Server(ThreadingMixIn, WSGIServer):
-    daemon_threads = True
-    allow_reuse_address = True
+class _MetricsHandler(GuardedRequestHandler):
+    """Answers each request with ``app`` (``metrics_app``), the whole answer in one write: the write
+    deadline (``ConnectionLimits.request``) holds for all of it, however slowly the client reads."""
 
-
-class _QuietHandler(WSGIRequestHandler):
-    timeout = READ_TIMEOUT
+    app = None  # set on the subclass ``serve`` makes
 
     def log_message(self, format, *args):  # scrapes are not worth a log line each
         pass
 
+    def _answer(self):
+        path, _, query = self.path.partition("?")
+        environ = {
+            "REQUEST_METHOD": "GET" if self.command == "HEAD" else self.command,
+            "PATH_INFO": path,
+            "QUERY_STRING": query,
+            "HTTP_ACCEPT": self.headers.get("Accept", ""),
+            "HTTP_ACCEPT_ENCODING": self.headers.get("Accept-Encoding", ""),
+        }
+        answer = {}
+        body = b"".join(self.app(environ, lambda status, headers: answer.update(status=status, headers=headers)))
+        self.send_response(int(answer["status"].split()[0]))
+        for name, value in answer["headers"]:
+            if name.lower() != "content-length":
+                self.send_header(name, value)
+        self.send_header("Content-Length", str(len(body)))
+        if self.command not in ("GET", "HEAD"):  # a body it may have sent is not read: end the connection
+            self.send_header("Connection", "close")
+        self._headers_buffer.append(b"\r\n" + (b"" if self.command == "HEAD" else body))
+        self.flush_headers()
 
-def serve(registry, port: int, address: str = "0.0.0.0") -> _Server | None:
-    """Serve ``registry`` on ``address:port`` from a daemon thread (``port`` 0: nothing is served)."""
+    do_GET = do_HEAD = do_POST = do_PUT = do_PATCH = do_DELETE = do_OPTIONS = _answer
+
+
+def limits_from_settings() -> ConnectionLimits:
+    """The metrics port's bounds: ``GPUSTACK_METRICS_MAX_CONNECTIONS``, ``GPUSTACK_METRICS_REQUEST_SECONDS``."""
+    from django.conf import settings
+
+    return ConnectionLimits(request=settings.METRICS_REQUEST_SECONDS, connections=settings.METRICS_MAX_CONNECTIONS)
+
+
+def serve(registry, port: int, address: str = "0.0.0.0", limits: ConnectionLimits | None = None):
+    """Serve ``registry`` on ``address:port`` from a daemon thread (``port`` 0: nothing is served), under
+    ``limits`` (``ConnectionLimits()`` by default); the running ``GuardedHTTPServer``."""
     if not port:
         return None
-    server = make_server(address, port, metrics_app(registry), _Server, handler_class=_QuietHandler)
+    handler = type("MetricsHandler", (_MetricsHandler,), {"app": staticmethod(metrics_app(registry))})
+    server = GuardedHTTPServer((address, port), handler, limits or ConnectionLimits())
     threading.Thread(target=server.serve_forever, name="metrics-http", daemon=True).start()
-    log.info("metrics on http://%s:%d/metrics", address, port)
+    log.info("metrics on http://%s:%d/metrics", address, server.server_address[1])
     return server
 
 
-def serve_from_settings(*collectors) -> _Server | None:
+def serve_from_settings(*collectors) -> GuardedHTTPServer | None:
     """The metrics port of a role without an HTTP server (``GPUSTACK_METRICS_PORT``; 0: none)."""
     from django.conf import settings
 
     if not settings.METRICS_PORT:
         return None
-    return serve(scrape_registry(*collectors), settings.METRICS_PORT, settings.METRICS_ADDRESS)
+    return serve(scrape_registry(*collectors), settings.METRICS_PORT, settings.METRICS_ADDRESS, limits_from_settings())

@@ -181,6 +181,9 @@ def database_url() -> str:
 MIRROR_LAG_FILE = TEST_STATE / "mirror-lag.jsonl"
 COLLECTION_GRACE = 8  # seconds: GPUSTACK_COLLECTION_GRACE_SECONDS of the suite's worker
 MODELS_PER_NODE = 16  # GPUSTACK_MODELS_PER_NODE of the suite's worker: the per-node cap within tens of digests
+# The roles' metrics ports: connections open at once, seconds for a request's head (the attack tests' scale).
+METRICS_MAX_CONNECTIONS = 16
+METRICS_REQUEST_SECONDS = 5
 
 
 class WorkerStack:
@@ -252,7 +255,12 @@ class WorkerStack:
 
         if name not in self.metrics_ports:  # served as a deployment's roles serve it
             self.metrics_ports[name] = free_port()
-        env = dict(self.env(), GPUSTACK_METRICS_ADDRESS="127.0.0.1")
+        env = dict(
+            self.env(),
+            GPUSTACK_METRICS_ADDRESS="127.0.0.1",
+            GPUSTACK_METRICS_MAX_CONNECTIONS=str(METRICS_MAX_CONNECTIONS),
+            GPUSTACK_METRICS_REQUEST_SECONDS=str(METRICS_REQUEST_SECONDS),
+        )
         env["GPUSTACK_METRICS_PORT"] = str(self.metrics_ports[name])
         log = open(TEST_STATE / f"{name}.log", "ab")
         self.procs[name] = subprocess.Popen(argv, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
