@@ -151,6 +151,9 @@ def test_a_pin_holds_only_where_an_administrator_allowed_it_and_a_tenant_cannot_
 
     refused = wait_for(lambda: pinned_condition("PinningNotAllowed"), timeout=30, message="Pinned=PinningNotAllowed")
     assert refused["status"] == "False" and PINNING in refused["message"]
+    warned = wait_for(lambda: [e for e in core.list_namespaced_event(ns).items if e.reason == "PinningNotAllowed"],
+                      timeout=30, message="a PinningNotAllowed Event")  # fmt: skip
+    assert [(e.type, e.involved_object.name) for e in warned] == [("Warning", "keep")]
     wait_for(lambda: mounts.item(mounts.digest, node), timeout=30, message="the prefetch placed on its node")
     assert mounts.item(mounts.digest, node) == {"digest": mounts.digest, "pinned": False}
 
