@@ -439,7 +439,12 @@ MOUNT_CHECK_INTERVAL_SECONDS = env_float("GPUSTACK_MOUNT_CHECK_INTERVAL_SECONDS"
 # Bytes one namespace's prefetches may place on one node (0: no limit); a Namespace's annotation
 # worker.gpustack.ai/prefetch-bytes-per-node, set by administrators, overrides it.
 PREFETCH_BYTES_PER_NODE = env_int("GPUSTACK_PREFETCH_BYTES_PER_NODE", 0, minimum=0)
-# The most digests one node's spec.models holds: pinned, then mounted, then the oldest references (the
+# Distinct digests one namespace's prefetches may place on one node (0: no limit; the prefetches past it
+# are QuotaExceeded there; mounts are never limited); a Namespace's annotation
+# worker.gpustack.ai/prefetch-digests-per-node, set by administrators, overrides it. The default, a quarter
+# of the per-node cap, keeps one namespace from taking every place on a node.
+PREFETCH_DIGESTS_PER_NODE = env_int("GPUSTACK_PREFETCH_DIGESTS_PER_NODE", 64, minimum=0)
+# The most digests one node's spec.models holds: mounted, then pinned, then the oldest references (the
 # prefetches left out are NodeFull). At most the schema's limit of spec.models (256), the default.
 MODELS_PER_NODE = env_int("GPUSTACK_MODELS_PER_NODE", 256, minimum=1, maximum=256)
 

@@ -24,6 +24,16 @@ from tests.support.worker import COLLECTION_GRACE, MODELS_PER_NODE
 from tests.test_plugins import Scenario, big_files
 
 STORAGE = f"/apis/{GROUP}/v1alpha1"
+PINNING_ALLOWED = f"{GROUP}/pinning-allowed"
+
+
+def allow_pinning(core, namespace):
+    """An administrator lets ``namespace``'s prefetches pin (elsewhere a pinned prefetch is kept unpinned);
+    returns once the worker's mirror knows (with ``mirror_db``)."""
+    from gpustack_models.reconcilers.budgets import pinning_allowed
+
+    core.patch_namespace(namespace, {"metadata": {"annotations": {PINNING_ALLOWED: "true"}}})
+    wait_for(lambda: pinning_allowed(namespace), timeout=30, message=f"{namespace} allowed to pin in the mirror")
 
 
 @pytest.fixture
@@ -168,8 +178,9 @@ def target_state(ns, name, node):
 
 
 def test_retention_lapses_a_prefetch_and_its_content_is_collected_but_never_a_pinned_one(
-    life, hub, worker_kube, mirror_db
+    life, hub, worker_kube, mirror_db, core
 ):
+    allow_pinning(core, life.ns)
     life.artifact()
     (plugin,) = life.plugins(1, GPUSTACK_PLUGIN_REMOVAL_DELAY_SECONDS=1)
     create_prefetch(worker_kube, life.ns, "brief", "art", nodeNames=[plugin.node],
@@ -197,9 +208,12 @@ def test_retention_lapses_a_prefetch_and_its_content_is_collected_but_never_a_pi
     assert life.tree(plugin).exists()
 
 
-def test_pressure_evicts_unreferenced_models_and_never_a_pinned_or_referenced_one(life, hub, worker_kube):
+def test_pressure_evicts_unreferenced_models_and_never_a_pinned_or_referenced_one(
+    life, hub, worker_kube, core, mirror_db
+):
     """Four 1 MiB models; two lose their prefetch. The plugin comes back with a volume of 4.2 of them: at 95 %
     it evicts both unreferenced ones (least recently used first) down to the 70 % low watermark."""
+    allow_pinning(core, life.ns)
     (plugin,) = life.plugins(1, GPUSTACK_PLUGIN_REMOVAL_DELAY_SECONDS=3600)
     trees, sizes = {}, {}
     for name in ("pinned", "held", "old", "newer"):
@@ -233,8 +247,8 @@ def test_more_digests_than_the_cap_fill_its_places_and_a_pinned_model_still_land
     worker_stack, worker_api, hub, worker_kube, core, launcher, namespace, mirror_db
 ):
     """Two tenants prefetch four distinct digests more than the node's cap (the suite's worker: 16) onto one
-    node: it is asked for the cap's worth, the rest say NodeFull, and another tenant's pinned prefetch
-    displaces the youngest of them."""
+    node: it is asked for the cap's worth, the rest say NodeFull, and another tenant's pinned prefetch (its
+    namespace allowed to pin) displaces the youngest of them."""
     node = f"full-{uuid.uuid4().hex[:6]}"
     launcher.register_node(node, "127.0.3.1")  # a plugin Pod, no plugin process: nothing is downloaded
     count = MODELS_PER_NODE + 4
@@ -253,6 +267,7 @@ def test_more_digests_than_the_cap_fill_its_places_and_a_pinned_model_still_land
         assert len(placed) == MODELS_PER_NODE
         wait_for(lambda: models() == placed, timeout=30, message="the cap's worth in spec.models")
         # Another tenant's pinned model still lands on the full node.
+        allow_pinning(core, namespace)
         repo = f"org/pin-{uuid.uuid4().hex[:6]}"
         hub.add_hf_repo(repo, {"config.json": b"pinned"})
         worker_kube.create(

@@ -53,7 +53,7 @@ def test_it_puts_a_prefetched_digest_on_exactly_the_named_nodes(nodes, resolved,
 
     st = wait_for(status, timeout=30, message="the prefetch status")
     assert st["readyNodes"] == 0 and st["downloadingNodes"] == 0
-    assert {c["type"] for c in st["conditions"]} == {"Available", "Progressing", "Degraded", "Lapsed"}
+    assert {c["type"] for c in st["conditions"]} == {"Available", "Progressing", "Degraded", "Lapsed", "Pinned"}
 
     # A deleted store comes back, owned by its node, with the same spec.models at once.
     worker_kube.delete(f"{STORAGE}/nodemodelstores/{a}")

@@ -24,7 +24,8 @@ from gpustack_models.informers.reactions import enqueue, reacts_to
 from gpustack_models.informers.sending import send
 from gpustack_models.kinds import GROUP
 from gpustack_models.kinds.nodemodelstore import MAX_BYTES_PER_SECOND, MAX_DOWNLOAD_CONCURRENCY, MAX_UPLOAD_CONNECTIONS
-from gpustack_models.models import Holding, Node, NodeStore, PluginPod, PrefetchTarget
+from gpustack_models.models import Holding, Node, NodeStore, PluginPod, Prefetch, PrefetchTarget
+from gpustack_models.reconcilers.budgets import PINNING_ALLOWED_ANNOTATION, SHARE_ANNOTATIONS
 from gpustack_models.reconcilers.references import Assignment, models_per_node, namespace_quotas, node_references, place
 from gpustack_models.reconcilers.task_names import RECONCILE_NODE_STORE, RECONCILE_PREFETCH, ROLLUP_DIGEST
 from gpustack_models.reconcilers.writes import API, STORE_SPEC, store_path
@@ -240,11 +241,15 @@ def reconcile_and_roll_up(before: dict | None, after: dict | None, namespace: st
 
 @reacts_to(mirror.NAMESPACES)
 def namespace_changed(before: dict | None, after: dict | None, namespace: str, name: str) -> None:
-    """A namespace's byte limit per node changed: the nodes its prefetches target are placed again."""
-    limit = mirror.PREFETCH_BYTES_ANNOTATION
+    """A namespace's share of the nodes changed (``budgets.SHARE_ANNOTATIONS``): the nodes its prefetches
+    target are placed again; when its pinning did, its prefetches' status tells it anew."""
     old, new = (((b or {}).get("metadata") or {}).get("annotations") or {} for b in (before, after))
-    if old.get(limit) == new.get(limit):
+    changed = {key for key in SHARE_ANNOTATIONS if old.get(key) != new.get(key)}
+    if not changed:
         return
     nodes = PrefetchTarget.objects.filter(prefetch__namespace=name).values_list("node", flat=True)
     for node in sorted(set(nodes)):
         enqueue(RECONCILE_NODE_STORE, node)
+    if PINNING_ALLOWED_ANNOTATION in changed:
+        for prefetch in Prefetch.objects.live().filter(namespace=name).values_list("name", flat=True):
+            enqueue(RECONCILE_PREFETCH, name, prefetch)

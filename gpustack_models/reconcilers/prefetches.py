@@ -4,8 +4,11 @@ Available    enough targeted nodes are ready (``minReady``, 0 meaning all)
 Progressing  some targeted node is still to get the content
 Degraded     something stands in the way, with the commonest reason first: the artifact is missing, not
              resolvable or a claim; named nodes that do not exist or run no plugin; nodes that failed the
-             download (their reasons); nodes full (``NodeFull``); the namespace's limit (``QuotaExceeded``)
+             download (their reasons); nodes full (``NodeFull``); the namespace's share of a node, bytes or
+             digests (``QuotaExceeded``)
 Lapsed       ``retention.ttlAfterLastUse`` ran out on some nodes: the content is collected there
+Pinned       ``retention.pinned`` holds: True where the namespace may pin; ``PinningNotAllowed`` where it
+             may not (an administrator's annotation on the Namespace): the prefetch is then kept unpinned
 
 Messages count nodes and never name one, except a node the prefetch names itself that does not exist.
 """
@@ -30,6 +33,7 @@ from gpustack_models.models import (
     TargetState,
 )
 from gpustack_models.reconcilers import events
+from gpustack_models.reconcilers.budgets import PINNING_ALLOWED_ANNOTATION, pinning_allowed
 from gpustack_models.reconcilers.rollup import digest_counts
 from gpustack_models.reconcilers.writes import PREFETCHER, apply_status, condition, find_condition, prefetch_path
 
@@ -39,8 +43,9 @@ _EXPLAINED = {
     NODE_NOT_FOUND: "no such node",
     PLUGIN_NOT_RUNNING: "the node runs no model plugin",
     TargetState.NODE_FULL: "the node already holds the most models it may (256)",
-    TargetState.QUOTA_EXCEEDED: "past the namespace's limit of bytes per node",
+    TargetState.QUOTA_EXCEEDED: "past the namespace's limit of bytes or models per node",
 }
+PINNING_NOT_ALLOWED = "PinningNotAllowed"
 
 
 def prefetches_of_digest(digest: str) -> list[tuple[str, str]]:
@@ -65,12 +70,15 @@ class PrefetchState:
     problems: Counter = field(default_factory=Counter)  # reason -> nodes
     missing: list[str] = field(default_factory=list)  # named nodes that do not exist
     lapsed: int = 0
+    pinning: bool = False  # whether the namespace may pin
 
     @classmethod
     def read(cls, prefetch: Prefetch) -> PrefetchState:
         artifact = Artifact.objects.live().filter(namespace=prefetch.namespace, name=prefetch.artifact_name).first()
         targets = dict(PrefetchTarget.objects.filter(prefetch=prefetch).values_list("node", "state"))
-        state = cls(prefetch, artifact, sorted(targets))
+        state = cls(
+            prefetch, artifact, sorted(targets), pinning=prefetch.pinned and pinning_allowed(prefetch.namespace)
+        )
         state._read_nodes(targets)
         if state.digest:
             state.counts = digest_counts(state.digest, state.nodes)
@@ -149,6 +157,7 @@ class PrefetchState:
             cond("Progressing", *self._progressing()),
             cond("Degraded", *self._degraded()),
             cond("Lapsed", *self._lapsed()),
+            cond("Pinned", *self._pinned()),
         ]
 
     def _available(self) -> tuple[bool, str, str]:
@@ -178,6 +187,19 @@ class PrefetchState:
     def _degraded(self) -> tuple[bool, str, str]:
         reason, message = self.degraded()
         return (True, reason, message) if reason else (False, "AsExpected", "nothing stands in the way")
+
+    def _pinned(self) -> tuple[bool, str, str]:
+        if not self.prefetch.pinned:
+            return False, "NotRequested", "retention.pinned is not set"
+        if self.pinning:
+            return True, "Pinned", "kept regardless of disk pressure and retention while the prefetch exists"
+        return (
+            False,
+            PINNING_NOT_ALLOWED,
+            f"the namespace may not pin (the Namespace's annotation {PINNING_ALLOWED_ANNOTATION}, set by "
+            "administrators): prefetched unpinned, so disk pressure may evict the content and "
+            "retention.ttlAfterLastUse applies",
+        )
 
     def _lapsed(self) -> tuple[bool, str, str]:
         if not self.lapsed:
@@ -252,3 +274,10 @@ def record_transitions(prefetch: Prefetch, old: dict, new: dict) -> None:
     degraded = _became(old, new, "Degraded")
     if degraded:
         events.record(regarding, "Warning", degraded["reason"], degraded["message"], series_key=degraded["reason"])
+    refused = {c.get("type"): c for c in new["conditions"]}.get("Pinned") or {}
+    if refused.get("reason") == PINNING_NOT_ALLOWED and _reason(old, "Pinned") != PINNING_NOT_ALLOWED:
+        events.record(regarding, "Warning", PINNING_NOT_ALLOWED, refused["message"])
+
+
+def _reason(status: dict, type_: str) -> str:
+    return ({c.get("type"): c for c in status.get("conditions") or []}.get(type_) or {}).get("reason") or ""

@@ -2,17 +2,20 @@
 
 A digest is *referenced* on a node while something wants it there: a ModelPrefetch that targets the
 node (``targets``), its artifact resolved, and not lapsed (``retention.ttlAfterLastUse`` past since the
-content was last used on that node ends the prefetch's reference there; ``pinned`` never lapses); or a
+content was last used on that node ends the prefetch's reference there; ``pinned`` never lapses, where
+an administrator allows the namespace to pin: elsewhere a pinned prefetch is treated as unpinned); or a
 Pod's volume on the node that mounts it (a ``MountReference``, until the volume is released or the Pod is
 gone: mounts never lapse and no namespace limit applies to them). Each reference carries what ordering
-and limits need: its namespace and the content's size (for the namespace's per-node byte limit), whether
+and limits need: its namespace and the content's size (for the namespace's per-node limits), whether
 it is pinned or a mount, and when it began.
 
 ``place`` turns a node's references into the digests its ``spec.models`` holds: first each namespace's
-limit (``QuotaExceeded`` past it), then the per-node cap (``GPUSTACK_MODELS_PER_NODE``: 256 digests, the
-schema's limit, unless set lower), keeping pinned, then mounted, then the oldest references (``NodeFull``
-for the rest). Every reference left out is told why through its
-``PrefetchTarget`` state, which the prefetch's status reports.
+share (``budgets.Share``: bytes and distinct digests per node; ``QuotaExceeded`` past either), then the
+per-node cap (``GPUSTACK_MODELS_PER_NODE``: 256 digests, the schema's limit, unless set lower), keeping
+mounted, then pinned, then the oldest references (``NodeFull`` for the rest): a Pod's mount is never left
+out for a prefetch, and one namespace's prefetches cannot take more than its share of a node's places.
+Every reference left out is told why through its ``PrefetchTarget`` state, which the prefetch's status
+reports.
 """
 
 from __future__ import annotations
@@ -28,12 +31,12 @@ from gpustack_models.models import (
     Artifact,
     EntryState,
     MountReference,
-    Namespace,
     PrefetchTarget,
     SourceKind,
     StoreEntry,
     TargetState,
 )
+from gpustack_models.reconcilers.budgets import Share, namespace_limits
 
 log = logging.getLogger(__name__)
 
@@ -85,11 +88,11 @@ def _last_used(node: str) -> dict[str, datetime | None]:
     return dict(rows.values_list("digest", "last_used_time"))
 
 
-def _lapses(target: PrefetchTarget, digest: str, used: dict, now: datetime) -> bool:
+def _lapses(target: PrefetchTarget, digest: str, used: dict, now: datetime, pinned: bool) -> bool:
     """True once the prefetch's retention has run out on this node (remembered: a lapse stays until the
-    prefetch's spec changes). Never for a pinned prefetch or one without ``ttlAfterLastUse``."""
+    prefetch's spec changes). Never for a prefetch kept ``pinned`` or one without ``ttlAfterLastUse``."""
     prefetch = target.prefetch
-    if prefetch.pinned or prefetch.ttl_seconds is None:
+    if pinned or prefetch.ttl_seconds is None:
         return False
     if target.lapsed_at is not None:
         return True
@@ -107,7 +110,8 @@ def _lapses(target: PrefetchTarget, digest: str, used: dict, now: datetime) -> b
 
 def prefetch_references(node: str, now: datetime) -> tuple[list[Reference], dict[int, str]]:
     """The prefetches' references to ``node``, and the states of the targets that make none (their
-    artifact missing, unresolved or a claim: ``Pending``; retention run out: ``Lapsed``)."""
+    artifact missing, unresolved or a claim: ``Pending``; retention run out: ``Lapsed``). A prefetch pins
+    only where its namespace may (``budgets.Share.pinning``)."""
     targets = list(
         PrefetchTarget.objects.filter(node=node, prefetch__deleted=False)
         .select_related("prefetch")
@@ -118,18 +122,20 @@ def prefetch_references(node: str, now: datetime) -> tuple[list[Reference], dict
         )
     )  # fmt: skip
     artifacts, used = _artifacts_of(targets), _last_used(node)
+    pinning = {ns for ns, share in namespace_limits({t.prefetch.namespace for t in targets}).items() if share.pinning}
     references, states = [], {}
     for target in targets:
         prefetch = target.prefetch
         artifact = artifacts.get((prefetch.namespace, prefetch.artifact_name))
+        pinned = prefetch.pinned and prefetch.namespace in pinning
         if artifact is None or not artifact.digest or artifact.source == SourceKind.CLAIM:
             states[target.pk] = TargetState.PENDING
-        elif _lapses(target, artifact.digest, used, now):
+        elif _lapses(target, artifact.digest, used, now, pinned):
             states[target.pk] = TargetState.LAPSED
         else:
             since = prefetch.created_at or _EPOCH
             references.append(
-                Reference(artifact.digest, prefetch.namespace, artifact.size_bytes or 0, since, prefetch.pinned,
+                Reference(artifact.digest, prefetch.namespace, artifact.size_bytes or 0, since, pinned,
                           target_id=target.pk)
             )  # fmt: skip
     return references, states
@@ -147,51 +153,53 @@ def node_references(node: str, now: datetime) -> tuple[list[Reference], dict[int
     return references + mount_references(node), states
 
 
-def namespace_quotas(references: list[Reference]) -> dict[str, int]:
-    """Bytes each namespace with a prefetch reference may place on one node (0: no limit)."""
-    namespaces = {r.namespace for r in references if not r.mounted}
-    default = settings.PREFETCH_BYTES_PER_NODE
-    overrides = dict(
-        Namespace.objects.live()
-        .filter(name__in=namespaces, prefetch_bytes_per_node__isnull=False)
-        .values_list("name", "prefetch_bytes_per_node")
-    )
-    return {ns: overrides.get(ns, default) for ns in namespaces}
+def namespace_quotas(references: list[Reference]) -> dict[str, Share]:
+    """The share of one node each namespace with a prefetch reference has (``budgets.namespace_limits``)."""
+    return namespace_limits({r.namespace for r in references if not r.mounted})
 
 
-def _priority(ref: Reference) -> tuple:
-    return (not ref.pinned, not ref.mounted, ref.since, ref.digest)
+def priority(ref: Reference) -> tuple:
+    """The order in which references take places (the smallest first): mounts, then pinned prefetches,
+    then the oldest; the digest last, so equal references order the same on every reconcile."""
+    return (not ref.mounted, not ref.pinned, ref.since, ref.digest)
 
 
-def within_quotas(references: list[Reference], states: dict[int, str], quotas: dict[str, int]) -> list[Reference]:
-    """The references each namespace's limit admits (pinned, then oldest first); the others are marked
+def _exceeds(share: Share, spent: int, counted: set[str], ref: Reference) -> bool:
+    """Whether ``ref`` takes its namespace past its share, which has ``spent`` bytes on ``counted``."""
+    if ref.digest in counted:
+        return False
+    over_bytes = share.bytes and spent + ref.size_bytes > share.bytes
+    return bool(over_bytes or (share.digests and len(counted) >= share.digests))
+
+
+def within_quotas(references: list[Reference], states: dict[int, str], quotas: dict[str, Share]) -> list[Reference]:
+    """The references each namespace's share admits (pinned, then oldest first); the others are marked
     ``QuotaExceeded``. A digest counts once per namespace; mounts are not limited."""
     admitted, spent, counted = [], defaultdict(int), defaultdict(set)
-    for ref in sorted(references, key=_priority):
+    for ref in sorted(references, key=priority):
         if ref.mounted:
             admitted.append(ref)
             continue
-        limit = quotas.get(ref.namespace, 0)
-        new_bytes = 0 if ref.digest in counted[ref.namespace] else ref.size_bytes
-        if limit and spent[ref.namespace] + new_bytes > limit:
+        if _exceeds(quotas.get(ref.namespace) or Share(), spent[ref.namespace], counted[ref.namespace], ref):
             if ref.target_id is not None:
                 states[ref.target_id] = TargetState.QUOTA_EXCEEDED
             continue
-        spent[ref.namespace] += new_bytes
-        counted[ref.namespace].add(ref.digest)
+        if ref.digest not in counted[ref.namespace]:
+            spent[ref.namespace] += ref.size_bytes
+            counted[ref.namespace].add(ref.digest)
         admitted.append(ref)
     return admitted
 
 
 def place(
-    references: list[Reference], states: dict[int, str], quotas: dict[str, int], cap: int | None = None
+    references: list[Reference], states: dict[int, str], quotas: dict[str, Share], cap: int | None = None
 ) -> Assignment:
-    """The digests a node holds from its references (see the module's docstring); ``quotas``: bytes per
-    namespace (0 or absent: no limit); ``cap``: the per-node cap (default: ``models_per_node()``)."""
+    """The digests a node holds from its references (see the module's docstring); ``quotas``: each
+    namespace's share (absent: no limit); ``cap``: the per-node cap (default: ``models_per_node()``)."""
     cap = models_per_node() if cap is None else cap
     assignment = Assignment(states=states)
     admitted = within_quotas(references, assignment.states, quotas)
-    for ref in sorted(admitted, key=_priority):
+    for ref in sorted(admitted, key=priority):
         if ref.digest in assignment.held or len(assignment.held) < cap:
             assignment.held[ref.digest] = assignment.held.get(ref.digest, False) or ref.pinned
             state = TargetState.HELD
