@@ -42,7 +42,7 @@ NODE_NOT_FOUND, PLUGIN_NOT_RUNNING = "NodeNotFound", "PluginNotRunning"
 _EXPLAINED = {
     NODE_NOT_FOUND: "no such node",
     PLUGIN_NOT_RUNNING: "the node runs no model plugin",
-    TargetState.NODE_FULL: "the node already holds the most models it may (256)",
+    TargetState.NODE_FULL: "the node already holds the most models it may (GPUSTACK_MODELS_PER_NODE)",
     TargetState.QUOTA_EXCEEDED: "past the namespace's limit of bytes or models per node",
 }
 PINNING_NOT_ALLOWED = "PinningNotAllowed"
