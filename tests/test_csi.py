@@ -218,11 +218,16 @@ def test_it_refuses_hostile_target_paths_and_volume_ids(scenario, namespace, tar
     (precious / "keep").write_text("mine")
     escape = targets / "evil"
     escape.symlink_to(tmp_path)  # under pods/, but leading out of it
+    neighbour = target_in(targets, pod_uid=str(uuid.uuid4())).parent  # another Pod's volume directory
+    sideways = targets / POD_UID / "volumes" / "kubernetes.io~csi" / "linked"
+    sideways.parent.mkdir(parents=True)
+    sideways.symlink_to(neighbour)  # a link that stays under pods/, to another Pod's volume
     hostile = [
         precious,  # outside the kubelet's pods directory
         targets / ".." / ".." / "precious",  # climbs out with ..
         targets / "x" / ".." / ".." / "kubelet",
         escape / "precious",  # a symbolic link out of pods/
+        sideways / "mount",  # a symbolic link within pods/: never followed either
         "relative/path",
         str(targets) + "//double",
         targets,  # pods/ itself
@@ -235,6 +240,7 @@ def test_it_refuses_hostile_target_paths_and_volume_ids(scenario, namespace, tar
         ):
             assert error.code() == grpc.StatusCode.INVALID_ARGUMENT, (path, error.details())
     assert (precious / "keep").read_text() == "mine" and not is_mount_point(precious)
+    assert not (neighbour / "mount").exists()
     for volume_id in ("", "x" * 129, "vol\n1", "vol\x001"):
         error = kubelet.refusal(kubelet.publish, volume_id, target_in(targets), pod_context(namespace))
         assert error.code() == grpc.StatusCode.INVALID_ARGUMENT, repr(volume_id)

@@ -1,4 +1,5 @@
-"""Read-only bind mounts of published trees, and what is mounted where.
+"""What is mounted where: the published volumes' records and ``/proc/self/mountinfo`` (the mounts
+themselves are made through descriptors: ``beneath``).
 
 One record per published volume (``<cache>/mounts/<sha256 of volume id and target>.json``, written
 before the mount): after a restart the plugin keeps the records whose target is still a mount point in
@@ -11,8 +12,6 @@ until it does, across restarts.
 
 from __future__ import annotations
 
-import ctypes
-import errno
 import hashlib
 import logging
 import os
@@ -25,39 +24,8 @@ from gpustack_models.plugin.engine.cache import atomic_write_json, read_json
 
 log = logging.getLogger(__name__)
 
-MS_RDONLY, MS_NOSUID, MS_NODEV, MS_REMOUNT, MS_BIND = 1, 2, 4, 32, 4096
-MNT_DETACH = 2
 MOUNTS, RELEASED = "mounts", "released"
-_libc = ctypes.CDLL(None, use_errno=True)
 _OCTAL = re.compile(r"\\([0-7]{3})")
-
-
-def _call(result: int, what: str, path: str) -> None:
-    if result != 0:
-        code = ctypes.get_errno()
-        raise OSError(code, f"{what} {path}: {os.strerror(code)}")
-
-
-def bind_read_only(source: str, target: str) -> None:
-    """Bind ``source`` on ``target``, then make that mount read-only (and nosuid, nodev)."""
-    _call(_libc.mount(source.encode(), target.encode(), None, MS_BIND, None), "bind mount on", target)
-    flags = MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV
-    try:
-        _call(_libc.mount(b"none", target.encode(), None, flags, None), "read-only remount of", target)
-    except OSError:
-        unmount(target)
-        raise
-
-
-def unmount(target: str) -> None:
-    """Unmount ``target``; lazily when it is busy (the content is read-only and stays protected)."""
-    if _libc.umount2(target.encode(), 0) == 0:
-        return
-    code = ctypes.get_errno()
-    if code == errno.EBUSY:
-        _call(_libc.umount2(target.encode(), MNT_DETACH), "lazy unmount of", target)
-        return
-    raise OSError(code, f"unmount {target}: {os.strerror(code)}")
 
 
 def _unescape(text: str) -> str:
@@ -76,8 +44,9 @@ def mount_points(mountinfo: str = "/proc/self/mountinfo") -> dict[str, list[str]
 
 
 def same_file(a: str | os.PathLike, b: str | os.PathLike) -> bool:
+    """``a`` (followed) is the directory ``b`` (not followed: a symbolic link there is never the same)."""
     try:
-        sa, sb = os.stat(a), os.stat(b)
+        sa, sb = os.stat(a), os.lstat(b)
     except OSError:
         return False
     return (sa.st_dev, sa.st_ino) == (sb.st_dev, sb.st_ino)
@@ -122,7 +91,7 @@ class MountTable:
         self._mounted: dict[str, Mounted] = {}  # by record name
 
     def shows_tree(self, target: str, digest: str, points: dict | None = None) -> bool:
-        """``target`` is a mount point showing the published tree of ``digest``."""
+        """``target`` is a mount point showing the published tree of ``digest`` (a directory, not a link)."""
         points = mount_points() if points is None else points
         real = os.path.realpath(target)
         return real in points and same_file(real, self.tree(digest))
