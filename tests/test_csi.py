@@ -378,3 +378,46 @@ def test_it_keeps_mounts_and_their_models_across_a_restart(scenario, hub, core, 
     assert scenario.tree(plugin).is_dir(), "a mounted model was removed"
     kubelet.unpublish("csi-vol-1", target)
     assert not is_mount_point(target)
+
+
+def test_it_mounts_with_the_mounter_apart_from_the_node_role(scenario, hub, core, namespace, targets, tmp_path):
+    """The plugin's Pod split: ``--role mounter`` serves the CSI driver, ``--role node`` downloads. The
+    kubelet's message shows the node role's progress; the node role holds and counts as used what the
+    mounter mounted, told through the mounts directory."""
+    scenario.artifact(files=big_files(scenario.repo, mb=6))
+    mounts = tmp_path / "mounts"
+    (plugin,) = scenario.plugins(
+        1, GPUSTACK_PLUGIN_KUBELET_DIR=targets.parent, GPUSTACK_PLUGIN_MOUNTS_DIR=mounts, split=True
+    )
+    uid = make_pod(core, namespace, plugin.node)
+    kubelet = Kubelet(plugin)
+    target = target_in(targets, uid)
+    hub.faults.throttle(scenario.weights, 600_000)
+    messages = []
+
+    def downloading():
+        try:
+            kubelet.publish("csi-vol-1", target, pod_context(namespace, uid=uid))
+        except grpc.RpcError as error:
+            assert error.code() == grpc.StatusCode.UNAVAILABLE, error.details()
+            messages.append(error.details())
+            return "is downloading on this node:" in error.details() and " % (" in error.details()
+        return False
+
+    wait_for(downloading, timeout=60, interval=0.5, message="the mounter answering the node role's progress")
+    hub.faults.clear()
+    ready = scenario.wait_state(plugin.node, "Ready", timeout=90)
+    wait_for(lambda: time.time() >= epoch(ready["lastUsedTime"]) + 1, timeout=5, interval=0.05,
+             message="a second past the last use")  # fmt: skip
+    kubelet.publish("csi-vol-1", target, pod_context(namespace, uid=uid))
+    assert is_mount_point(target) and (target / "config.json").read_bytes() == scenario.files["config.json"]
+    assert json.loads((mounts / "mounted-digests").read_text()) == [scenario.digest]
+    assert len(list(mounts.glob("*.json"))) == 1 and not (plugin.cache / "mounts").exists()
+    wait_for(
+        lambda: scenario.entry(plugin.node).get("lastUsedTime", "") > ready["lastUsedTime"],
+        timeout=15,
+        message="the node role to count the mount as a use",
+    )
+    kubelet.unpublish("csi-vol-1", target)
+    assert not is_mount_point(target)
+    assert json.loads((mounts / "mounted-digests").read_text()) == []

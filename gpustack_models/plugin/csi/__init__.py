@@ -14,7 +14,9 @@ Pod-bound token; the API records the mount as a reference, so the digest enters 
 - ``bind_mounts``: ``/proc/self/mountinfo``, one record per published volume;
 - ``progress_text``: the message a person reads in the Pod's events while the model is not Ready;
 - ``driver``: the Identity and Node services;
-- ``registration``: the kubelet's plugin-registration service, and the servers on their sockets.
+- ``registration``: the kubelet's plugin-registration service, and the servers on their sockets;
+- ``mounter``: the privileged part of the plugin's Pod (``runplugin --role mounter``), the driver alone;
+- ``shared_files``: what the mounter and the non-root node role tell each other through the node's disk.
 """
 
 DRIVER_NAME = "model.csi.gpustack.ai"

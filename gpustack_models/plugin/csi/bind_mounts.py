@@ -1,13 +1,15 @@
 """What is mounted where: the published volumes' records and ``/proc/self/mountinfo`` (the mounts
 themselves are made through descriptors: ``beneath``).
 
-One record per published volume (``<cache>/mounts/<sha256 of volume id and target>.json``, written
+One record per published volume (``<mounts dir>/<sha256 of volume id and target>.json``, written
 before the mount): after a restart the plugin keeps the records whose target is still a mount point in
 ``/proc/self/mountinfo`` showing the recorded tree (same device and inode), and forgets the rest. The
 plugin never unmounts on exit: Pods keep their models across its restarts.
 
-Volumes whose release the API has not acknowledged yet are kept in ``<cache>/mounts/released/``
-until it does, across restarts.
+Volumes whose release the API has not acknowledged yet are kept in ``<mounts dir>/released/``
+until it does, across restarts. The mounts directory is ``<cache>/mounts`` unless
+``GPUSTACK_PLUGIN_MOUNTS_DIR`` says otherwise (the split Pod: a directory only the mounter writes); records
+found in ``<cache>/mounts`` then are taken over once, checked against the mounts like the others.
 """
 
 from __future__ import annotations
@@ -82,11 +84,14 @@ class Mounted:
 class MountTable:
     """The published volumes of this node (thread-safe). ``tree(digest)``: where a digest's tree is."""
 
-    def __init__(self, cache_root: str | os.PathLike, tree):
-        self.dir = Path(cache_root) / MOUNTS
+    def __init__(self, mounts_dir: str | os.PathLike, tree, legacy_dir: str | os.PathLike | None = None):
+        self.dir = Path(mounts_dir)
         self.released_dir = self.dir / RELEASED
         self.released_dir.mkdir(parents=True, exist_ok=True)
+        os.chmod(self.dir, 0o755)  # the node role reads the mounted digests here (``shared_files``)
         self.tree = tree
+        # Where the records were kept before (``<cache>/mounts``): taken over once by ``load``.
+        self.legacy_dir = Path(legacy_dir) if legacy_dir is not None and Path(legacy_dir) != self.dir else None
         self._lock = threading.Lock()
         self._mounted: dict[str, Mounted] = {}  # by record name
 
@@ -100,17 +105,31 @@ class MountTable:
         """Rebuild the table from the records whose mount is still there; forget the others."""
         points = mount_points()
         kept = {}
-        for path in sorted(self.dir.glob("*.json")):
+        legacy = sorted(self.legacy_dir.glob("*.json")) if self.legacy_dir and self.legacy_dir.is_dir() else []
+        for path in sorted(self.dir.glob("*.json")) + legacy:
             mounted = Mounted.from_record(read_json(path))
             named = mounted is not None and path.name == record_name(mounted.volume_id, mounted.target)
             if named and self.shows_tree(mounted.target, mounted.digest, points):
                 kept[path.name] = mounted
+                if path.parent != self.dir:
+                    atomic_write_json(self.dir / path.name, asdict(mounted))
+                    path.unlink(missing_ok=True)
                 continue
             log.info("forgetting the mount record %s: its mount is gone", path.name)
             path.unlink(missing_ok=True)
+        self._take_legacy_releases()
         with self._lock:
             self._mounted = kept
         return list(kept.values())
+
+    def _take_legacy_releases(self) -> None:
+        if self.legacy_dir is None or not (self.legacy_dir / RELEASED).is_dir():
+            return
+        for path in sorted((self.legacy_dir / RELEASED).glob("*.json")):
+            record = read_json(path)
+            if isinstance(record, dict) and isinstance(record.get("volumeId"), str):
+                self.release_pending(record["volumeId"])
+            path.unlink(missing_ok=True)
 
     def find(self, volume_id: str, target: str) -> Mounted | None:
         with self._lock:

@@ -17,12 +17,13 @@ import logging
 import os
 import threading
 from collections.abc import Callable
+from pathlib import Path
 
 import grpc
 from google.protobuf import wrappers_pb2
 
 from gpustack_models.plugin.csi import DRIVER_NAME, VENDOR_VERSION, beneath, validation
-from gpustack_models.plugin.csi.bind_mounts import Mounted, MountTable, mount_points
+from gpustack_models.plugin.csi.bind_mounts import MOUNTS, Mounted, MountTable, mount_points
 from gpustack_models.plugin.csi.generated import csi_pb2, csi_pb2_grpc
 from gpustack_models.plugin.csi.mount_client import MountClient
 from gpustack_models.plugin.csi.progress_text import not_ready_message
@@ -56,9 +57,18 @@ class Target:
 class Driver:
     """What the services do, on the node's engine. ``changed()`` is called when the mounts changed."""
 
-    def __init__(self, engine, node: str, api: MountClient, kubelet_dir: str | None, changed: Callable = None):
+    def __init__(
+        self,
+        engine,
+        node: str,
+        api: MountClient,
+        kubelet_dir: str | None,
+        changed: Callable = None,
+        mounts_dir: str | None = None,
+    ):
         self.engine, self.node, self.api, self.kubelet_dir = engine, node, api, kubelet_dir or None
-        self.table = MountTable(engine.cache.root, engine.cache.tree)
+        legacy = Path(engine.cache.root) / MOUNTS
+        self.table = MountTable(mounts_dir or legacy, engine.cache.tree, legacy)
         self.changed = changed or (lambda: None)
         self._lock = threading.Lock()
         kept = self.table.load()
