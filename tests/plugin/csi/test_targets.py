@@ -8,6 +8,7 @@ records the volume, after it checked the target and before it mounts."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 
@@ -18,6 +19,7 @@ from gpustack_models.plugin.csi.bind_mounts import mount_points
 from gpustack_models.plugin.csi.driver import Driver
 from gpustack_models.plugin.csi.generated import csi_pb2
 from gpustack_models.plugin.csi.mount_client import MountGrant
+from gpustack_models.plugin.csi.shared_files import ENTRIES, SharedEngine
 from gpustack_models.plugin.csi.validation import CsiError
 from tests.plugin.conftest import ticket_for
 
@@ -152,3 +154,47 @@ def test_it_mounts_read_only_and_unmounts_through_the_directories_it_opened(driv
     driver.unpublish(unpublish)
     assert str(target) not in mount_points() and not target.exists()
     driver.unpublish(unpublish)  # again: nothing there is fine
+
+
+def test_the_mounter_never_mounts_a_published_tree_the_node_role_replaced_by_a_link(kubelet, tmp_path):
+    """The non-root node role writes the cache: a tree it made a symbolic link (to a directory of the host)
+    is not Ready for the mounter, and is never opened through the link."""
+    secret = tmp_path / "host-secret"
+    secret.mkdir()
+    (secret / "config.json").write_text("not a model")
+    cache = tmp_path / "cache"
+    digest = "sha256:" + "ab" * 32
+    (cache / "models").mkdir(parents=True)
+    (cache / "models" / ("ab" * 32)).symlink_to(secret)
+    engine = SharedEngine(cache, tmp_path / "mounts")
+    driver = Driver(engine, "node-a", Grants(digest), str(kubelet), mounts_dir=str(tmp_path / "mounts"))
+    target = kubelet / "pods" / UID / "volumes" / "kubernetes.io~csi" / "model" / "mount"
+    with pytest.raises(CsiError) as info:
+        driver.publish(publish_request(target))
+    assert info.value.code.name == "UNAVAILABLE", info.value.message
+    with pytest.raises(OSError):
+        driver.open_tree(digest)
+    assert str(target) not in mount_points() and not shows_model(target)
+
+
+def test_the_mounter_reads_the_node_roles_progress_checked_and_never_through_a_link(tmp_path):
+    cache, digest = tmp_path / "cache", "sha256:" + "cd" * 32
+    (cache / "models").mkdir(parents=True)
+    engine = SharedEngine(cache, tmp_path / "mounts")
+    rows = [
+        {"digest": digest, "state": "Downloading", "sizeBytes": 100, "downloadedBytes": 41, "reason": None},
+        {"digest": "sha256:" + "ef" * 32, "state": "Owned", "sizeBytes": 1, "downloadedBytes": 0},  # no state
+        {"digest": "../../etc", "state": "Failed", "sizeBytes": 1, "downloadedBytes": 0},
+    ]
+    (cache / ENTRIES).write_text(json.dumps(rows))
+    entry = engine.entry(digest)
+    assert (entry.state, entry.size_bytes, entry.downloaded_bytes) == ("Downloading", 100, 41)
+    assert engine.entry("sha256:" + "ef" * 32) is None
+    (cache / ENTRIES).unlink()
+    elsewhere = tmp_path / "elsewhere.json"
+    elsewhere.write_text(json.dumps(rows))
+    (cache / ENTRIES).symlink_to(elsewhere)
+    assert engine.entry(digest) is None  # a link is not followed
+    (cache / ENTRIES).unlink()
+    os.mkfifo(cache / ENTRIES)  # nothing writes it: opening it must not block the mounter
+    assert engine.entry(digest) is None
