@@ -381,6 +381,9 @@ PLUGIN_CSI_SOCKET = env_abs_path("GPUSTACK_PLUGIN_CSI_SOCKET")
 PLUGIN_REGISTRATION_DIR = env_abs_path("GPUSTACK_PLUGIN_REGISTRATION_DIR")
 # The kubelet's root directory: CSI target paths must then be under its pods/ directory.
 PLUGIN_KUBELET_DIR = env_abs_path("GPUSTACK_PLUGIN_KUBELET_DIR")
+# Where the CSI driver keeps its mount records and tells the node role which digests are mounted (default:
+# $GPUSTACK_PLUGIN_CACHE_DIR/mounts). With runplugin --role mounter|node, a directory only the mounter writes.
+PLUGIN_MOUNTS_DIR = env_abs_path("GPUSTACK_PLUGIN_MOUNTS_DIR")
 # Peers: the CA other plugins' certificates are checked against, the file holding this plugin's Pod-bound token
 # for the peer audience (a projected token; re-read when it changes), and the node-wide upload limits used
 # until its store's spec.upload says otherwise (the service's GPUSTACK_UPLOAD_* and the Node's annotations).

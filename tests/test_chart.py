@@ -183,10 +183,21 @@ def test_only_the_api_holds_the_plugin_ca_key_and_the_plugin_runs_as_the_design_
         assert bool(with_key) == (o["metadata"]["name"] == "gpustack-models-api"), (o["metadata"]["name"], secrets)
         assert all(s[1] for s in secrets if s[0] == "gpustack-models-plugin-ca"), "the whole CA Secret mounted"
     plugin = by_kind(objects, "DaemonSet", "gpustack-models-plugin")["spec"]["template"]["spec"]
-    (container,) = plugin["containers"]
-    mounts = {m["name"]: m for m in container["volumeMounts"]}
-    assert mounts["kubelet"]["mountPropagation"] == "Bidirectional"
-    assert container["securityContext"]["privileged"] is True and container["securityContext"]["runAsUser"] == 0
+    containers = {c["name"]: c for c in plugin["containers"]}
+    assert set(containers) == {"mounter", "plugin"}
+    mounter, container = containers["mounter"], containers["plugin"]
+    # Only the mounter is privileged (and mounts the kubelet's directory); what parses network input is not.
+    assert {m["name"]: m for m in mounter["volumeMounts"]}["kubelet"]["mountPropagation"] == "Bidirectional"
+    assert mounter["securityContext"]["privileged"] is True and mounter["securityContext"]["runAsUser"] == 0
+    assert "--role" in container["command"] and "node" in container["command"] and "mounter" in mounter["command"]
+    context = container["securityContext"]
+    assert context["runAsNonRoot"] is True and context["runAsUser"] != 0 and not context.get("privileged")
+    assert context["capabilities"] == {"drop": ["ALL"]} and context["allowPrivilegeEscalation"] is False
+    assert context["readOnlyRootFilesystem"] is True
+    assert "kubelet" not in {m["name"] for m in container["volumeMounts"]}
+    (owner,) = plugin["initContainers"]
+    assert owner["securityContext"]["capabilities"] == {"drop": ["ALL"], "add": ["CHOWN"]}
+    assert owner["securityContext"]["allowPrivilegeEscalation"] is False
     assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
     assert container["livenessProbe"]["httpGet"]["path"] == "/livez"
     env = {e["name"]: e for e in container["env"]}

@@ -1,8 +1,11 @@
 """The chart's plugin DaemonSet on the real node: from the image built here (``product_image``), imported
 into the node's containerd, rendered by helm from the chart and run by the DaemonSet controller and the
 kubelet. The plugin gets its serving certificate from the worker, registers its CSI driver with the kubelet
-by itself and serves ``/readyz``. The node's own kubelet identity (``system:node:<name>``, which the Node
-authorizer lets read what its Pods reference) reads none of the chart's Secrets holding a key.
+by itself and serves ``/readyz``; a Pod on the node gets its model through it. The Pod is split by
+privilege: the ``mounter`` container (privileged, root) mounts, the ``plugin`` container (everything that
+parses network input) runs as the image's non-root user with no capability, as the host's /proc shows. The
+node's own kubelet identity (``system:node:<name>``, which the Node authorizer lets read what its Pods
+reference) reads none of the chart's Secrets holding a key.
 
 The local control plane has no kube-proxy and its kube-apiserver listens on loopback only, so the plugin
 runs in the node's network (``plugin.hostNetwork``) and is told where kube-apiserver and the worker are
@@ -11,19 +14,26 @@ runs in the node's network (``plugin.hostNetwork``) and is told where kube-apise
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
 import subprocess
+import uuid
+from pathlib import Path
 
 import requests
 import yaml
 from django.conf import settings
 
+from gpustack_models import kube
 from gpustack_models.local.cluster import free_port
 from gpustack_models.plugin.csi import DRIVER_NAME
 from tests.support import TEST_STATE, wait_for
 from tests.support.chart import key_bearing, pod_specs, referenced_configmaps, referenced_secrets
 from tests.support.helm import CHART, run_helm
 from tests.support.image_build import IMAGE
+from tests.support.kubernetes import wait_default_service_account
+from tests.test_delivery import artifact, consumer, pod_ready, resolved_digest
 
 SERVICE_HOST = f"gpustack-models-api.{settings.NAMESPACE}.svc"
 
@@ -129,7 +139,11 @@ def wait_ready(real_node) -> dict:
     except AssertionError as exc:
         pod = plugin_pod(real_node) or {}
         name = pod.get("metadata", {}).get("name")
-        logs = real_node.kubectl("-n", settings.NAMESPACE, "logs", name, check=False).stdout[-4000:] if name else ""
+        logs = "".join(
+            real_node.kubectl("-n", settings.NAMESPACE, "logs", name, "-c", c, check=False).stdout[-3000:]
+            for c in ("cache-owner", "mounter", "plugin")
+            if name
+        )
         status = json.dumps(pod.get("status", {}), indent=1)[-3000:]
         raise AssertionError(
             f"{exc}\nstatus: {status}\nlogs:\n{logs}\nkubelet:\n{real_node.tail_log('kubelet')}"
@@ -143,8 +157,67 @@ def drivers(real_node) -> list[str]:
     return [d["name"] for d in json.loads(proc.stdout)["spec"].get("drivers") or []]
 
 
+def process_status(*argv: str) -> dict[str, str]:
+    """The host's ``/proc/<pid>/status`` of the one process whose command line holds ``argv`` in order."""
+    wanted = "\0".join(argv).encode()
+    found = []
+    for proc in Path("/proc").iterdir():
+        try:
+            if proc.name.isdigit() and wanted in (proc / "cmdline").read_bytes():
+                status = (proc / "status").read_text()
+                found.append(dict(line.split(":\t", 1) for line in status.splitlines() if ":\t" in line))
+        except OSError:
+            continue
+    assert len(found) == 1, f"{len(found)} processes run {argv}"
+    return found[0]
+
+
+def assert_split_by_privilege(pod: dict, node: str) -> None:
+    """The ``plugin`` container: the image's non-root user, no capability, no privilege escalation, as
+    admitted and as the host's /proc shows its process; the ``mounter`` container alone is privileged."""
+    contexts = {c["name"]: c["securityContext"] for c in pod["spec"]["containers"]}
+    assert contexts["plugin"]["runAsNonRoot"] is True and contexts["plugin"]["capabilities"] == {"drop": ["ALL"]}
+    assert contexts["mounter"]["privileged"] is True
+    plugin = process_status("runplugin", "--role", "node", "--node", node)
+    assert plugin["Uid"].split() == [str(contexts["plugin"]["runAsUser"])] * 4 != ["0"] * 4, plugin["Uid"]
+    assert all(int(plugin[cap], 16) == 0 for cap in ("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb")), plugin
+    assert plugin["NoNewPrivs"].strip() == "1", plugin["NoNewPrivs"]
+    mounter = process_status("runplugin", "--role", "mounter", "--node", node)
+    assert mounter["Uid"].split() == ["0"] * 4 and int(mounter["CapEff"], 16) != 0, mounter
+
+
+def mount_a_model(real_node, launcher, worker_kube, hub, tenant: str) -> None:
+    """A Pod on the node reads a model the split DaemonSet mounted for it, read-only."""
+    admin = launcher.admin
+    content = os.urandom(1024 * 1024)
+    repo = f"org/chart-{uuid.uuid4().hex[:6]}"
+    hub.add_hf_repo(repo, {"config.json": b"{}", "model.safetensors": content})
+    artifact(worker_kube, tenant, "qwen", {"huggingFace": {"repository": repo}})
+    wait_for(lambda: resolved_digest(worker_kube, tenant, "qwen"), timeout=60, message="resolution")
+    write = "{ echo x > /models/m/probe; } 2>&1 && echo WRITABLE || echo READONLY"
+    script = f"sha256sum /models/m/model.safetensors; {write}; sleep 3600"
+    admin.create(f"/api/v1/namespaces/{tenant}/pods", consumer(real_node, "app", "qwen", script))
+    try:
+        wait_for(lambda: pod_ready(admin, tenant, "app"), timeout=240, message="the consumer Pod to start")
+        lines = wait_for(lambda: (out := real_node.logs(tenant, "app").splitlines()) and len(out) >= 3 and out,
+                         timeout=30, message="the consumer's output")  # fmt: skip
+        assert lines[0] == f"{hashlib.sha256(content).hexdigest()}  /models/m/model.safetensors"
+        assert lines[2] == "READONLY", lines
+    finally:  # gone while the mounter still runs: the kubelet unmounts through it
+        admin.delete(f"/api/v1/namespaces/{tenant}/pods/app", query={"gracePeriodSeconds": "0"})
+        wait_for(lambda: not pod_exists(admin, tenant, "app"), timeout=90, message="the consumer Pod to go")
+
+
+def pod_exists(admin, namespace: str, name: str) -> bool:
+    try:
+        admin.get(f"/api/v1/namespaces/{namespace}/pods/{name}")
+    except kube.NotFound:
+        return False
+    return True
+
+
 def test_the_charts_plugin_daemonset_runs_on_the_real_node_from_the_image_built_here_and_reads_no_key(
-    helm, product_image, real_node, cluster, worker_api, launcher
+    helm, product_image, real_node, cluster, worker_stack, worker_api, worker_kube, launcher, hub, namespace
 ):
     import_image(product_image, real_node)
     port, peer_port = free_port(), free_port()
@@ -161,8 +234,10 @@ def test_the_charts_plugin_daemonset_runs_on_the_real_node_from_the_image_built_
         check_the_node_reads_no_key(real_node, yaml.safe_load(daemonset), secrets)
         pod = wait_ready(real_node)
         assert pod["spec"]["nodeName"] == real_node.name
-        (status,) = pod["status"]["containerStatuses"]
-        assert status["image"].endswith(IMAGE) and status["restartCount"] == 0, status
+        statuses = {s["name"]: s for s in pod["status"]["containerStatuses"]}
+        assert set(statuses) == {"mounter", "plugin"}, statuses
+        for status in statuses.values():
+            assert status["image"].endswith(IMAGE) and status["restartCount"] == 0, status
         # Its CSI driver registered with the kubelet (the plugin speaks the registration protocol itself).
         wait_for(lambda: DRIVER_NAME in drivers(real_node), timeout=60, message="the CSI driver on the CSINode")
         # /readyz over the certificate the worker issued it for its (the node's) IP, checked with the plugins' CA.
@@ -171,8 +246,11 @@ def test_the_charts_plugin_daemonset_runs_on_the_real_node_from_the_image_built_
         session.trust_env = False
         answer = session.get(f"https://{pod['status']['podIP']}:{port}/readyz", verify=str(ca), timeout=10)
         assert answer.status_code == 200, answer.text
-        log = real_node.logs(settings.NAMESPACE, pod["metadata"]["name"])
+        log = real_node.logs(settings.NAMESPACE, pod["metadata"]["name"], "plugin")
         assert f"from the API for {pod['status']['podIP']}," in log, log[-3000:]
+        assert_split_by_privilege(pod, real_node.name)
+        wait_default_service_account(launcher.admin, namespace)
+        mount_a_model(real_node, launcher, worker_kube, hub, namespace)
     finally:
         real_node.kubectl(
             *ns, "delete", "daemonset", "gpustack-models-plugin", "--wait=true", "--timeout=90s", check=False

@@ -218,11 +218,16 @@ def test_it_refuses_hostile_target_paths_and_volume_ids(scenario, namespace, tar
     (precious / "keep").write_text("mine")
     escape = targets / "evil"
     escape.symlink_to(tmp_path)  # under pods/, but leading out of it
+    neighbour = target_in(targets, pod_uid=str(uuid.uuid4())).parent  # another Pod's volume directory
+    sideways = targets / POD_UID / "volumes" / "kubernetes.io~csi" / "linked"
+    sideways.parent.mkdir(parents=True)
+    sideways.symlink_to(neighbour)  # a link that stays under pods/, to another Pod's volume
     hostile = [
         precious,  # outside the kubelet's pods directory
         targets / ".." / ".." / "precious",  # climbs out with ..
         targets / "x" / ".." / ".." / "kubelet",
         escape / "precious",  # a symbolic link out of pods/
+        sideways / "mount",  # a symbolic link within pods/: never followed either
         "relative/path",
         str(targets) + "//double",
         targets,  # pods/ itself
@@ -235,6 +240,7 @@ def test_it_refuses_hostile_target_paths_and_volume_ids(scenario, namespace, tar
         ):
             assert error.code() == grpc.StatusCode.INVALID_ARGUMENT, (path, error.details())
     assert (precious / "keep").read_text() == "mine" and not is_mount_point(precious)
+    assert not (neighbour / "mount").exists()
     for volume_id in ("", "x" * 129, "vol\n1", "vol\x001"):
         error = kubelet.refusal(kubelet.publish, volume_id, target_in(targets), pod_context(namespace))
         assert error.code() == grpc.StatusCode.INVALID_ARGUMENT, repr(volume_id)
@@ -372,3 +378,46 @@ def test_it_keeps_mounts_and_their_models_across_a_restart(scenario, hub, core, 
     assert scenario.tree(plugin).is_dir(), "a mounted model was removed"
     kubelet.unpublish("csi-vol-1", target)
     assert not is_mount_point(target)
+
+
+def test_it_mounts_with_the_mounter_apart_from_the_node_role(scenario, hub, core, namespace, targets, tmp_path):
+    """The plugin's Pod split: ``--role mounter`` serves the CSI driver, ``--role node`` downloads. The
+    kubelet's message shows the node role's progress; the node role holds and counts as used what the
+    mounter mounted, told through the mounts directory."""
+    scenario.artifact(files=big_files(scenario.repo, mb=6))
+    mounts = tmp_path / "mounts"
+    (plugin,) = scenario.plugins(
+        1, GPUSTACK_PLUGIN_KUBELET_DIR=targets.parent, GPUSTACK_PLUGIN_MOUNTS_DIR=mounts, split=True
+    )
+    uid = make_pod(core, namespace, plugin.node)
+    kubelet = Kubelet(plugin)
+    target = target_in(targets, uid)
+    hub.faults.throttle(scenario.weights, 600_000)
+    messages = []
+
+    def downloading():
+        try:
+            kubelet.publish("csi-vol-1", target, pod_context(namespace, uid=uid))
+        except grpc.RpcError as error:
+            assert error.code() == grpc.StatusCode.UNAVAILABLE, error.details()
+            messages.append(error.details())
+            return "is downloading on this node:" in error.details() and " % (" in error.details()
+        return False
+
+    wait_for(downloading, timeout=60, interval=0.5, message="the mounter answering the node role's progress")
+    hub.faults.clear()
+    ready = scenario.wait_state(plugin.node, "Ready", timeout=90)
+    wait_for(lambda: time.time() >= epoch(ready["lastUsedTime"]) + 1, timeout=5, interval=0.05,
+             message="a second past the last use")  # fmt: skip
+    kubelet.publish("csi-vol-1", target, pod_context(namespace, uid=uid))
+    assert is_mount_point(target) and (target / "config.json").read_bytes() == scenario.files["config.json"]
+    assert json.loads((mounts / "mounted-digests").read_text()) == [scenario.digest]
+    assert len(list(mounts.glob("*.json"))) == 1 and not (plugin.cache / "mounts").exists()
+    wait_for(
+        lambda: scenario.entry(plugin.node).get("lastUsedTime", "") > ready["lastUsedTime"],
+        timeout=15,
+        message="the node role to count the mount as a use",
+    )
+    kubelet.unpublish("csi-vol-1", target)
+    assert not is_mount_point(target)
+    assert json.loads((mounts / "mounted-digests").read_text()) == []

@@ -17,6 +17,9 @@ class PluginProcess:
     """One ``manage.py runplugin`` for one node, on its own loopback address and cache directory."""
 
     def __init__(self, launcher, worker_api, node: str, address: str, extra_env: dict, register: bool = True):
+        # split: the Pod's two containers, ``--role mounter`` and ``--role node``, as two processes.
+        self.split = extra_env.pop("split", "") == "True"
+        self.mounter = None
         self.node, self.address = node, address
         self.env = launcher.plugin_env(node, address, PLUGIN_PORT, register=register, peer_port=PEER_PORT)
         self.env.update(GPUSTACK_API_URL=worker_api.url, NO_PROXY="*", no_proxy="*", **extra_env)
@@ -29,14 +32,20 @@ class PluginProcess:
 
     def launch(self):
         """Start the process; ``wait_ready`` waits for it to serve."""
-        log = open(TEST_STATE / f"plugin-{self.node}.log", "ab")
-        self.proc = subprocess.Popen(
-            [sys.executable, "manage.py", "runplugin", f"--node={self.node}"],
-            cwd=REPO,
-            env=self.env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
+        roles = [("mounter", "-mounter"), ("node", "")] if self.split else [("all", "")]
+        for role, suffix in roles:
+            log = open(TEST_STATE / f"plugin-{self.node}{suffix}.log", "ab")
+            proc = subprocess.Popen(
+                [sys.executable, "manage.py", "runplugin", f"--node={self.node}", f"--role={role}"],
+                cwd=REPO,
+                env=self.env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+            if role == "mounter":
+                self.mounter = proc
+            else:
+                self.proc = proc
         return self
 
     def wait_ready(self):
@@ -44,8 +53,10 @@ class PluginProcess:
         session.trust_env = False
 
         def up():
-            if self.proc.poll() is not None:
-                raise AssertionError(f"plugin {self.node} exited; see plugin-{self.node}.log")
+            if self.proc.poll() is not None or (self.mounter is not None and self.mounter.poll() is not None):
+                raise AssertionError(f"plugin {self.node} exited; see plugin-{self.node}*.log")
+            if self.mounter is not None and not self.csi_socket.exists():
+                return False
             try:
                 return session.get(f"{self.url}/readyz", verify=False, timeout=1).status_code == 200
             except requests.RequestException:
@@ -61,9 +72,12 @@ class PluginProcess:
         return self.launch().wait_ready()
 
     def stop(self, kill=False):
-        if self.proc and self.proc.poll() is None:
-            self.proc.kill() if kill else self.proc.terminate()
-            self.proc.wait(30)
+        for proc in (self.proc, self.mounter):
+            if proc and proc.poll() is None:
+                proc.kill() if kill else proc.terminate()
+        for proc in (self.proc, self.mounter):
+            if proc:
+                proc.wait(30)
 
 
 @pytest.fixture
@@ -88,8 +102,9 @@ def start_plugin(worker_stack, worker_api, launcher):
     start.many = many
     yield start
     for plugin in started:
-        if plugin.proc is not None and plugin.proc.poll() is None:
-            plugin.proc.terminate()  # all at once: each stops within seconds, together rather than in turn
+        for proc in (plugin.proc, plugin.mounter):
+            if proc is not None and proc.poll() is None:
+                proc.terminate()  # all at once: each stops within seconds, together rather than in turn
     for plugin in started:
         plugin.stop()
         launcher.unregister_node(plugin.node)

@@ -10,10 +10,13 @@ Pod-bound token; the API records the mount as a reference, so the digest enters 
   ``deploy/controlplane/protos.sh``, never committed);
 - ``validation``: what a NodePublishVolume / NodeUnpublishVolume request must carry;
 - ``mount_client``: the API's mount endpoint, its refusals as gRPC codes;
-- ``bind_mounts``: read-only bind mounts, ``/proc/self/mountinfo``, one record per published volume;
+- ``beneath``: paths opened without following symbolic links, read-only bind mounts through descriptors;
+- ``bind_mounts``: ``/proc/self/mountinfo``, one record per published volume;
 - ``progress_text``: the message a person reads in the Pod's events while the model is not Ready;
 - ``driver``: the Identity and Node services;
-- ``registration``: the kubelet's plugin-registration service, and the servers on their sockets.
+- ``registration``: the kubelet's plugin-registration service, and the servers on their sockets;
+- ``mounter``: the privileged part of the plugin's Pod (``runplugin --role mounter``), the driver alone;
+- ``shared_files``: what the mounter and the non-root node role tell each other through the node's disk.
 """
 
 DRIVER_NAME = "model.csi.gpustack.ai"

@@ -1,18 +1,19 @@
-"""Read-only bind mounts of published trees, and what is mounted where.
+"""What is mounted where: the published volumes' records and ``/proc/self/mountinfo`` (the mounts
+themselves are made through descriptors: ``beneath``).
 
-One record per published volume (``<cache>/mounts/<sha256 of volume id and target>.json``, written
+One record per published volume (``<mounts dir>/<sha256 of volume id and target>.json``, written
 before the mount): after a restart the plugin keeps the records whose target is still a mount point in
 ``/proc/self/mountinfo`` showing the recorded tree (same device and inode), and forgets the rest. The
 plugin never unmounts on exit: Pods keep their models across its restarts.
 
-Volumes whose release the API has not acknowledged yet are kept in ``<cache>/mounts/released/``
-until it does, across restarts.
+Volumes whose release the API has not acknowledged yet are kept in ``<mounts dir>/released/``
+until it does, across restarts. The mounts directory is ``<cache>/mounts`` unless
+``GPUSTACK_PLUGIN_MOUNTS_DIR`` says otherwise (the split Pod: a directory only the mounter writes); records
+found in ``<cache>/mounts`` then are taken over once, checked against the mounts like the others.
 """
 
 from __future__ import annotations
 
-import ctypes
-import errno
 import hashlib
 import logging
 import os
@@ -25,39 +26,8 @@ from gpustack_models.plugin.engine.cache import atomic_write_json, read_json
 
 log = logging.getLogger(__name__)
 
-MS_RDONLY, MS_NOSUID, MS_NODEV, MS_REMOUNT, MS_BIND = 1, 2, 4, 32, 4096
-MNT_DETACH = 2
 MOUNTS, RELEASED = "mounts", "released"
-_libc = ctypes.CDLL(None, use_errno=True)
 _OCTAL = re.compile(r"\\([0-7]{3})")
-
-
-def _call(result: int, what: str, path: str) -> None:
-    if result != 0:
-        code = ctypes.get_errno()
-        raise OSError(code, f"{what} {path}: {os.strerror(code)}")
-
-
-def bind_read_only(source: str, target: str) -> None:
-    """Bind ``source`` on ``target``, then make that mount read-only (and nosuid, nodev)."""
-    _call(_libc.mount(source.encode(), target.encode(), None, MS_BIND, None), "bind mount on", target)
-    flags = MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV
-    try:
-        _call(_libc.mount(b"none", target.encode(), None, flags, None), "read-only remount of", target)
-    except OSError:
-        unmount(target)
-        raise
-
-
-def unmount(target: str) -> None:
-    """Unmount ``target``; lazily when it is busy (the content is read-only and stays protected)."""
-    if _libc.umount2(target.encode(), 0) == 0:
-        return
-    code = ctypes.get_errno()
-    if code == errno.EBUSY:
-        _call(_libc.umount2(target.encode(), MNT_DETACH), "lazy unmount of", target)
-        return
-    raise OSError(code, f"unmount {target}: {os.strerror(code)}")
 
 
 def _unescape(text: str) -> str:
@@ -76,8 +46,9 @@ def mount_points(mountinfo: str = "/proc/self/mountinfo") -> dict[str, list[str]
 
 
 def same_file(a: str | os.PathLike, b: str | os.PathLike) -> bool:
+    """``a`` (followed) is the directory ``b`` (not followed: a symbolic link there is never the same)."""
     try:
-        sa, sb = os.stat(a), os.stat(b)
+        sa, sb = os.stat(a), os.lstat(b)
     except OSError:
         return False
     return (sa.st_dev, sa.st_ino) == (sb.st_dev, sb.st_ino)
@@ -113,16 +84,19 @@ class Mounted:
 class MountTable:
     """The published volumes of this node (thread-safe). ``tree(digest)``: where a digest's tree is."""
 
-    def __init__(self, cache_root: str | os.PathLike, tree):
-        self.dir = Path(cache_root) / MOUNTS
+    def __init__(self, mounts_dir: str | os.PathLike, tree, legacy_dir: str | os.PathLike | None = None):
+        self.dir = Path(mounts_dir)
         self.released_dir = self.dir / RELEASED
         self.released_dir.mkdir(parents=True, exist_ok=True)
+        os.chmod(self.dir, 0o755)  # the node role reads the mounted digests here (``shared_files``)
         self.tree = tree
+        # Where the records were kept before (``<cache>/mounts``): taken over once by ``load``.
+        self.legacy_dir = Path(legacy_dir) if legacy_dir is not None and Path(legacy_dir) != self.dir else None
         self._lock = threading.Lock()
         self._mounted: dict[str, Mounted] = {}  # by record name
 
     def shows_tree(self, target: str, digest: str, points: dict | None = None) -> bool:
-        """``target`` is a mount point showing the published tree of ``digest``."""
+        """``target`` is a mount point showing the published tree of ``digest`` (a directory, not a link)."""
         points = mount_points() if points is None else points
         real = os.path.realpath(target)
         return real in points and same_file(real, self.tree(digest))
@@ -131,17 +105,31 @@ class MountTable:
         """Rebuild the table from the records whose mount is still there; forget the others."""
         points = mount_points()
         kept = {}
-        for path in sorted(self.dir.glob("*.json")):
+        legacy = sorted(self.legacy_dir.glob("*.json")) if self.legacy_dir and self.legacy_dir.is_dir() else []
+        for path in sorted(self.dir.glob("*.json")) + legacy:
             mounted = Mounted.from_record(read_json(path))
             named = mounted is not None and path.name == record_name(mounted.volume_id, mounted.target)
             if named and self.shows_tree(mounted.target, mounted.digest, points):
                 kept[path.name] = mounted
+                if path.parent != self.dir:
+                    atomic_write_json(self.dir / path.name, asdict(mounted))
+                    path.unlink(missing_ok=True)
                 continue
             log.info("forgetting the mount record %s: its mount is gone", path.name)
             path.unlink(missing_ok=True)
+        self._take_legacy_releases()
         with self._lock:
             self._mounted = kept
         return list(kept.values())
+
+    def _take_legacy_releases(self) -> None:
+        if self.legacy_dir is None or not (self.legacy_dir / RELEASED).is_dir():
+            return
+        for path in sorted((self.legacy_dir / RELEASED).glob("*.json")):
+            record = read_json(path)
+            if isinstance(record, dict) and isinstance(record.get("volumeId"), str):
+                self.release_pending(record["volumeId"])
+            path.unlink(missing_ok=True)
 
     def find(self, volume_id: str, target: str) -> Mounted | None:
         with self._lock:

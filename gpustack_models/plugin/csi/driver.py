@@ -11,18 +11,19 @@ are held by the engine whatever ``spec.models`` says. Every other RPC is UNIMPLE
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import logging
 import os
-import stat
 import threading
 from collections.abc import Callable
+from pathlib import Path
 
 import grpc
 from google.protobuf import wrappers_pb2
 
-from gpustack_models.plugin.csi import DRIVER_NAME, VENDOR_VERSION, validation
-from gpustack_models.plugin.csi.bind_mounts import Mounted, MountTable, bind_read_only, mount_points, same_file, unmount
+from gpustack_models.plugin.csi import DRIVER_NAME, VENDOR_VERSION, beneath, validation
+from gpustack_models.plugin.csi.bind_mounts import MOUNTS, Mounted, MountTable, mount_points
 from gpustack_models.plugin.csi.generated import csi_pb2, csi_pb2_grpc
 from gpustack_models.plugin.csi.mount_client import MountClient
 from gpustack_models.plugin.csi.progress_text import not_ready_message
@@ -36,12 +37,38 @@ def failed_precondition(message: str) -> CsiError:
     return CsiError(grpc.StatusCode.FAILED_PRECONDITION, message)
 
 
+class Target:
+    """A target path's parent directory, held open (``parent_fd``), and the target's ``name`` in it."""
+
+    def __init__(self, parent_fd: int, name: str):
+        self.parent_fd, self.name = parent_fd, name
+        self.real = os.path.join(beneath.where(parent_fd), name)
+
+    def close(self) -> None:
+        os.close(self.parent_fd)
+
+    def __enter__(self) -> Target:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
 class Driver:
     """What the services do, on the node's engine. ``changed()`` is called when the mounts changed."""
 
-    def __init__(self, engine, node: str, api: MountClient, kubelet_dir: str | None, changed: Callable = None):
+    def __init__(
+        self,
+        engine,
+        node: str,
+        api: MountClient,
+        kubelet_dir: str | None,
+        changed: Callable = None,
+        mounts_dir: str | None = None,
+    ):
         self.engine, self.node, self.api, self.kubelet_dir = engine, node, api, kubelet_dir or None
-        self.table = MountTable(engine.cache.root, engine.cache.tree)
+        legacy = Path(engine.cache.root) / MOUNTS
+        self.table = MountTable(mounts_dir or legacy, engine.cache.tree, legacy)
         self.changed = changed or (lambda: None)
         self._lock = threading.Lock()
         kept = self.table.load()
@@ -50,34 +77,74 @@ class Driver:
             log.info("%d volume(s) still mounted from before the restart: %s", len(kept), sorted(self.table.digests()))
 
     # --- target paths ---------------------------------------------------------------------------------
-    def resolve(self, target: str) -> str:
-        """The target's real path; under the kubelet's real pods directory when that is known (a symbolic
-        link must not lead a mount elsewhere). Its parent must exist (the kubelet makes it)."""
-        parent = os.path.dirname(target)
-        if not os.path.isdir(parent):
-            raise failed_precondition(f"the parent directory of target_path {target!r} does not exist")
-        real = os.path.join(os.path.realpath(parent), os.path.basename(target))
+    def open_parent(self, target: str) -> Target:
+        """The target's parent opened from the kubelet's real pods directory without following any symbolic
+        link (``beneath``): it cannot be swapped for one afterwards. It must exist (the kubelet makes it).
+        Without a known kubelet directory, the parent's real path is opened."""
         pods = validation.pods_dir(self.kubelet_dir)
-        if pods is not None and not real.startswith(os.path.realpath(pods) + os.sep):
+        parent = os.path.dirname(target)
+        base = os.path.realpath(pods if pods is not None else parent)
+        relative = os.path.relpath(parent, pods) if pods is not None else "."
+        try:
+            base_fd = os.open(base, beneath.DIRECTORY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            raise failed_precondition(f"the parent directory of target_path {target!r} does not exist") from None
+        try:
+            fd = base_fd if relative == "." else beneath.open_beneath(base_fd, relative)
+        except FileNotFoundError:
+            raise failed_precondition(f"the parent directory of target_path {target!r} does not exist") from None
+        except OSError as exc:
+            if exc.errno in (errno.ELOOP, errno.EXDEV, errno.ENOTDIR):
+                raise validation.invalid(
+                    f"target_path {target!r} passes through a symbolic link or leaves the kubelet's pods directory"
+                ) from None
+            raise
+        finally:
+            if relative != ".":
+                os.close(base_fd)
+        opened = Target(fd, os.path.basename(target))
+        if pods is not None and not (opened.real + os.sep).startswith(base + os.sep):
+            opened.close()
             raise validation.invalid(f"target_path {target!r} resolves outside the kubelet's pods directory")
-        return real
+        return opened
 
     @staticmethod
-    def _prepare(real: str) -> bool:
-        """An empty directory to mount on (made if missing, True then); refuses anything else."""
+    def _prepare(target: Target) -> tuple[int, bool]:
+        """The target: an empty directory (made if missing, True then), opened without following a symbolic
+        link; refuses anything else."""
+        made = True
         try:
-            st = os.lstat(real)
-        except FileNotFoundError:
-            os.mkdir(real, 0o750)
-            return True
-        if not stat.S_ISDIR(st.st_mode) or os.listdir(real) or real in mount_points():
-            raise failed_precondition(f"target_path {real!r} is not an empty directory")
-        return False
+            os.mkdir(target.name, 0o750, dir_fd=target.parent_fd)
+        except FileExistsError:
+            made = False
+        try:
+            fd = beneath.open_beneath(target.parent_fd, target.name, os.O_RDONLY | os.O_DIRECTORY)
+        except OSError as exc:
+            if exc.errno in (errno.ELOOP, errno.ENOTDIR, errno.ENOENT):
+                raise failed_precondition(f"target_path {target.real!r} is not an empty directory") from None
+            raise
+        if os.listdir(fd) or beneath.where(fd) in mount_points():
+            os.close(fd)
+            raise failed_precondition(f"target_path {target.real!r} is not an empty directory")
+        return fd, made
+
+    def open_tree(self, digest: str) -> int:
+        """The published tree of ``digest``, opened beneath the cache without following a symbolic link."""
+        root = os.path.realpath(self.engine.cache.root)
+        root_fd = os.open(root, beneath.DIRECTORY | os.O_CLOEXEC)
+        try:
+            return beneath.open_beneath(root_fd, os.path.relpath(self.engine.cache.tree(digest), root))
+        finally:
+            os.close(root_fd)
 
     # --- NodePublishVolume ----------------------------------------------------------------------------
     def publish(self, request) -> None:
         req = validation.publish_request(request, self.kubelet_dir)
-        real = self.resolve(req.target_path)
+        with self.open_parent(req.target_path) as target:
+            self._publish(req, target)
+
+    def _publish(self, req: PublishRequest, target: Target) -> None:
+        real = target.real
         with self._lock:
             if self._published_already(req, real):
                 return
@@ -88,7 +155,7 @@ class Driver:
         with self._lock:
             if self._published_already(req, real, grant.digest):
                 return
-            self._mount(req, real, grant.digest)
+            self._mount(req, target, grant.digest)
         self.engine.set_mounted(self.table.digests())
         self.engine.touch(grant.digest)
         self.changed()
@@ -120,19 +187,27 @@ class Driver:
         self.engine.touch(existing.digest)
         return True
 
-    def _mount(self, req: PublishRequest, real: str, digest: str) -> None:
-        """Record, then bind the tree read-only on the target. Caller holds the lock."""
-        made = self._prepare(real)
+    def _mount(self, req: PublishRequest, target: Target, digest: str) -> None:
+        """Record, then bind the tree read-only on the target, both through descriptors opened without
+        following a symbolic link. Caller holds the lock."""
+        target_fd, made = self._prepare(target)
         mounted = Mounted(req.volume_id, req.target_path, digest, req.artifact, req.pod.namespace, req.pod.name,
                           req.pod.uid)  # fmt: skip
         self.table.add(mounted)
         try:
-            bind_read_only(str(self.engine.cache.tree(digest)), real)
+            source_fd = self.open_tree(digest)
+            try:
+                beneath.bind_read_only(source_fd, target_fd, target.parent_fd, target.name)
+            finally:
+                os.close(source_fd)
         except OSError as exc:
             self.table.forget(req.volume_id, req.target_path)
             if made:
-                os.rmdir(real)
+                with contextlib.suppress(OSError):  # swapped meanwhile: left as is
+                    os.rmdir(target.name, dir_fd=target.parent_fd)
             raise CsiError(grpc.StatusCode.INTERNAL, f"mounting model {req.artifact} failed: {exc}") from None
+        finally:
+            os.close(target_fd)
 
     # --- NodeUnpublishVolume --------------------------------------------------------------------------
     def unpublish(self, request) -> None:
@@ -140,8 +215,15 @@ class Driver:
         target = validation.target_path(request.target_path, self.kubelet_dir)
         with self._lock:
             record = self.table.find(volume_id, target)
-            if os.path.isdir(os.path.dirname(target)):
-                self._unmount(self.resolve(target), record)
+            try:
+                opened = self.open_parent(target)
+            except CsiError as exc:
+                if exc.code != grpc.StatusCode.FAILED_PRECONDITION:
+                    raise
+                opened = None  # no parent: nothing there
+            if opened is not None:
+                with opened:
+                    self._unmount(opened, record)
             if record is not None:
                 self.table.forget(volume_id, target)
             released = not self.table.volume_in_use(volume_id)
@@ -150,28 +232,47 @@ class Driver:
         if released:
             self.release(volume_id)
 
-    def _ours(self, real: str, record: Mounted | None) -> bool:
-        if record is not None and same_file(real, self.engine.cache.tree(record.digest)):
-            return True
-        return any(same_file(real, self.engine.cache.tree(d)) for d in self.engine.cache.published_digests())
+    def _ours(self, shown: os.stat_result, record: Mounted | None) -> bool:
+        digests = ([record.digest] if record is not None else []) + self.engine.cache.published_digests()
+        for digest in digests:
+            try:
+                tree = os.lstat(self.engine.cache.tree(digest))  # a link there is no tree of ours
+            except OSError:
+                continue
+            if (tree.st_dev, tree.st_ino) == (shown.st_dev, shown.st_ino):
+                return True
+        return False
 
-    def _unmount(self, real: str, record: Mounted | None) -> None:
-        """Unmount a tree of this cache from ``real`` and remove the directory; nothing there is fine.
+    def _unmount(self, target: Target, record: Mounted | None) -> None:
+        """Unmount a tree of this cache from the target and remove the directory; nothing there is fine.
         Caller holds the lock."""
-        if not os.path.lexists(real):
-            return
-        if real in mount_points():
-            if not self._ours(real, record):
-                raise failed_precondition(f"target_path {real!r} holds a mount this driver did not make; left as is")
-            unmount(real)
-            log.info("unmounted %s", real)
         try:
-            os.rmdir(real)
+            fd = beneath.open_beneath(target.parent_fd, target.name, os.O_PATH | os.O_NOFOLLOW)
+        except FileNotFoundError:
+            return
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                raise failed_precondition(f"target_path {target.real!r} is a symbolic link; left as is") from None
+            raise
+        try:
+            shown, mounted = os.fstat(fd), beneath.where(fd) in mount_points()
+        finally:
+            os.close(fd)
+        if mounted:
+            if not self._ours(shown, record):
+                raise failed_precondition(
+                    f"target_path {target.real!r} holds a mount this driver did not make; left as is"
+                )
+            beneath.unmount_at(target.parent_fd, target.name)
+            log.info("unmounted %s", target.real)
+        try:
+            os.rmdir(target.name, dir_fd=target.parent_fd)
         except FileNotFoundError:
             pass
         except OSError as exc:
             if exc.errno in (errno.ENOTEMPTY, errno.ENOTDIR, errno.EEXIST):
-                raise failed_precondition(f"target_path {real!r} is not an empty directory; left as is") from None
+                message = f"target_path {target.real!r} is not an empty directory; left as is"
+                raise failed_precondition(message) from None
             raise
 
     def release(self, volume_id: str) -> None:

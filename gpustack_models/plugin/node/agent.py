@@ -26,6 +26,7 @@ from gpustack_models.kube.watch import WatchHandler, WatchTarget, watch_forever
 from gpustack_models.plugin.csi.driver import Driver, IdentityService, NodeService
 from gpustack_models.plugin.csi.mount_client import MountClient
 from gpustack_models.plugin.csi.registration import CsiServers
+from gpustack_models.plugin.csi.shared_files import MountedFollower
 from gpustack_models.plugin.engine import FAILED, READY, DownloadSettings, Engine, FanOutFactory, FetchTicket
 from gpustack_models.plugin.engine.failures import DownloadFailed
 from gpustack_models.plugin.engine.metrics import Metrics
@@ -78,6 +79,11 @@ class PluginSettings:
     fanout: bool = True  # downloads take what the tickets' peers hold
     cert_from_api: bool = False  # no certificate files: the API issues one for the Pod IP (serving_cert)
     cert_dir: str = ""  # ... kept here, with its key
+    # The plugin's Pod split (``runplugin --role``): "all" serves the CSI driver in this process; "node"
+    # leaves it to the privileged mounter and follows what it mounts through ``mounts_dir``
+    # (``csi.shared_files``).
+    role: str = "all"
+    mounts_dir: str = ""  # the CSI driver's records ("": <cache>/mounts)
 
 
 STOP_SECONDS = 5.0  # on SIGTERM, how long running downloads get to checkpoint and stop
@@ -148,9 +154,14 @@ class Plugin:
         self.peers = None  # the peer server, while it runs
         self.certificate: ServingCertificate | None = None  # the API-issued serving certificate, if any
         self.csi: Driver | None = None
-        if settings.csi_socket:
+        self.mounter: MountedFollower | None = None  # role "node": what the mounter has mounted
+        if settings.role == "node":
+            self.mounter = MountedFollower(self.engine, settings.mounts_dir or f"{settings.cache_dir}/mounts")
+            self.mounter.sync()  # held before the first collection
+        elif settings.csi_socket:
             api = MountClient(settings.api_url, settings.api_ca_file, settings.node, self.kube.auth_headers)
-            self.csi = Driver(self.engine, settings.node, api, settings.kubelet_dir, self.writer.kick.set)
+            self.csi = Driver(self.engine, settings.node, api, settings.kubelet_dir, self.writer.kick.set,
+                              settings.mounts_dir or None)  # fmt: skip
 
     def _peer_access(self) -> PeerAccess | None:
         """How downloads reach the tickets' peers (``fanout``): our peer token, the peers' CA, and the
@@ -262,6 +273,8 @@ class Plugin:
             passes += 1
             try:
                 self.reconcile()
+                if self.mounter is not None and self.mounter.sync():
+                    self.writer.kick.set()
                 self.engine.touch_mounted(MOUNT_TOUCH_SECONDS)
                 if self.csi is not None and passes % RELEASE_RETRY_EVERY == 0:
                     self.csi.retry_releases()
