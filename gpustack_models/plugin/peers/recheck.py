@@ -6,17 +6,22 @@ byte on disk) get every honest peer that served the same file banned. Instead, `
 range a peer wrote (``FileProgress.writers``, cut at the segment size) once more from a second source,
 compares it with what the file holds, and writes the second source's bytes where they differ:
 
-- the second source is the ticket's hubs (the manifest's origin), in their failover order; a range no
-  hub serves (every hub failed it) is read from another usable peer holding it, never from its writer
-  nor from a peer whose bytes already differed;
+- the second source is the ticket's hubs (the manifest's origin), in their failover order: where their
+  bytes differ, the writer's are replaced;
+- a range no hub serves (every hub failed it) is read from other usable peers holding it, never from its
+  writer nor from a peer found lying already, and two of them must speak: a peer that agrees with the
+  writer confirms it (read until the first byte that differs); one that does not is checked against a
+  third, whose bytes are written where they differ, and the odd one out of the three is the suspect;
 - the file is then hashed once more from disk (``HashFrontier.rehash``). Only that hash decides: if it
-  matches, the peers whose bytes differed from it sent bad bytes, and only they are banned; a second
-  source that lied can cost a re-check, never an honest peer its place.
+  matches, the peers whose bytes differ from it (the writers whose bytes were replaced, the second
+  sources outvoted) sent bad bytes, and only they are banned; a second source that lied can cost a
+  re-check, never an honest peer its place.
 
-Bounded: the ranges read again are those peers wrote, each once, so a file's re-check fetches at most
-its size once more. The re-check gives up (``Inconclusive``, saying why; the fan-out then throws the
-file away and bans every peer that wrote to it, as without a re-check) when a range has no second
-source that serves it, when no byte differed, or when the file still fails its hash.
+Bounded: a file's re-check reads at most its size once more (with the hubs serving, the ranges peers
+wrote, each once; peers outvoted read a little more, within the same bound). It gives up
+(``Inconclusive``, saying why; the fan-out then throws the file away and bans every peer that wrote to
+it, as without a re-check) when a range has no second source that serves it (or no third when two
+disagree), when the bound would be passed, when no byte differed, or when the file still fails its hash.
 """
 
 from __future__ import annotations
@@ -47,13 +52,19 @@ def pieces(ranges: list[list[int]], size: int) -> list[tuple[int, int]]:
     return out
 
 
+class Differs(Exception):
+    """A peer's bytes differ from the file's: no need to read the rest to know it."""
+
+
 class Compare:
     """A sink for a second source's bytes of ``f``: each chunk is compared with the file's bytes at its
-    offset and written over them where they differ (``differs``); ``pos`` follows the bytes compared."""
+    offset (``differs``) and, if ``write``, written over them where they differ; else the first chunk that
+    differs ends the read (``Differs``). ``pos`` follows the bytes compared."""
 
-    def __init__(self, f: FileProgress, fd: int, scratch: bytearray, start: int):
-        self.f, self.fd, self.scratch = f, fd, scratch
+    def __init__(self, fd: int, scratch: bytearray, start: int, *, write: bool):
+        self.fd, self.scratch, self.write = fd, scratch, write  # ``write``: trusted more than the file
         self.pos, self.differs = start, False
+        self.node = ""  # the peer that sent the bytes, if one did
 
     def __call__(self, chunk: memoryview, pos: int) -> None:
         n = len(chunk)
@@ -65,8 +76,11 @@ class Compare:
                 break
             held += got
         if held < n or mine != chunk:
-            disk.write_at(self.fd, chunk, pos)
             self.differs = True
+            if not self.write:
+                self.pos = pos + n
+                raise Differs()
+            disk.write_at(self.fd, chunk, pos)
         self.pos = pos + n
 
 
@@ -87,56 +101,92 @@ class Recheck:
         self.board, self.client, self.frontier = board, client, frontier
         self._hub, self._count, self._stopped = hub, count, stopped
         self.bytes = 0  # read again so far, by every re-check of the download
+        self._budget = 0  # what the re-check under way may still read
 
     def run(self, f: FileProgress, view: memoryview) -> set[str]:
-        """Re-check ``f`` (bad, every byte written): the peers whose bytes differed from the file that
-        now matches the manifest (complete); raises ``Inconclusive``."""
+        """Re-check ``f`` (bad, every byte written): the peers whose bytes differ from the file that now
+        matches the manifest (complete); raises ``Inconclusive``."""
         with f.lock:
             writers = {node: [list(r) for r in ranges] for node, ranges in f.writers.items()}
-        fd, scratch = f.open(), bytearray(len(view))
-        differ: set[str] = set()
+        # The ranges peers wrote, once; and a segment for each of them outvoted (see the module's docstring).
+        budget = sum(e - s for ranges in writers.values() for s, e in ranges) + len(writers) * self.board.size
+        self._fd, self._scratch, self._budget = f.open(), bytearray(len(view)), min(budget, 2 * f.size)
+        bad: set[str] = set()
         for node, ranges in sorted(writers.items()):
             for start, end in pieces(ranges, self.board.size):
-                compare = Compare(f, fd, scratch, start)
-                self._from_second_source(f, node, compare, end, view, exclude={node} | differ)
-                if compare.differs:
-                    differ.add(node)
-        if not differ:
+                bad |= self._piece(f, node, start, end, view, bad)
+        if not bad:
             raise Inconclusive("no byte the peers wrote differs from a second source")
         try:
             self.frontier.rehash(f)
         except DownloadFailed:
             raise Inconclusive("it still fails its hash with the bytes that differed replaced") from None
-        return differ
+        return bad
 
-    def _from_second_source(
-        self, f: FileProgress, node: str, compare: Compare, end: int, view: memoryview, exclude: set[str]
-    ) -> None:
-        """Compare ``[compare.pos, end)``, written by ``node``, with the hubs' bytes, or a peer's where no
-        hub serves them."""
-        start = compare.pos
+    def _piece(self, f: FileProgress, node: str, start: int, end: int, view: memoryview, bad: set[str]) -> set[str]:
+        """Check ``[start, end)``, written by ``node``, against the hubs, or peers where no hub serves it:
+        the peers found to differ (``bad``: those found so far)."""
+        compare = Compare(self._fd, self._scratch, start, write=True)
+        self._spend(end - start)
         try:
-            self._hub(f, compare.pos, end, view, compare)
+            self._hub(f, start, end, view, compare)
         except DownloadFailed as exc:
-            hub_failure = exc
+            hub_failure = f" (the hubs: {exc})"
         else:
-            hub_failure = None
+            hub_failure = ""
         self.bytes += compare.pos - start
-        for holder in self.board.holders(f.file.path, compare.pos, end, exclude) if compare.pos < end else ():
-            self._from_peer(holder, f, compare, end, view)
-            if compare.pos >= end:
-                break
+        self._budget += end - compare.pos  # given back: the peers below spend it
         if self._stopped():
             raise Inconclusive("the download stopped")
-        if compare.pos < end:
-            why = f": {hub_failure}" if hub_failure is not None else ""
-            raise Inconclusive(f"no second source served bytes {compare.pos}-{end - 1} written by {node}{why}")
+        if compare.pos >= end:
+            return {node} if compare.differs else set()
+        return self._by_peers(f, node, compare.pos, end, view, bad, hub_failure) | (
+            {node} if compare.differs else set()
+        )
 
-    def _from_peer(self, holder, f: FileProgress, compare: Compare, end: int, view: memoryview) -> None:
-        """Compare what ``holder`` sends of ``[compare.pos, end)``; a peer failing is counted against it."""
-        start, began = compare.pos, time.monotonic()
+    def _by_peers(
+        self, f: FileProgress, node: str, start: int, end: int, view: memoryview, bad: set[str], why: str
+    ) -> set[str]:
+        """``[start, end)`` of ``node``'s bytes against two other peers (see the module's docstring); of a
+        peer found lying already, one other peer's bytes replace them."""
+        holders = iter(self.board.holders(f.file.path, start, end, {node} | bad))
+        second = self._from_peers(holders, f, start, end, view, write=node in bad)
+        if second is None:
+            raise Inconclusive(f"no second source served bytes {start}-{end - 1} written by {node}{why}")
+        if not second.differs or second.write:  # agreed, or ``node`` lied already: its bytes replaced
+            return set()
+        third = self._from_peers(holders, f, start, end, view, write=True)
+        if third is None:
+            raise Inconclusive(f"{second.node} and {node} differ on bytes {start}-{end - 1}, no third source{why}")
+        return {node} if third.differs else {second.node}
+
+    def _from_peers(self, holders, f: FileProgress, start: int, end: int, view: memoryview, *, write: bool):
+        """``[start, end)`` compared with the next of ``holders`` that serves it (``Compare`` with the
+        holder's ``node``), or ``None``."""
+        for holder in holders:
+            if self._stopped():
+                raise Inconclusive("the download stopped")
+            compare = Compare(self._fd, self._scratch, start, write=write)
+            self._spend(end - start)
+            if self._from_peer(holder, f, compare, end, view):
+                compare.node = holder.node
+                return compare
+        return None
+
+    def _spend(self, n: int) -> None:
+        if n > self._budget:
+            raise Inconclusive("checking more would read more than the file's size again")
+        self._budget -= n
+
+    def _from_peer(self, holder, f: FileProgress, compare: Compare, end: int, view: memoryview) -> bool:
+        """Compare what ``holder`` sends of ``[compare.pos, end)``; True once it told all it had to (every
+        byte, or the first that differs). A peer failing is counted against it."""
+        start, began, told = compare.pos, time.monotonic(), False
         try:
             self.client.read(holder.peer, f, start, end, view, compare, self._stopped)
+            told = compare.pos >= end
+        except Differs:
+            told = True
         except PeerBusy:
             pass
         except PeerMissing:
@@ -144,6 +194,8 @@ class Recheck:
         except PeerError:
             self.board.peer_failed(holder.node)
         moved = compare.pos - start
+        self._budget += end - start - moved  # what it did not send is not spent
         self.bytes += moved
         self.board.received(holder.node, moved, time.monotonic() - began)
         self._count(holder.node, moved)
+        return told
