@@ -10,6 +10,7 @@ import re
 
 from gpustack_models.plugin.engine import READY
 from gpustack_models.plugin.engine.ticket import PeerSource
+from gpustack_models.plugin.peers.recheck import pieces
 from gpustack_models.plugin.peers.swarm import segment_size
 from tests.plugin import test_swarm
 from tests.plugin.conftest import FAST, MiB, tree_files
@@ -116,3 +117,14 @@ def test_two_peers_that_disagree_without_a_hub_fall_back_to_banning_both(
     assert engine.path(origin.digest) is None
     assert engine.stats(origin.digest)["banned"] == ["honest", "liar"]
     assert re.search(rf"{BAD} could not be re-checked \(.*no third source", caplog.text), caplog.text
+
+
+def test_a_peers_ranges_are_checked_a_segment_at_a_time():
+    assert pieces([[0, 300], [500, 1100]], 256) == [
+        (0, 256),
+        (256, 300),
+        (500, 512),
+        (512, 768),
+        (768, 1024),
+        (1024, 1100),
+    ]

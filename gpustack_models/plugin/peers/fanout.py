@@ -257,17 +257,21 @@ class FanOut:
         if not culprits:
             return False
         short, path, before = self.ticket.digest[:19], f.file.path, self._recheck.bytes
+        # What the download still needs (measured before any ban, so before anything new is asked of the
+        # hub for it): with the re-check's bytes (or the file's, thrown away), the most the hub can be asked
+        # for until the next failure.
         log.warning(
-            "%s: %s failed its hash with bytes from %s: re-checking their ranges against a second source",
+            "%s: %s failed its hash with bytes from %s: re-checking their ranges against a second source"
+            " (%d bytes left to fetch)",
             short,
             path,
             ", ".join(sorted(culprits)),
+            self.download.remaining_bytes,
         )
         try:
             differ = self._recheck.run(f, view) - {""}
         except Inconclusive as why:
-            log.warning("%s: %s could not be re-checked (%s): every peer that wrote to it is banned", short, path, why)
-            self._throw_away(f, culprits)
+            self._throw_away(f, culprits, f"{why}; {self._recheck.bytes - before} bytes read again")
             return True
         finally:
             self.download._stat("rechecked_bytes", self._recheck.bytes - before)
@@ -281,17 +285,14 @@ class FanOut:
         self._ban(differ, f"its bytes of {path} differ from the file that verifies")
         return True
 
-    def _throw_away(self, f: FileProgress, culprits: set[str]) -> None:
-        """Ban every peer that wrote to ``f``, throw its bytes away and fetch it again."""
-        # What the download still needs once the bad bytes are gone (measured before any ban, so before
-        # anything new is asked of the hub for it): the most the hub can be asked for until the next failure.
-        left = self.download.remaining_bytes + f.written_bytes()
+    def _throw_away(self, f: FileProgress, culprits: set[str], why: str) -> None:
+        """The re-check of ``f`` could not tell (``why``): every peer that wrote to it is banned, its bytes
+        thrown away and fetched again."""
         log.warning(
-            "%s: %s failed its hash with bytes from %s: thrown away to be fetched again (%d bytes left to fetch)",
+            "%s: %s could not be re-checked (%s): thrown away to be fetched again, every peer that wrote to it banned",
             self.ticket.digest[:19],
             f.file.path,
-            ", ".join(sorted(culprits)),
-            left,
+            why,
         )
         self._ban(culprits, f"{f.file.path} failed its hash with its bytes")
         f.refetch()
