@@ -59,6 +59,7 @@ class FanOut:
         self._recheck: Recheck | None = None
         self._recovering = threading.Lock()
         self._checking: set[FileProgress] = set()  # bad files being re-checked
+        self._one_recheck = threading.Lock()  # one at a time: a second bad file waits for the first's
 
     # ---------------------------------------------------------------- lifecycle
 
@@ -256,7 +257,7 @@ class FanOut:
             culprits = set(f.peers) - {""}
         if not culprits:
             return False
-        short, path, before = self.ticket.digest[:19], f.file.path, self._recheck.bytes
+        short, path = self.ticket.digest[:19], f.file.path
         # What the download still needs (measured before any ban, so before anything new is asked of the
         # hub for it): with the re-check's bytes (or the file's, thrown away), the most the hub can be asked
         # for until the next failure.
@@ -268,19 +269,22 @@ class FanOut:
             ", ".join(sorted(culprits)),
             self.download.remaining_bytes,
         )
-        try:
-            differ = self._recheck.run(f, view) - {""}
-        except Inconclusive as why:
-            self._throw_away(f, culprits, f"{why}; {self._recheck.bytes - before} bytes read again")
-            return True
-        finally:
-            self.download._stat("rechecked_bytes", self._recheck.bytes - before)
+        with self._one_recheck:
+            before = self._recheck.bytes
+            try:
+                differ = self._recheck.run(f, view) - {""}
+            except Inconclusive as why:
+                self._throw_away(f, culprits, f"{why}; {self._recheck.bytes - before} bytes read again")
+                return True
+            finally:
+                read = self._recheck.bytes - before
+                self.download._stat("rechecked_bytes", read)
         log.warning(
             "%s: %s verifies with the bytes of %s replaced (%d bytes read again from a second source)",
             short,
             path,
             ", ".join(sorted(differ)),
-            self._recheck.bytes - before,
+            read,
         )
         self._ban(differ, f"its bytes of {path} differ from the file that verifies")
         return True

@@ -87,7 +87,8 @@ class Compare:
 class Recheck:
     """The re-check of one download's bad files (see the module's docstring). ``hub(f, start, end, view,
     sink)`` reads bytes from the ticket's hubs (raising ``DownloadFailed`` when every hub failed);
-    ``count(node, n)`` hears of the bytes each peer sent; ``stopped()``: the download is over."""
+    ``count(node, n)`` hears of the bytes each peer sent; ``stopped()``: the download is over. One file at
+    a time (the caller's lock): ``run`` keeps the file's state on the instance."""
 
     def __init__(
         self,
