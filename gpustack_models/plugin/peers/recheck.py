@@ -162,15 +162,16 @@ class Recheck:
         return {node} if third.differs else {second.node}
 
     def _from_peers(self, holders, f: FileProgress, start: int, end: int, view: memoryview, *, write: bool):
-        """``[start, end)`` compared with the next of ``holders`` that serves it (``Compare`` with the
-        holder's ``node``), or ``None``."""
+        """``[start, end)`` compared with what ``holders`` send, each taking over where the one before
+        failed: the ``Compare`` (``node``: the peer that sent the bytes that differ, or the last bytes), or
+        ``None`` when they all failed."""
+        compare = Compare(self._fd, self._scratch, start, write=write)
         for holder in holders:
             if self._stopped():
                 raise Inconclusive("the download stopped")
-            compare = Compare(self._fd, self._scratch, start, write=write)
-            self._spend(end - start)
+            self._spend(end - compare.pos)
+            compare.node = holder.node
             if self._from_peer(holder, f, compare, end, view):
-                compare.node = holder.node
                 return compare
         return None
 
