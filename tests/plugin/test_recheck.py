@@ -6,11 +6,14 @@ ticket's hub."""
 from __future__ import annotations
 
 import dataclasses
+import os
 import re
+
+import pytest
 
 from gpustack_models.plugin.engine import READY
 from gpustack_models.plugin.engine.ticket import PeerSource
-from gpustack_models.plugin.peers.recheck import pieces
+from gpustack_models.plugin.peers.recheck import Compare, Differs, pieces
 from gpustack_models.plugin.peers.swarm import segment_size
 from tests.plugin import test_swarm
 from tests.plugin.conftest import FAST, MiB, tree_files
@@ -128,3 +131,22 @@ def test_a_peers_ranges_are_checked_a_segment_at_a_time():
         (768, 1024),
         (1024, 1100),
     ]
+
+
+def test_a_second_sources_bytes_are_compared_and_written_only_where_they_differ_when_trusted(tmp_path):
+    path = tmp_path / "file"
+    path.write_bytes(b"a" * 100)
+    fd = os.open(path, os.O_RDWR)
+    try:
+        same = Compare(fd, bytearray(64), 0, write=False)
+        same(memoryview(b"a" * 50), 0)
+        assert (same.pos, same.differs) == (50, False)
+        doubting = Compare(fd, bytearray(64), 50, write=False)
+        with pytest.raises(Differs):
+            doubting(memoryview(b"a" * 10 + b"b" * 40), 50)
+        assert doubting.differs and path.read_bytes() == b"a" * 100  # a doubt writes nothing
+        trusted = Compare(fd, bytearray(64), 50, write=True)
+        trusted(memoryview(b"a" * 10 + b"b" * 40), 50)
+        assert trusted.differs and path.read_bytes() == b"a" * 60 + b"b" * 40
+    finally:
+        os.close(fd)
