@@ -12,10 +12,12 @@ compares it with what the file holds, and writes the second source's bytes where
   writer nor from a peer found lying already, and two of them must speak: a peer that agrees with the
   writer confirms it (read until the first byte that differs); one that does not is checked against a
   third, whose bytes are written where they differ, and the odd one out of the three is the suspect;
-- the file is then hashed once more from disk (``HashFrontier.rehash``). Only that hash decides: if it
-  matches, the peers whose bytes differ from it (the writers whose bytes were replaced, the second
-  sources outvoted) sent bad bytes, and only they are banned; a second source that lied can cost a
-  re-check, never an honest peer its place.
+- the peers are taken in turn, those that wrote least first; after one whose bytes differed, the file
+  is hashed once more from disk (``HashFrontier.rehash``). Only that hash decides: once it matches, the
+  peers whose bytes differ from it (the writers whose bytes were replaced, the second sources outvoted)
+  sent bad bytes, and only they are banned; the peers not checked yet wrote bytes of a file that
+  verifies and are not read again. A second source that lied can cost a re-check, never an honest peer
+  its place.
 
 Bounded: a file's re-check reads at most its size once more (with the hubs serving, the ranges peers
 wrote, each once; peers outvoted read a little more, within the same bound). It gives up
@@ -113,16 +115,25 @@ class Recheck:
         budget = sum(e - s for ranges in writers.values() for s, e in ranges) + len(writers) * self.board.size
         self._fd, self._scratch, self._budget = f.open(), bytearray(len(view)), min(budget, 2 * f.size)
         bad: set[str] = set()
-        for node, ranges in sorted(writers.items()):
-            for start, end in pieces(ranges, self.board.size):
-                bad |= self._piece(f, node, start, end, view, bad)
+        # The peers that wrote least first; once the bytes that differed are replaced the file may verify,
+        # and the peers not checked yet are not asked for again: their bytes are in a file that verifies.
+        for node in sorted(writers, key=lambda n: (sum(e - s for s, e in writers[n]), n)):
+            found: set[str] = set()
+            for start, end in pieces(writers[node], self.board.size):
+                found |= self._piece(f, node, start, end, view, bad | found)
+            bad |= found
+            if found and self._verifies(f):
+                return bad
         if not bad:
             raise Inconclusive("no byte the peers wrote differs from a second source")
+        raise Inconclusive("it still fails its hash with the bytes that differed replaced")
+
+    def _verifies(self, f: FileProgress) -> bool:
         try:
             self.frontier.rehash(f)
         except DownloadFailed:
-            raise Inconclusive("it still fails its hash with the bytes that differed replaced") from None
-        return bad
+            return False
+        return True
 
     def _piece(self, f: FileProgress, node: str, start: int, end: int, view: memoryview, bad: set[str]) -> set[str]:
         """Check ``[start, end)``, written by ``node``, against the hubs, or peers where no hub serves it:
@@ -154,7 +165,9 @@ class Recheck:
         second = self._from_peers(holders, f, start, end, view, write=node in bad)
         if second is None:
             raise Inconclusive(f"no second source served bytes {start}-{end - 1} written by {node}{why}")
-        if not second.differs or second.write:  # agreed, or ``node`` lied already: its bytes replaced
+        if second.write:  # ``node`` lied already: its bytes are replaced where they differ
+            return {node} if second.differs else set()
+        if not second.differs:
             return set()
         third = self._from_peers(holders, f, start, end, view, write=True)
         if third is None:
