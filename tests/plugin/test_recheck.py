@@ -6,22 +6,28 @@ ticket's hub."""
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import os
 import re
 
 import pytest
 
 from gpustack_models.plugin.engine import READY
+from gpustack_models.plugin.engine.failures import SOURCE_UNAVAILABLE, DownloadFailed
+from gpustack_models.plugin.engine.frontier import HashFrontier
+from gpustack_models.plugin.engine.ranges import FileProgress
 from gpustack_models.plugin.engine.ticket import PeerSource
-from gpustack_models.plugin.peers.recheck import Compare, Differs, pieces
-from gpustack_models.plugin.peers.swarm import segment_size
+from gpustack_models.plugin.peers.recheck import Compare, Differs, Recheck, pieces
+from gpustack_models.plugin.peers.swarm import Board, SwarmSettings, segment_size
+from gpustack_models.sources.manifest import ManifestFile
 from tests.plugin import test_swarm
-from tests.plugin.conftest import FAST, MiB, tree_files
+from tests.plugin.conftest import FAST, KiB, MiB, random_bytes, tree_files
 from tests.plugin.test_swarm import FILES, TOKEN, engine_with_peers, served, with_peers
 
 # The peers' fixtures: their CA and certificate, fake hubs serving the peer endpoints, the model on the hub.
 pki_files, peers, origin = test_swarm.pki_files, test_swarm.peers, test_swarm.origin
 
+SEGMENT = 256 * KiB
 BAD = "model-00001.safetensors"  # the liar flips a byte in every range it sends of this file
 
 
@@ -150,3 +156,51 @@ def test_a_second_sources_bytes_are_compared_and_written_only_where_they_differ_
         assert trusted.differs and path.read_bytes() == b"a" * 60 + b"b" * 40
     finally:
         os.close(fd)
+
+
+class Peers:
+    """Peers answering ``PeerClient.read`` from memory: the liar's bytes differ in every range it sends."""
+
+    def __init__(self, data: bytes, liar: str):
+        self.data, self.liar, self.asked = data, liar, []
+
+    def read(self, peer, f, start, end, view, sink, stopped) -> int:
+        self.asked.append((peer.node, start))
+        for pos in range(start, end, len(view)):
+            chunk = bytearray(self.data[pos : min(end, pos + len(view))])
+            if peer.node == self.liar:
+                chunk[len(chunk) // 2] ^= 0xFF
+            sink(memoryview(chunk), pos)
+        return end - start
+
+
+def test_a_liar_asked_as_a_second_source_is_outvoted_and_the_peer_it_contradicted_is_not_banned(tmp_path):
+    data = random_bytes(4 * SEGMENT, seed=7)
+    f = FileProgress(ManifestFile("a.bin", len(data), "sha256", hashlib.sha256(data).hexdigest()), tmp_path / "a.bin")
+    f.new_hash()
+    lies = bytearray(data)
+    for start in (SEGMENT, 2 * SEGMENT):  # the liar wrote the middle two segments, each with a bad byte
+        lies[start + SEGMENT // 2] ^= 0xFF
+    (tmp_path / "a.bin").write_bytes(lies)
+    with f.lock:
+        f.add_range(0, len(data))
+        for node, start, end in (("x", 0, SEGMENT), ("liar", SEGMENT, 3 * SEGMENT), ("z", 3 * SEGMENT, 4 * SEGMENT)):
+            f.note_peer(node, start, end)
+    f.bad = True
+    board = Board("me", "sha256:" + "e" * 64, [], SwarmSettings(), SEGMENT, total=len(data))
+    board.set_peers([PeerSource(n, "https://127.0.0.1:1", "Ready") for n in ("x", "liar", "z")])
+    board.peers["liar"].bytes, board.peers["liar"].busy_seconds = 10**9, 1.0  # the fastest: asked first
+    for node in ("x", "z"):
+        board.peers[node].bytes, board.peers[node].busy_seconds = 10**6, 1.0
+    peers = Peers(data, "liar")
+
+    def hub(*_):
+        raise DownloadFailed(SOURCE_UNAVAILABLE, "the hub is down")
+
+    frontier = HashFrontier(on_hashed=lambda n: None, on_reread=lambda n: None, on_complete=lambda: None)
+    recheck = Recheck(board, peers, frontier, hub, lambda node, n: None, lambda: False)
+
+    assert recheck.run(f, memoryview(bytearray(64 * KiB))) == {"liar"}
+    assert ("liar", 0) in peers.asked  # x's segment was compared with the liar's bytes first, then z's
+    assert (tmp_path / "a.bin").read_bytes() == data and f.complete and not f.bad
+    assert recheck.bytes <= len(data) + 3 * SEGMENT
