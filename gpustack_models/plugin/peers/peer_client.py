@@ -37,7 +37,6 @@ from gpustack_models.sources.hub_errors import ACCESS_DENIED, BUSY, NOT_HELD, pe
 
 _CONTENT_RANGE = re.compile(r"bytes\s+(\d+)-(\d+)/(\d+|\*)")
 _MAX_TREE_BYTES = 8 * 1024 * 1024
-Stopped = Callable[[], bool]
 
 
 @dataclass(frozen=True)
@@ -184,7 +183,14 @@ class PeerClient:
         return seg.pos - start
 
     def read(
-        self, peer: PeerSource, f: FileProgress, start: int, end: int, view: memoryview, sink: Sink, stopped: Stopped
+        self,
+        peer: PeerSource,
+        f: FileProgress,
+        start: int,
+        end: int,
+        view: memoryview,
+        sink: Sink,
+        stopped: Callable[[], bool],
     ) -> int:
         """Read ``[start, end)`` of ``f`` from ``peer`` into ``sink(chunk, pos)`` instead of the file (a file
         being re-checked compares them with its own); the bytes read, all of them unless the peer failed
