@@ -1,7 +1,7 @@
 """Peer fan-out with real node plugins: eight nodes prefetch one model from a hub throttled to a fixed total
 rate; every node ends Ready with byte-identical files while the hub serves about one copy; a peer killed
 mid-transfer and a peer serving a corrupted file stop nobody (the corrupted one is banned, nothing bad is
-published)."""
+published, honest peers stay usable)."""
 
 from __future__ import annotations
 
@@ -112,17 +112,23 @@ def served_bytes(plugin) -> float:
 
 
 def download_of(plugin, digest: str) -> dict:
-    """What the plugin's log says of its download of ``digest``: each time a file was thrown away after
-    failing its hash (``failures``: its path, the bytes the download still needed then and when, in
-    order), the bytes fetched in all and those from the hub (``None`` until it finished)."""
+    """What the plugin's log says of its download of ``digest``: each time a file failed its hash
+    (``failures``: its path, the bytes the download still needed then and when, in order), the bytes read
+    again to re-check such files (``rechecked``), how many were thrown away because the re-check could not
+    tell whose bytes were bad (``thrown``), the bytes fetched in all and those from the hub (``None`` until it
+    finished)."""
     text, short = log_of(plugin), re.escape(digest[:19])
     failure = (
         rf"^(\S+ \S+) WARNING \S+: {short}: (\S+) failed its hash with bytes from .*? \((\d+) bytes left to fetch\)$"
     )
     failures = [(path, int(left), logged) for logged, path, left in re.findall(failure, text, re.M)]
+    outcome = rf"{short}: \S+ (?:verifies with the bytes of .*? replaced \(|could not be re-checked \(.*?; )(\d+) bytes"
+    thrown = rf"{short}: \S+ could not be re-checked "
     done = re.search(rf"download {short} ready: (\d+) bytes fetched .* bytes by source: hub (\d+)", text)
     return {
         "failures": failures,
+        "rechecked": sum(int(n) for n in re.findall(outcome, text)),
+        "thrown": len(re.findall(thrown, text)),
         "fetched": int(done.group(1)) if done else None,
         "hub": int(done.group(2)) if done else None,
     }
@@ -185,13 +191,16 @@ def test_a_killed_peer_and_a_corrupted_peer_stop_nobody(fan, hub, core):
 
     # The hub's share, from what was injected. The seed is Ready (it holds every byte) and stays up, and
     # a node asks the hub only for what no peer it has not banned holds: nothing is asked of the hub until
-    # a node first throws the bad shard away (it logs that before it bans anyone). A node throws the shard
-    # away each time it fails its hash, k times (k >= 0: its bytes came from the seed, or from a peer that
-    # relayed the seed's bytes before its own check failed), and nothing else is ever thrown away: it
-    # fetches exactly size + k * shard bytes. After its first failure it may ask the hub for what it still
-    # needed then (``left``: the whole shard again, and the bytes of other files it did not have yet), and
-    # for the shard once more after each later failure: at most left + (k - 1) * shard bytes from the hub,
-    # and none if k == 0. The victim's share is the same, counted up to its death.
+    # a node first finds the bad shard (it logs that before it re-checks it or bans anyone). A node finds
+    # the shard bad k times (k >= 0: its bytes came from the seed, or from a peer that relayed the seed's
+    # bytes before its own check failed). Each time, it reads the ranges peers wrote once more from a
+    # second source (``rechecked`` bytes in all, from the hub while it serves) and bans only the peers whose
+    # bytes differ; only when that cannot tell is the shard thrown away and fetched again (``thrown``
+    # times), and nothing else is ever thrown away: it fetches exactly size + rechecked + thrown * shard
+    # bytes. After its first failure it may ask the hub for what it still needed then (``left``: the bytes
+    # of other files it did not have yet), for the re-checks, and for the shard after each throw: at most
+    # left + rechecked + thrown * shard bytes from the hub, and none if k == 0. The victim's share is the
+    # same, counted up to its death.
     shard_size = len(files[bad])
     downloads = {p.node: download_of(p, fan.digest) for p in others}
     bounds = {}
@@ -199,16 +208,18 @@ def test_a_killed_peer_and_a_corrupted_peer_stop_nobody(fan, hub, core):
         d = downloads[p.node]
         assert all(path == bad for path, _, _ in d["failures"]), d
         k = len(d["failures"])
-        bounds[p.node] = d["failures"][0][1] + (k - 1) * shard_size if k else 0
+        bounds[p.node] = d["failures"][0][1] + d["rechecked"] + d["thrown"] * shard_size if k else 0
         if p is victim:
             assert victim_hub <= bounds[p.node], (victim_hub, d)
             continue
-        assert d["fetched"] == size + k * shard_size, (p.node, d, shard_size)
+        assert d["fetched"] == size + d["rechecked"] + d["thrown"] * shard_size, (p.node, d, shard_size)
+        # The hub serving, every re-check tells whose bytes were bad: no shard is thrown away.
+        assert d["thrown"] == 0, (p.node, d)
         assert source_bytes(p).get(("hub", ""), 0.0) == d["hub"] <= bounds[p.node], (p.node, d, bounds[p.node])
     failures = [logged_at(when) for d in downloads.values() for _, _, when in d["failures"]]
     asked = [r for r in hub.requests[since:] if r.listener == "cdn" or "/resolve/" in r.path]
     early = [r for r in asked if not failures or r.started < min(failures)]
-    assert not early, f"the hub was asked before any node threw the bad shard away: {early[:3]}"
+    assert not early, f"the hub was asked before any node found the bad shard: {early[:3]}"
     # The nodes count what they received from the hub; the hub may have handed a socket a few more bytes
     # of a request cut short, never fewer.
     received = victim_hub + sum(downloads[p.node]["hub"] for p in survivors)

@@ -82,6 +82,7 @@ def _new_stats() -> dict[str, int]:
         "retries": 0,
         "peer_bytes": 0,  # of network_bytes, those from peers
         "banned_peers": 0,  # peers banned for sending bad bytes
+        "rechecked_bytes": 0,  # of network_bytes, those read again to find whose bytes a file failed with
     }
 
 

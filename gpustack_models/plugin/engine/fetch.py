@@ -45,6 +45,7 @@ from gpustack_models.sources.hub_errors import (
 )
 
 log = logging.getLogger(__name__)
+Sink = Callable[[memoryview, int], None]  # ``sink(chunk, pos)``: bytes at ``pos`` read instead of written
 _CONTENT_RANGE = re.compile(r"bytes\s+(\d+)-(\d+)/(\d+|\*)")
 
 
@@ -205,17 +206,20 @@ class RangeFetcher:
 
     # ---------------------------------------------------------------- a part, from the sources in turn
 
-    def fetch(self, f: FileProgress, start: int, end: int, view: memoryview, seg=None) -> None:
+    def fetch(
+        self, f: FileProgress, start: int, end: int, view: memoryview, seg=None, sink: Sink | None = None
+    ) -> None:
         """Fetch ``[start, end)`` of ``f`` from the first source that serves it: a source failing for
         one of ``FALLTHROUGH_REASONS`` hands over to the next from the first byte not written; fails
         when every source failed. ``seg`` (a ``swarm.Segment`` of these bytes): its ``end`` may move
         down while the bytes come (another source takes the tail); reading stops there, and ``seg.claim``
-        tells the mover how far the read under way reaches."""
+        tells the mover how far the read under way reaches. ``sink(chunk, pos)``: the bytes go to it
+        instead of the file (a file being re-checked compares them with what it holds)."""
         cursor = [start]  # the first byte not written, across sources
         failures: list[DownloadFailed] = []
         for hub in self._penalties.order(self._sources, _source_key):
             try:
-                self._fetch_from(hub, f, cursor, end, view, seg)
+                self._fetch_from(hub, f, cursor, end, view, seg, sink)
             except DownloadFailed as exc:
                 if exc.reason not in FALLTHROUGH_REASONS or self._stop.is_set():
                     raise
@@ -237,13 +241,15 @@ class RangeFetcher:
             "%s: source %d of %d failed (%s); trying the next", self.ticket.digest[:19], index, len(self._sources), exc
         )
 
-    def _fetch_from(self, hub: HubSource, f: FileProgress, cursor: list, end: int, view: memoryview, seg=None) -> None:
+    def _fetch_from(
+        self, hub: HubSource, f: FileProgress, cursor: list, end: int, view: memoryview, seg=None, sink=None
+    ) -> None:
         """Fetch ``[cursor[0], end)`` of ``f`` from ``hub``, retrying stalls and drops from the last
         written byte; ``cursor[0]`` follows the first byte not written."""
         drops = statuses = 0
         while cursor[0] < _end(end, seg) and not self._stop.is_set():
             try:
-                cursor[0] = self._attempt(hub, f, cursor[0], _end(end, seg), view, seg)
+                cursor[0] = self._attempt(hub, f, cursor[0], _end(end, seg), view, seg, sink)
             except _Retry as exc:
                 if exc.pos is not None:
                     cursor[0] = max(cursor[0], exc.pos)
@@ -273,7 +279,9 @@ class RangeFetcher:
 
     # ---------------------------------------------------------------- one request
 
-    def _attempt(self, hub: HubSource, f: FileProgress, pos: int, end: int, view: memoryview, seg=None) -> int:
+    def _attempt(
+        self, hub: HubSource, f: FileProgress, pos: int, end: int, view: memoryview, seg=None, sink=None
+    ) -> int:
         """One request for ``[pos, end)`` to ``hub``; returns the position reached (``end`` on success)."""
         response = self._open(hub, f, pos, end)
         with self._active_lock:
@@ -283,7 +291,7 @@ class RangeFetcher:
         try:
             skip, stop = _body_span(f, response, pos, end)
             self._skip(response, skip, view)
-            pos = self._read_body(f, response, cursor, stop, view, seg)
+            pos = self._read_body(f, response, cursor, stop, view, seg, sink)
             reuse = pos == end and response.length == 0
             return pos
         except (OSError, http.client.HTTPException) as exc:  # the network's: the disk's are DiskError
@@ -339,13 +347,21 @@ class RangeFetcher:
             skip -= got
 
     def _read_body(
-        self, f: FileProgress, response: StreamedResponse, cursor: list, stop: int, view: memoryview, seg=None
+        self,
+        f: FileProgress,
+        response: StreamedResponse,
+        cursor: list,
+        stop: int,
+        view: memoryview,
+        seg=None,
+        sink=None,
     ) -> int:
-        """Read the body up to ``stop``, writing each read at its offset and hashing it; ``cursor[0]``
-        follows the first byte not written. Returns where it stopped (``stop`` unless cancelled)."""
+        """Read the body up to ``stop``, writing each read at its offset and hashing it (or handing it to
+        ``sink``); ``cursor[0]`` follows the first byte not written. Returns where it stopped (``stop``
+        unless cancelled)."""
         rate, cancelled, size = self._rate, self._stop.is_set, len(view)
         write_at, record = disk.write_at, self._frontier.record
-        fd = f.open()
+        fd = f.open() if sink is None else -1
         pos = start = cursor[0]
         try:
             while pos < stop and not cancelled():
@@ -360,6 +376,10 @@ class RangeFetcher:
                 if got <= 0:
                     raise http.client.IncompleteRead(b"", stop - pos)
                 chunk = view[:got]
+                if sink is not None:
+                    sink(chunk, pos)
+                    pos = cursor[0] = pos + got
+                    continue
                 write_at(fd, chunk, pos)
                 pos += got  # received and written, even if hashing them fails the file
                 cursor[0] = pos

@@ -4,7 +4,9 @@ The thread that wrote the bytes at a file's frontier hashes them from its own bu
 arrived ahead of the frontier (other parts of the file) are read back from disk when the frontier
 reaches them. Once the frontier reaches the file's size, the digest is compared with the
 manifest's: a match marks the file complete, a mismatch fails the download with
-``IntegrityMismatch`` and marks the file bad (its data is discarded).
+``IntegrityMismatch`` and marks the file bad (its data is discarded, or, when peers wrote to it, its
+peers' ranges are re-checked against a second source and the file hashed once more: ``rehash``). A bad
+file is hashed no further until then.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from collections.abc import Callable
 
 from gpustack_models.plugin.engine import disk
 from gpustack_models.plugin.engine.failures import INTEGRITY_MISMATCH, DownloadFailed
+from gpustack_models.plugin.engine.hashing import FileHash
 from gpustack_models.plugin.engine.ranges import FileProgress
 
 MiB = 1024 * 1024
@@ -61,7 +64,7 @@ class HashFrontier:
 
     def _hash_available(self, f: FileProgress, start: int, chunk: memoryview | None) -> None:
         """Hash from the frontier to the end of its written run (caller holds ``f.hash_lock``)."""
-        if f.complete or f.verified:
+        if f.complete or f.verified or f.bad:
             return
         scratch: bytearray | None = None
         while True:
@@ -93,6 +96,25 @@ class HashFrontier:
         f.hasher.update(view[:got])
         self._on_reread(got)
         return got
+
+    def rehash(self, f: FileProgress) -> None:
+        """Hash ``f`` once more from its first byte, read back from disk (a bad file whose bytes were
+        replaced): complete if it matches the manifest now; raises ``DownloadFailed`` (the file stays bad)
+        if not. Every byte must be written."""
+        with f.hash_lock:
+            hasher, pos = FileHash(f.file.algorithm, f.size), 0
+            view = memoryview(bytearray(min(_MAX_READ, max(_MIN_READ, f.size))))
+            fd = f.open()
+            while pos < f.size:
+                got = disk.read_at(fd, view[: min(len(view), f.size - pos)], pos)
+                if got <= 0:
+                    raise DownloadFailed(INTEGRITY_MISMATCH, f"{f.file.path}: written bytes vanished at {pos}")
+                hasher.update(view[:got])
+                pos += got
+            self._on_reread(pos)
+            with f.lock:
+                f.hasher, f.hashed, f.bad, f.dirty = hasher, f.size, False, True
+            self._finalize(f)
 
     def _finalize(self, f: FileProgress) -> None:
         """The whole file is hashed: compare with the manifest (caller holds ``f.hash_lock``)."""

@@ -28,7 +28,7 @@ class FanOutLike(Protocol):
         """Segments are left (a file thrown away after the fetching threads had finished)."""
 
     def recover(self, failure: DownloadFailed) -> bool:
-        """True if a file that failed its hash is fetched again (peers had sent bytes of it)."""
+        """True if a file that failed its hash is mended or fetched again (peers had sent bytes of it)."""
 
     def abort(self) -> None: ...
 

@@ -44,6 +44,9 @@ class FileProgress:
         self.linked: tuple[int, int] | None = None  # (st_dev, st_ino) of a Ready tree's file linked here
         self.epoch = 0  # bumped when the file's bytes are thrown away to be fetched again
         self.peers: set[str] = set()  # the peers that wrote bytes of this epoch (caller holds ``lock``)
+        # The ranges each of them wrote, ``[start, end]`` pairs in the order written (caller holds ``lock``):
+        # a file that fails its hash is re-checked range by range against a second source.
+        self.writers: dict[str, list[list[int]]] = {}
 
     # ---------------------------------------------------------------- written ranges
 
@@ -64,6 +67,15 @@ class FileProgress:
         if i >= 0 and self.ends[i] > pos:
             return self.ends[i]
         return pos
+
+    def note_peer(self, node: str, start: int, end: int) -> None:
+        """``node`` wrote ``[start, end)`` (caller holds ``lock``); a write continuing its last range extends it."""
+        self.peers.add(node)
+        ranges = self.writers.setdefault(node, [])
+        if ranges and ranges[-1][1] == start:
+            ranges[-1][1] = end
+        else:
+            ranges.append([start, end])
 
     def written_bytes(self) -> int:
         with self.lock:
@@ -116,7 +128,7 @@ class FileProgress:
         with self.hash_lock, self.lock:
             self.epoch += 1
             self.starts, self.ends, self.dirty = [], [], True
-            self.peers = set()
+            self.peers, self.writers = set(), {}
             self.hasher, self.hashed = FileHash(self.file.algorithm, self.size), 0
             self.complete = self.bad = False
             self.url = None

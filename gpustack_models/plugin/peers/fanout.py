@@ -4,8 +4,10 @@
 hub segment through the download's ``RangeFetcher`` (the ticket's hubs in their failover order) and
 a peer segment through ``PeerClient``, and report back. A poller thread asks the Downloading peers
 for the ranges they hold and the API for the ticket's current peers. A file that fails its hash
-with bytes from peers is thrown away and fetched again, those peers banned (``recover``); bytes by
-source are counted for the status (``Peer`` when most came from peers), the metrics and the log.
+with bytes from peers is re-checked against a second source and only the peers whose bytes differ
+are banned (``recover``, ``recheck``), or, when that cannot tell, thrown away and fetched again, every
+peer that wrote to it banned; bytes by source are counted for the status (``Peer`` when most came
+from peers), the metrics and the log.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from gpustack_models.plugin.peers.peer_client import (
     PeerRefused,
     Stale,
 )
+from gpustack_models.plugin.peers.recheck import Inconclusive, Recheck
 from gpustack_models.plugin.peers.swarm import HUB, Board, Finished, Segment, SwarmSettings
 
 log = logging.getLogger(__name__)
@@ -53,6 +56,10 @@ class FanOut:
         self._sizes = {f.path: f.size for f in ticket.files}
         self._done = threading.Event()
         self._poller: threading.Thread | None = None
+        self._recheck: Recheck | None = None
+        self._recovering = threading.Lock()
+        self._checking: set[FileProgress] = set()  # bad files being re-checked
+        self._one_recheck = threading.Lock()  # one at a time: a second bad file waits for the first's
 
     # ---------------------------------------------------------------- lifecycle
 
@@ -74,6 +81,7 @@ class FanOut:
         if self._settling(self.ticket.joining, peers):
             self.board.settle(self.settings.peer_settle)
         self.client = PeerClient(self.ticket.hex, self.access, d.settings.stall_timeout, d.limits.rate, d._frontier)
+        self._recheck = Recheck(self.board, self.client, d._frontier, self._from_hubs, self._count, d._stop.is_set)
         self._poller = threading.Thread(target=self._poll, name=f"peers-{self.ticket.hex[:8]}", daemon=True)
         self._poller.start()
         return len(self.board.pending)
@@ -177,8 +185,12 @@ class FanOut:
             else:
                 self._from_peer(seg, source, view, started)
         except DownloadFailed as exc:
-            if not self.recover(exc):
+            if not self.recover(exc, view):
                 raise
+
+    def _from_hubs(self, f: FileProgress, start: int, end: int, view: memoryview, sink) -> None:
+        """``[start, end)`` of ``f`` from the ticket's hubs into ``sink`` (a re-check's second source)."""
+        self.download._fetcher.fetch(f, start, end, view, None, sink)
 
     def _from_hub(self, seg: Segment, view: memoryview, started: float) -> None:
         try:
@@ -221,36 +233,77 @@ class FanOut:
 
     # ---------------------------------------------------------------- bad bytes
 
-    def recover(self, exc: DownloadFailed) -> bool:
-        """A file failed its hash: if peers wrote to it, ban them, throw its bytes away and fetch it
-        again (True); a file only the hub wrote stays a failure (False)."""
+    def recover(self, exc: DownloadFailed, view: memoryview | None = None) -> bool:
+        """A file failed its hash: if peers wrote to it, re-check their ranges against a second source and
+        ban those whose bytes differ (``recheck``), or, when that cannot tell, ban them all, throw its bytes
+        away and fetch it again (True); a file only the hub wrote stays a failure (False). A file another
+        thread is re-checking is left to it."""
         if exc.reason != INTEGRITY_MISMATCH or self.board is None:
             return False
-        bad = [f for f in self.download._files if f.bad]
-        # What the download still needs once the bad bytes are gone (measured before any ban, so before
-        # anything new is asked of the hub for it): the most the hub can be asked for until the next failure.
-        left = self.download.remaining_bytes + sum(f.written_bytes() for f in bad)
-        for f in bad:
-            with f.lock:
-                culprits = set(f.peers) - {""}
-            if not culprits:
-                return False
-            log.warning(
-                "%s: %s failed its hash with bytes from %s: thrown away to be fetched again (%d bytes left to fetch)",
-                self.ticket.digest[:19],
-                f.file.path,
-                ", ".join(sorted(culprits)),
-                left,
-            )
-            for node in self.board.ban(culprits):
-                log.warning(
-                    "%s: banned peer %s for this download: %s failed its hash with its bytes",
-                    self.ticket.digest[:19],
-                    node,
-                    f.file.path,
-                )
-                self.client.abort(node)
-                self.download._stat("banned_peers")
-            f.refetch()
-            self.board.refetch(f)
-        return bool(bad)
+        with self._recovering:
+            elsewhere = bool(self._checking)
+            bad = [f for f in self.download._files if f.bad and f not in self._checking]
+            self._checking.update(bad)
+        if view is None:
+            view = memoryview(bytearray(self.download.settings.buffer_size))
+        try:
+            return all(self._recover_file(f, view) for f in bad) and bool(bad or elsewhere)
+        finally:
+            with self._recovering:
+                self._checking.difference_update(bad)
+
+    def _recover_file(self, f: FileProgress, view: memoryview) -> bool:
+        with f.lock:
+            culprits = set(f.peers) - {""}
+        if not culprits:
+            return False
+        short, path = self.ticket.digest[:19], f.file.path
+        # What the download still needs (measured before any ban, so before anything new is asked of the
+        # hub for it): with the re-check's bytes (or the file's, thrown away), the most the hub can be asked
+        # for until the next failure.
+        log.warning(
+            "%s: %s failed its hash with bytes from %s: re-checking their ranges against a second source"
+            " (%d bytes left to fetch)",
+            short,
+            path,
+            ", ".join(sorted(culprits)),
+            self.download.remaining_bytes,
+        )
+        with self._one_recheck:
+            before = self._recheck.bytes
+            try:
+                differ = self._recheck.run(f, view) - {""}
+            except Inconclusive as why:
+                self._throw_away(f, culprits, f"{why}; {self._recheck.bytes - before} bytes read again")
+                return True
+            finally:
+                read = self._recheck.bytes - before
+                self.download._stat("rechecked_bytes", read)
+        log.warning(
+            "%s: %s verifies with the bytes of %s replaced (%d bytes read again from a second source)",
+            short,
+            path,
+            ", ".join(sorted(differ)),
+            read,
+        )
+        self._ban(differ, f"its bytes of {path} differ from the file that verifies")
+        return True
+
+    def _throw_away(self, f: FileProgress, culprits: set[str], why: str) -> None:
+        """The re-check of ``f`` could not tell (``why``): every peer that wrote to it is banned, its bytes
+        thrown away and fetched again."""
+        log.warning(
+            "%s: %s could not be re-checked (%s): thrown away to be fetched again, every peer that wrote to it banned",
+            self.ticket.digest[:19],
+            f.file.path,
+            why,
+        )
+        self._ban(culprits, f"{f.file.path} failed its hash with its bytes")
+        f.refetch()
+        self.board.refetch(f)
+
+    def _ban(self, nodes: set[str], why: str) -> None:
+        for node in self.board.ban(sorted(nodes)):
+            log.warning("%s: banned peer %s for this download: %s", self.ticket.digest[:19], node, why)
+            self.client.abort(node)
+            self.download._stat("banned_peers")

@@ -25,8 +25,10 @@ from dataclasses import dataclass
 from urllib.parse import quote
 
 from gpustack_models.plugin.engine import disk
+from gpustack_models.plugin.engine.fetch import Sink
 from gpustack_models.plugin.engine.frontier import HashFrontier
 from gpustack_models.plugin.engine.limits import RateLimiter
+from gpustack_models.plugin.engine.ranges import FileProgress
 from gpustack_models.plugin.engine.ticket import FetchTicket, PeerSource, origin
 from gpustack_models.plugin.engine.transport import ConnectionPool, HttpError, StreamedResponse
 from gpustack_models.plugin.peers.contract import PREFIX
@@ -180,6 +182,43 @@ class PeerClient:
             response.close(reuse=seg.pos >= seg.end and response.length == 0)
         return seg.pos - start
 
+    def read(
+        self,
+        peer: PeerSource,
+        f: FileProgress,
+        start: int,
+        end: int,
+        view: memoryview,
+        sink: Sink,
+        stopped: Callable[[], bool],
+    ) -> int:
+        """Read ``[start, end)`` of ``f`` from ``peer`` into ``sink(chunk, pos)`` instead of the file (a file
+        being re-checked compares them with its own); the bytes read, all of them unless the peer failed
+        (``PeerError``, ``PeerBusy``, ``PeerMissing``) or the download stopped (``stopped()``)."""
+        response = self._get(self._pool, peer, f"/files/{quote(f.file.path)}", {"Range": f"bytes={start}-{end - 1}"})
+        response.peer = peer.node
+        with self._lock:
+            self._active.add(response)
+        pos = start
+        try:
+            self._check(response, f.size, start)
+            while pos < end and not stopped():
+                n = self._rate.chunk(min(len(view), end - pos))
+                if not self._rate.acquire(n, stopped):
+                    break
+                got = response.readinto(view[:n])
+                if got <= 0:
+                    raise http.client.IncompleteRead(b"", end - pos)
+                sink(view[:got], pos)
+                pos += got
+        except (OSError, http.client.HTTPException) as exc:
+            raise PeerError(f"{f.file.path} at byte {pos}: {type(exc).__name__}: {exc}") from None
+        finally:
+            with self._lock:
+                self._active.discard(response)
+            response.close(reuse=pos >= end and response.length == 0)
+        return pos - start
+
     @staticmethod
     def _check(response: StreamedResponse, size: int, start: int) -> None:
         status = response.status
@@ -229,6 +268,6 @@ class PeerClient:
                 disk.write_at(fd, chunk[:n], pos)
                 seg.pos = pos + n
             f.add_range(pos, pos + n)
-            f.peers.add(seg.source or "")
+            f.note_peer(seg.source or "", pos, pos + n)
             f.dirty = True
         self._frontier.advance(f, pos, chunk[:n] if f.epoch == seg.epoch else None)

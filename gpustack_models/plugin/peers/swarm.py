@@ -33,10 +33,14 @@ what (it keeps the segments and the peers' state, ``segments``; how it chooses i
   times what the fastest peer's rate promises (and at least ``straggle_seconds``), the segment's tail is
   cut off (at the middle of what remains, never below the bytes being written) and handed to
   another source holding it; the slow request stops at the cut, so no byte is written twice.
-- **Bans.** A peer that sends bad bytes is found when a file it wrote to fails its hash: every peer
-  that wrote bytes of that file is banned for the rest of the download, the file's bytes are
-  thrown away (a new epoch of the file: writers of the old one stop writing) and its segments are
-  fetched again. A file only the hub wrote fails the download, as before.
+- **Bans.** A peer that sends bad bytes is found when a file it wrote to fails its hash. The ranges
+  each peer wrote to it are read once more from a second source (the ticket's hubs, or a peer
+  holding them when no hub serves them) and compared; bytes that differ are replaced and the file
+  is hashed again (``recheck``). If it matches now, only the peers whose bytes differed are banned for
+  the rest of the download; the others keep serving. If the re-check cannot tell (no second source,
+  no byte differed, or the file still fails), every peer that wrote bytes of that file is banned, the
+  file's bytes are thrown away (a new epoch of the file: writers of the old one stop writing) and its
+  segments are fetched again. A file only the hub wrote fails the download, as before.
 - **Failures.** A request that drops or stalls puts the segment's remainder back; a peer whose
   requests or tree answers fail twice in a row is dead for the download; 416 (it does not hold the
   range after all) forgets what it listed; 503 waits ``Retry-After`` (at most 2 s) for that peer.
@@ -219,6 +223,24 @@ class Board(Choosing):
     def banned(self) -> list[str]:
         with self.cond:
             return sorted(node for node, p in self.peers.items() if p.banned)
+
+    def holders(self, path: str, start: int, end: int, exclude: Iterable[str]) -> list[PeerState]:
+        """The usable peers holding ``[start, end)`` of ``path``, but ``exclude``, the fastest first (a
+        second source for bytes being re-checked)."""
+        now, exclude = time.monotonic(), set(exclude)
+        with self.cond:
+            found = [
+                p for n, p in self.peers.items() if n not in exclude and p.usable(now) and p.holds(path, start, end)
+            ]
+        return sorted(found, key=lambda p: -(p.rate() or float("inf")))
+
+    def received(self, node: str, moved: int, seconds: float) -> None:
+        """``node`` sent ``moved`` bytes outside a segment (a re-check) in ``seconds``."""
+        with self.cond:
+            peer = self.peers.get(node)
+            if peer is not None:
+                peer.bytes += moved
+                peer.busy_seconds += seconds
 
     # ---------------------------------------------------------------- holding the hub back
 

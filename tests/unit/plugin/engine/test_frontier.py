@@ -114,3 +114,35 @@ def test_it_hashes_resumed_bytes_from_disk_before_the_ones_just_written(tmp_path
     assert f.complete and f.hexdigest == hashlib.sha256(DATA).hexdigest()
     assert (counts.hashed, counts.reread) == (len(DATA), len(DATA))  # the writer's bytes were not at the frontier
     f.close(sync=False)
+
+
+def test_a_bad_file_is_hashed_no_further_until_its_bytes_are_replaced_and_it_is_hashed_again(tmp_path):
+    f, counts = progress(tmp_path, DATA), Counts()
+    frontier = counts.frontier()
+    bad = bytearray(DATA)
+    bad[5000] ^= 1
+    with pytest.raises(DownloadFailed):
+        frontier.record(f, 0, len(DATA), write(f, bytes(bad), 0, len(DATA)))
+    frontier.advance(f)  # another thread at the frontier (a checkpoint): no second failure
+    assert f.bad and not f.complete
+
+    write(f, DATA, 4096, 8192)  # the bytes a second source sent instead
+    frontier.rehash(f)
+
+    assert (f.bad, f.complete, f.hexdigest) == (False, True, f.file.hexdigest)
+    assert (counts.hashed, counts.reread, counts.completed) == (len(DATA), len(DATA), 1)
+
+
+def test_a_file_hashed_again_with_a_bad_byte_left_stays_bad(tmp_path):
+    f, counts = progress(tmp_path, DATA), Counts()
+    frontier = counts.frontier()
+    bad = bytearray(DATA)
+    bad[5000] ^= 1
+    with pytest.raises(DownloadFailed):
+        frontier.record(f, 0, len(DATA), write(f, bytes(bad), 0, len(DATA)))
+
+    with pytest.raises(DownloadFailed) as failed:
+        frontier.rehash(f)
+
+    assert failed.value.reason == INTEGRITY_MISMATCH and f.bad and not f.complete
+    assert counts.completed == 0

@@ -81,11 +81,13 @@ def test_refetching_starts_a_new_epoch_with_nothing_kept(tmp_path):
     f.new_hash()
     written(f, (0, SIZE))
     f.hasher.update(b"x" * SIZE)
-    f.hashed, f.bad, f.url, f.peers = SIZE, True, "https://cdn.example/blob", {"node-b"}
+    f.hashed, f.bad, f.url = SIZE, True, "https://cdn.example/blob"
+    f.note_peer("node-b", 0, SIZE)
 
     f.refetch()
 
     assert (f.epoch, f.written_ranges(), f.hashed, f.bad, f.url, f.peers) == (1, [], 0, False, None, set())
+    assert f.writers == {}
     assert f.missing() == [(0, SIZE)]
     assert f.hasher.hexdigest() == hashlib.sha256(b"").hexdigest()
 
@@ -98,3 +100,15 @@ def test_it_creates_its_partial_file_on_first_use_and_closes_it_once(tmp_path):
     f.close(sync=True)
     assert f.fd is None
     f.close(sync=True)  # closing again does nothing
+
+
+def test_it_keeps_the_ranges_each_peer_wrote_a_write_continuing_one_extending_it(tmp_path):
+    f = progress(tmp_path)
+    with f.lock:
+        f.note_peer("node-b", 0, 100)
+        f.note_peer("node-b", 100, 250)  # the same request's next read
+        f.note_peer("node-c", 250, 300)
+        f.note_peer("node-b", 400, 500)  # another segment
+
+    assert f.peers == {"node-b", "node-c"}
+    assert f.writers == {"node-b": [[0, 250], [400, 500]], "node-c": [[250, 300]]}
