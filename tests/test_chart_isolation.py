@@ -87,8 +87,11 @@ def test_the_nodes_get_the_ca_certificates_from_a_configmap_without_a_key(helm):
     assert ca["api-ca.crt"] == base64.b64decode(serving["ca.crt"]).decode()
     assert ca["plugin-ca.crt"] == base64.b64decode(plugin_ca["tls.crt"]).decode()
     plugin = one(objects, "DaemonSet", "gpustack-models-plugin")["spec"]["template"]["spec"]
-    (container,) = [c for c in plugin["containers"] if any(m["name"] == "ca" for m in c.get("volumeMounts", []))]
-    env = {e["name"]: e.get("value") for e in container["env"]}
+    containers = {c["name"]: c for c in plugin["containers"]}
+    assert all(any(m["name"] == "ca" for m in c.get("volumeMounts", [])) for c in containers.values())
+    mounter = {e["name"]: e.get("value") for e in containers["mounter"]["env"]}
+    assert mounter["GPUSTACK_API_CA_FILE"] == "/etc/gpustack-models/ca/api-ca.crt"
+    env = {e["name"]: e.get("value") for e in containers["plugin"]["env"]}
     assert env["GPUSTACK_API_CA_FILE"] == "/etc/gpustack-models/ca/api-ca.crt"
     assert (
         env["GPUSTACK_PLUGIN_CA_FILE"] == env["GPUSTACK_PLUGIN_PEER_CA_FILE"] == "/etc/gpustack-models/ca/plugin-ca.crt"
