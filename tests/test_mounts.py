@@ -15,7 +15,7 @@ from datetime import timedelta
 from django.utils import timezone
 
 from gpustack_models.kinds import GROUP
-from gpustack_models.models import MOUNT_PROTECTION, Artifact
+from gpustack_models.models import MOUNT_PROTECTION, Artifact, MountReference
 from tests.support import wait_for
 from tests.support.cluster import fresh_namespace
 from tests.support.mounts import STORAGE, assert_refused, rows
@@ -260,6 +260,23 @@ def test_a_pod_being_deleted_mounts_again_what_it_mounted_and_nothing_new(mounts
         mounts.launcher.admin.json(
             "PATCH", path, body={"metadata": {"finalizers": None}}, content_type="application/merge-patch+json"
         )
+
+
+def test_a_mount_recorded_for_a_volume_its_pod_does_not_have_ends_at_the_next_check(mounts):
+    """A reference recorded before mounts were checked against the Pod's spec (written here as it could be
+    then: a made-up volume id, for a Pod with no model volume) ends at the next mount check; a Pod's own
+    volume, mounted beside it, stays."""
+    bare, pod = mounts.pod(volumes=[]), mounts.pod()
+    meta = bare["metadata"]
+    MountReference.objects.create(
+        node=mounts.node, volume_id=f"csi-{uuid.uuid4().hex}", pod_namespace=meta["namespace"], pod_name=meta["name"],
+        pod_uid=meta["uid"], artifact=mounts.artifact, digest=mounts.digest, last_seen=timezone.now(),
+    )  # fmt: skip
+    own = mounts.body(pod)
+    assert mounts.post(own).status_code == 200
+    wait_for(lambda: [r.volume_id for r in rows(node=mounts.node)] == [own["volumeId"]], timeout=15,
+             message="the mount check to end the reference its Pod's spec does not have")  # fmt: skip
+    kept_by_checks(mounts.node, timezone.now(), 1)
 
 
 def test_a_static_pod_mounts_nothing_and_a_pod_at_most_64_volumes(mounts):

@@ -35,7 +35,6 @@ artifact remains.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import re
 from dataclasses import dataclass
@@ -53,6 +52,7 @@ from gpustack_models.internal.tickets import BoundPlugin
 from gpustack_models.kinds import GROUP, STORAGE_VERSION
 from gpustack_models.kube.errors import BadRequest, Conflict, Forbidden, NotFound
 from gpustack_models.kube.identity import NODE_NAME_EXTRA
+from gpustack_models.kube.volumes import MODEL_DRIVER, model_attributes, volume_of
 from gpustack_models.models import MOUNT_PROTECTION, Artifact, MountReference
 
 log = logging.getLogger(__name__)
@@ -63,7 +63,6 @@ _DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
 _PATCH_ATTEMPTS = 5
 MAX_VOLUMES_PER_POD = 64  # mount references one Pod may hold on its node
 MIRROR_ANNOTATION = "kubernetes.io/config.mirror"  # a static Pod: its node made it, no tenant asked
-DRIVER = "model.csi.gpustack.ai"
 FINISHED = ("Succeeded", "Failed")  # a finished Pod's containers never run again
 
 RECONCILE_NODE = "gpustack_models.reconcile_node_store"
@@ -142,27 +141,18 @@ def check_pod(req: MountRequest) -> dict:
     return pod
 
 
-def volume_handle(pod_uid: str, volume_name: str) -> str:
-    """The volume id the kubelet gives a Pod's inline CSI volume: ``csi-`` and the hex SHA-256 of the Pod's
-    uid followed by the volume's name (``makeVolumeHandle`` in Kubernetes' ``pkg/volume/csi``)."""
-    return "csi-" + hashlib.sha256(f"{pod_uid}{volume_name}".encode()).hexdigest()
-
-
 def check_volume(pod: dict, req: MountRequest) -> str:
     """403 unless the Pod's spec has the volume the kubelet publishes as ``req.volume_id``: a ``csi`` volume
     of this driver whose attributes name ``req.artifact`` and the same ``expectedDigest`` (absent and
     empty are the same, as the plugin reads them). Returns the volume's name."""
     named = f"pod {req.pod_namespace}/{req.pod_name}"
-    uid = (pod.get("metadata") or {}).get("uid") or ""
-    volumes = [v for v in (pod.get("spec") or {}).get("volumes") or [] if isinstance(v, dict)]
-    volume = next((v for v in volumes if volume_handle(uid, str(v.get("name") or "")) == req.volume_id), None)
+    volume = volume_of(pod, req.volume_id)
     if volume is None:
         raise Forbidden(f"volumeId {req.volume_id} is not the volume id of any volume of {named}")
-    csi = volume.get("csi") if isinstance(volume.get("csi"), dict) else {}
     where = f"volume {volume['name']} of {named}"
-    if csi.get("driver") != DRIVER:
-        raise Forbidden(f"{where} is not a csi volume of driver {DRIVER}")
-    attributes = csi.get("volumeAttributes") if isinstance(csi.get("volumeAttributes"), dict) else {}
+    attributes = model_attributes(volume)
+    if attributes is None:
+        raise Forbidden(f"{where} is not a csi volume of driver {MODEL_DRIVER}")
     if attributes.get("artifact") != req.artifact:
         raise Forbidden(f"{where} does not name modelartifact {req.artifact} (its artifact attribute)")
     expected = attributes.get("expectedDigest") or None

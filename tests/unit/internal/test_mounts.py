@@ -4,15 +4,9 @@ mount."""
 import pytest
 
 from gpustack_models import kube
-from gpustack_models.internal.mounts import (
-    DRIVER,
-    MountRequest,
-    check_volume,
-    mounted_content,
-    parse_mount,
-    parse_release,
-    volume_handle,
-)
+from gpustack_models.internal.mounts import MountRequest, check_volume, mounted_content, parse_mount, parse_release
+from gpustack_models.kube.volumes import MODEL_DRIVER as DRIVER
+from gpustack_models.kube.volumes import volume_handle
 
 UID = "0b6c8a9e-3f3c-4c55-9a4e-2f4d2b7c1e10"
 DIGEST = "sha256:" + "ab" * 32
@@ -128,11 +122,6 @@ def test_an_artifact_that_cannot_be_mounted_says_why(obj, req, error, message):
     with pytest.raises(error) as err:
         mounted_content(obj, req)
     assert type(err.value) is error and err.value.message.startswith(message)
-
-
-def test_the_volume_id_is_the_kubelets_handle():
-    # From Kubernetes' makeVolumeHandle (pkg/volume/csi/csi_mounter.go), run in Go for this uid and name.
-    assert volume_handle(UID, "model") == "csi-9b9e28cede3df043a54fe09fcd48a7ba9f3f282b5fdc279e40ece064fcfde2b0"
 
 
 def pod(*volumes):
