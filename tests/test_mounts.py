@@ -15,10 +15,10 @@ from datetime import timedelta
 from django.utils import timezone
 
 from gpustack_models.kinds import GROUP
-from gpustack_models.models import MOUNT_PROTECTION, Artifact, MountReference
+from gpustack_models.models import MOUNT_PROTECTION, Artifact
 from tests.support import wait_for
 from tests.support.cluster import fresh_namespace
-from tests.support.mounts import STORAGE, assert_refused, rows
+from tests.support.mounts import STORAGE, assert_refused, insert_row, rows
 from tests.support.pods import model_volume
 from tests.support.stores import (
     assert_grace,
@@ -268,10 +268,11 @@ def test_a_mount_recorded_for_a_volume_its_pod_does_not_have_ends_at_the_next_ch
     volume, mounted beside it, stays."""
     bare, pod = mounts.pod(volumes=[]), mounts.pod()
     meta = bare["metadata"]
-    MountReference.objects.create(
+    insert_row(
         node=mounts.node, volume_id=f"csi-{uuid.uuid4().hex}", pod_namespace=meta["namespace"], pod_name=meta["name"],
-        pod_uid=meta["uid"], artifact=mounts.artifact, digest=mounts.digest, last_seen=timezone.now(),
+        pod_uid=meta["uid"], artifact=mounts.artifact, digest=mounts.digest,
     )  # fmt: skip
+    assert len(rows(node=mounts.node)) == 1
     own = mounts.body(pod)
     assert mounts.post(own).status_code == 200
     wait_for(lambda: [r.volume_id for r in rows(node=mounts.node)] == [own["volumeId"]], timeout=15,

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 import pytest
 import requests
 import yaml
+from django.db import connections
 
 from gpustack_models import kube
 from gpustack_models.kinds import GROUP
@@ -133,6 +134,23 @@ def mounts(worker_stack, worker_api, launcher, worker_kube, namespace, resolved,
 
 def rows(**filters) -> list[MountReference]:
     return list(MountReference.objects.filter(**filters))
+
+
+def insert_row(**values) -> None:
+    """Write a ``MountReference`` as the API once could, on a connection of its own that commits at once (the
+    test's connection may be inside a transaction the worker does not see)."""
+    values = dict(values, size_bytes=values.get("size_bytes", 0))
+    table = MountReference._meta.db_table
+    columns = ", ".join([*values, "created_at", "last_seen"])
+    connection = connections.create_connection("default")
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute(
+                f"INSERT INTO {table} ({columns}) VALUES ({', '.join(['%s'] * len(values))}, now(), now())",
+                list(values.values()),
+            )
+    finally:
+        connection.close()
 
 
 def assert_refused(resp: requests.Response, code: int, message: str) -> None:
