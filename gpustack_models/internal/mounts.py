@@ -24,9 +24,9 @@ The answer is ``{"digest", "namespace", "artifact", "sizeBytes", "fileCount"}``.
 recorded (a ``MountReference``; the same node and volume id again updates it; at most 64 volumes per Pod,
 409 past that; a Pod being deleted records no new volume, 409, as the kubelet starts no new volume for a
 Pod whose termination has begun, while the volumes it already recorded may be published again, as the
-kubelet does after a restart) and the artifact carries
-the finalizer ``worker.gpustack.ai/model-artifact-protection`` (so a deletion racing the mount waits for
-the Pod); then the node's ``spec.models`` is reconciled (a reconciler's task), which places the digest.
+kubelet does after a restart) and the artifact carries the finalizer
+``worker.gpustack.ai/model-artifact-protection`` (so a deletion racing the mount waits for the Pod); then
+the node's ``spec.models`` is reconciled (a reconciler's task), which places the digest.
 
 ``POST /internal/v1/mounts/release`` ``{"node", "volumeId"}`` (the same token) drops the record, if any,
 and answers ``{}``; the service then reconciles the node and lifts the finalizer once no mount of the
