@@ -14,6 +14,7 @@ pytest_plugins = [
     "tests.support.worker",
     "tests.support.plugins",
     "tests.support.stores",
+    "tests.support.mounts",
     "tests.support.kubelet",
     "tests.support.image_build",
     "tests.support.helm",

@@ -27,11 +27,13 @@ from gpustack_models.plugin.csi.generated import (
     pluginregistration_pb2_grpc,
 )
 from tests.support import REPO, TEST_STATE, wait_for
+from tests.support.pods import model_pod, model_volume, volume_handle
 from tests.support.stores import epoch
 from tests.test_plugins import STORAGE, Scenario, big_files
 
 Mode = csi_pb2.VolumeCapability.AccessMode
 POD_UID = "0b3f6f0e-7a51-4e6f-9d1e-6a1c5e0f0c11"
+POD_UID_KEY = "csi.storage.k8s.io/pod.uid"
 
 
 class Kubelet:
@@ -70,7 +72,7 @@ def pod_context(namespace, name="consumer", uid=POD_UID, artifact="art", **extra
         "csi.storage.k8s.io/ephemeral": "true",
         "csi.storage.k8s.io/pod.namespace": namespace,
         "csi.storage.k8s.io/pod.name": name,
-        "csi.storage.k8s.io/pod.uid": uid,
+        POD_UID_KEY: uid,
         "csi.storage.k8s.io/serviceAccount.name": "default",
     }
     if artifact is not None:
@@ -113,14 +115,9 @@ def scenario(worker_stack, worker_api, hub, worker_kube, admin_http, cluster, na
     hub.faults.clear()
 
 
-def make_pod(core, namespace, node, name="consumer"):
-    from kubernetes import client as k8s
-
-    pod = k8s.V1Pod(
-        metadata=k8s.V1ObjectMeta(name=name),
-        spec=k8s.V1PodSpec(node_name=node, containers=[k8s.V1Container(name="c", image="busybox")]),
-    )
-    return core.create_namespaced_pod(namespace, pod).metadata.uid
+def make_pod(core, namespace, node, name="consumer", volumes=None):
+    """A Pod bound to ``node`` with ``volumes`` (default: one ``model`` volume of ``art``); its uid."""
+    return core.create_namespaced_pod(namespace, model_pod(name, node, volumes, image="busybox")).metadata.uid
 
 
 # --- without the worker: the driver's own answers ------------------------------------------------------
@@ -261,30 +258,32 @@ def test_it_mounts_a_ready_model_read_only_and_unmounts_it(scenario, core, names
     (plugin,) = scenario.plugins(1, GPUSTACK_PLUGIN_KUBELET_DIR=targets.parent)
     scenario.prefetch([plugin])
     ready = scenario.wait_state(plugin.node, "Ready")
-    uid = make_pod(core, namespace, plugin.node)
+    volumes = [model_volume("model", "art", scenario.digest), model_volume("spare", "art", scenario.digest)]
+    uid = make_pod(core, namespace, plugin.node, volumes=volumes)
     kubelet = Kubelet(plugin)
     target = target_in(targets, uid)
     context = pod_context(namespace, uid=uid, expectedDigest=scenario.digest)
+    volume_id = volume_handle(uid, "model")
     # lastUsedTime has whole seconds: a use from the next second on is a later one.
     wait_for(lambda: time.time() >= epoch(ready["lastUsedTime"]) + 1, timeout=5, interval=0.05,
              message="a second past the last use")  # fmt: skip
-    kubelet.publish("csi-vol-1", target, context)
+    kubelet.publish(volume_id, target, context)
     assert is_mount_point(target)
     assert tree_bytes(target) == {k: v for k, v in scenario.files.items()}
     with pytest.raises(OSError) as info:
         (target / "config.json").write_text("changed")
     assert info.value.errno == errno.EROFS
-    kubelet.publish("csi-vol-1", target, context)  # again: the same answer
-    other = kubelet.refusal(kubelet.publish, "csi-vol-2", target, context)
+    kubelet.publish(volume_id, target, context)  # again: the same answer
+    other = kubelet.refusal(kubelet.publish, volume_handle(uid, "spare"), target, context)
     assert other.code() == grpc.StatusCode.ALREADY_EXISTS
     wait_for(
         lambda: scenario.entry(plugin.node).get("lastUsedTime", "") > ready["lastUsedTime"],
         timeout=15,
         message="the mount to count as a use in the store's status",
     )
-    kubelet.unpublish("csi-vol-1", target)
+    kubelet.unpublish(volume_id, target)
     assert not target.exists() and not is_mount_point(target)
-    kubelet.unpublish("csi-vol-1", target)  # again: nothing there is fine
+    kubelet.unpublish(volume_id, target)  # again: nothing there is fine
     assert scenario.tree(plugin).is_dir(), "unmounting removed the cached tree"
 
 
@@ -299,7 +298,7 @@ def test_it_answers_unavailable_with_the_progress_until_the_model_is_ready(scena
 
     def downloading():
         try:
-            kubelet.publish("csi-vol-1", target, pod_context(namespace, uid=uid))
+            kubelet.publish(volume_handle(uid, "model"), target, pod_context(namespace, uid=uid))
         except grpc.RpcError as error:
             assert error.code() == grpc.StatusCode.UNAVAILABLE, error.details()
             messages.append(error.details())
@@ -310,25 +309,33 @@ def test_it_answers_unavailable_with_the_progress_until_the_model_is_ready(scena
     assert messages[0].startswith("model art ") and not is_mount_point(target)
     hub.faults.clear()
     scenario.wait_state(plugin.node, "Ready", timeout=90)
-    kubelet.publish("csi-vol-1", target, pod_context(namespace, uid=uid))
+    kubelet.publish(volume_handle(uid, "model"), target, pod_context(namespace, uid=uid))
     assert is_mount_point(target) and (target / "config.json").read_bytes() == scenario.files["config.json"]
-    kubelet.unpublish("csi-vol-1", target)
+    kubelet.unpublish(volume_handle(uid, "model"), target)
 
 
 def test_it_maps_the_workers_refusals(scenario, core, namespace, targets):
     scenario.artifact()
     (plugin,) = scenario.plugins(1, GPUSTACK_PLUGIN_KUBELET_DIR=targets.parent)
     (elsewhere,) = scenario.plugins(1)
-    uid = make_pod(core, namespace, plugin.node)
+    zeros = "sha256:" + "0" * 64
+    volumes = [
+        model_volume("model", "art"),
+        model_volume("missing", "missing"),
+        model_volume("zeros", "art", zeros),
+        model_volume("unresolved", "unresolved"),
+    ]
+    uid = make_pod(core, namespace, plugin.node, volumes=volumes)
     away = make_pod(core, namespace, elsewhere.node, name="away")
     kubelet = Kubelet(plugin)
     target = target_in(targets, uid)
     cases = [
-        (pod_context(namespace, uid=uid, artifact="missing"), grpc.StatusCode.NOT_FOUND),
-        (pod_context(namespace, uid=str(uuid.uuid4())), grpc.StatusCode.NOT_FOUND),  # another uid
-        (pod_context(namespace, name="away", uid=away), grpc.StatusCode.PERMISSION_DENIED),  # on another node
-        (pod_context(namespace, uid=uid, expectedDigest="sha256:" + "0" * 64), grpc.StatusCode.INVALID_ARGUMENT),
-        (pod_context(namespace, uid=uid, artifact="unresolved"), grpc.StatusCode.FAILED_PRECONDITION),
+        (pod_context(namespace, uid=uid, artifact="missing"), "missing", grpc.StatusCode.NOT_FOUND),
+        (pod_context(namespace, uid=str(uuid.uuid4())), "model", grpc.StatusCode.NOT_FOUND),  # another uid
+        (pod_context(namespace, name="away", uid=away), "model", grpc.StatusCode.PERMISSION_DENIED),  # elsewhere
+        (pod_context(namespace, uid=uid, expectedDigest=zeros), "zeros", grpc.StatusCode.INVALID_ARGUMENT),
+        (pod_context(namespace, uid=uid, artifact="unresolved"), "unresolved", grpc.StatusCode.FAILED_PRECONDITION),
+        (pod_context(namespace, uid=uid, artifact="missing"), "model", grpc.StatusCode.PERMISSION_DENIED),  # not asked
     ]
     scenario.kube.create(
         f"{STORAGE}/namespaces/{namespace}/modelartifacts",
@@ -339,8 +346,8 @@ def test_it_maps_the_workers_refusals(scenario, core, namespace, targets):
             "spec": {"source": {"huggingFace": {"repository": f"org/absent-{uuid.uuid4().hex[:6]}"}}},
         },
     )
-    for context, code in cases:
-        error = kubelet.refusal(kubelet.publish, "csi-vol-1", target, context)
+    for context, volume, code in cases:
+        error = kubelet.refusal(kubelet.publish, volume_handle(context[POD_UID_KEY], volume), target, context)
         assert error.code() == code, (context, error.details())
         assert error.details(), "a refusal without the worker's message"
     assert not is_mount_point(target)
@@ -362,7 +369,8 @@ def test_it_keeps_mounts_and_their_models_across_a_restart(scenario, hub, core, 
     wait_for(spare_tree.is_dir, timeout=90, message="the spare model published")
     uid = make_pod(core, namespace, plugin.node)
     target = target_in(targets, uid)
-    Kubelet(plugin).publish("csi-vol-1", target, pod_context(namespace, uid=uid))
+    volume_id = volume_handle(uid, "model")
+    Kubelet(plugin).publish(volume_id, target, pod_context(namespace, uid=uid))
     scenario.kube.delete(f"{STORAGE}/namespaces/{namespace}/modelprefetches/spare")  # its grace: 8 s
     plugin.stop()
     assert spare_tree.is_dir(), "the plugin stopped removed the spare model: only the restarted one may"
@@ -370,13 +378,13 @@ def test_it_keeps_mounts_and_their_models_across_a_restart(scenario, hub, core, 
     scenario.kube.delete(f"{STORAGE}/namespaces/{namespace}/modelprefetches/warm")
     plugin.start()
     kubelet = Kubelet(plugin)
-    kubelet.publish("csi-vol-1", target, pod_context(namespace, uid=uid))  # known again: the same volume
+    kubelet.publish(volume_id, target, pod_context(namespace, uid=uid))  # known again: the same volume
     assert (target / "config.json").read_bytes() == scenario.files["config.json"]
     wait_for(lambda: scenario.entry(plugin.node) is not None, timeout=30, message="the restarted plugin's status")
     # The restarted plugin's collection removes what left spec.models, and not the mounted model.
     wait_for(lambda: not spare_tree.exists(), timeout=60, message="the restarted plugin to remove the spare model")
     assert scenario.tree(plugin).is_dir(), "a mounted model was removed"
-    kubelet.unpublish("csi-vol-1", target)
+    kubelet.unpublish(volume_id, target)
     assert not is_mount_point(target)
 
 

@@ -2,26 +2,24 @@
 plugin's mount request is authorized from the cluster (its bound token, the Pod, the artifact in the Pod's
 namespace), places the digest on the node at once and protects the artifact; a release, a deleted Pod or a
 deleted node ends it. Pods are created bound to a node (no kubelet runs them: they stay Pending, which is
-all authorization needs). The suite's worker checks mounts every 3 s, with an 8 s collection grace and a cap
-of 16 digests per node."""
+all authorization needs), with the model volumes a tenant writes, and each mount names one of them by the
+volume id the kubelet would give it (``tests.support.mounts``). The suite's worker checks mounts every 3 s,
+with an 8 s collection grace and a cap of 16 digests per node."""
 
 from __future__ import annotations
 
 import time
 import uuid
-from dataclasses import dataclass, field
 from datetime import timedelta
 
-import pytest
-import requests
-import yaml
 from django.utils import timezone
 
-from gpustack_models import kube
 from gpustack_models.kinds import GROUP
-from gpustack_models.models import MOUNT_PROTECTION, Artifact, MountReference
-from tests.support import wait_default_service_account, wait_for
+from gpustack_models.models import MOUNT_PROTECTION, Artifact
+from tests.support import wait_for
 from tests.support.cluster import fresh_namespace
+from tests.support.mounts import STORAGE, assert_refused, insert_row, rows
+from tests.support.pods import model_volume
 from tests.support.stores import (
     assert_grace,
     cap_digests,
@@ -29,126 +27,9 @@ from tests.support.stores import (
     fill_past_the_cap,
     node_full,
     prefetch,
-    reconciled,
-    store,
     tenants_of,
 )
 from tests.support.worker import COLLECTION_GRACE, MODELS_PER_NODE
-
-STORAGE = f"/apis/{GROUP}/v1alpha1"
-_addresses = iter(range(10, 250))
-
-
-def bound_token(launcher, node: str) -> str:
-    """The plugin's Pod-bound token for ``node``, as the DaemonSet's projected token would be."""
-    return yaml.safe_load(launcher.plugin_kubeconfig(node).read_text())["users"][0]["user"]["token"]
-
-
-@dataclass
-class Mounts:
-    """Two nodes with their plugins' bound tokens (no plugin process), Pods, and the mount endpoint."""
-
-    api: object
-    launcher: object
-    kube: kube.Kube
-    ns: str
-    artifact: str
-    digest: str
-    nodes: list[str]
-    tokens: dict[str, str] = field(default_factory=dict)
-    pods: list[tuple[str, str]] = field(default_factory=list)
-
-    @property
-    def node(self) -> str:
-        return self.nodes[0]
-
-    def post(self, body, token: str | None = "", path: str = "mounts", **kwargs) -> requests.Response:
-        """POST to the worker as the first node's plugin (``token``: another one; None: none)."""
-        session = requests.Session()
-        session.trust_env = False
-        token = self.tokens[self.node] if token == "" else token
-        headers = dict(kwargs.pop("headers", {}), **({"Authorization": f"Bearer {token}"} if token else {}))
-        if body is not None:
-            kwargs["json"] = body
-        return session.post(
-            f"{self.api.url}/internal/v1/{path}", headers=headers, verify=str(self.api.ca_file), timeout=30, **kwargs
-        )
-
-    def release(self, volume_id: str, node: str | None = None, token: str | None = "") -> requests.Response:
-        return self.post({"node": node or self.node, "volumeId": volume_id}, token=token, path="mounts/release")
-
-    def pod(self, name: str | None = None, node: str | None = None, ns: str | None = None, **meta) -> dict:
-        ns = ns or self.ns
-        wait_default_service_account(self.launcher.admin, ns)
-        body = {
-            "apiVersion": "v1",
-            "kind": "Pod",
-            "metadata": {"name": name or f"server-{uuid.uuid4().hex[:6]}", **meta},
-            "spec": {"nodeName": node or self.node, "containers": [{"name": "c", "image": "example.invalid/none"}]},
-        }
-        created = self.launcher.admin.create(f"/api/v1/namespaces/{ns}/pods", body)
-        self.pods.append((ns, created["metadata"]["name"]))
-        return created
-
-    def delete_pod(self, pod: dict) -> None:
-        meta = pod["metadata"]
-        try:
-            self.launcher.admin.delete(
-                f"/api/v1/namespaces/{meta['namespace']}/pods/{meta['name']}", query={"gracePeriodSeconds": "0"}
-            )
-        except kube.NotFound:
-            pass
-
-    def body(self, pod: dict, artifact: str | None = None, node: str | None = None, **extra) -> dict:
-        meta = pod["metadata"]
-        return {
-            "node": node or self.node,
-            "volumeId": f"csi-{uuid.uuid4().hex}",
-            "pod": {"namespace": meta["namespace"], "name": meta["name"], "uid": meta["uid"]},
-            "artifact": artifact or self.artifact,
-            "expectedDigest": None,
-            **extra,
-        }
-
-    def models(self, node: str | None = None) -> list[dict]:
-        return ((store(self.kube, node or self.node) or {}).get("spec") or {}).get("models") or []
-
-    def item(self, digest: str, node: str | None = None) -> dict | None:
-        return next((m for m in self.models(node) if m["digest"] == digest), None)
-
-    def artifact_object(self, name: str | None = None, ns: str | None = None) -> dict | None:
-        try:
-            return self.kube.get(f"{STORAGE}/namespaces/{ns or self.ns}/modelartifacts/{name or self.artifact}")
-        except kube.NotFound:
-            return None
-
-    def finalizers(self, name: str | None = None, ns: str | None = None) -> list[str]:
-        return ((self.artifact_object(name, ns) or {}).get("metadata") or {}).get("finalizers") or []
-
-    def reconciled(self, node: str | None = None) -> list[dict]:
-        """spec.models of ``node`` as a reconcile started now decides it."""
-        return (reconciled(self.launcher.admin, self.kube, node or self.node).get("spec") or {}).get("models") or []
-
-
-@pytest.fixture
-def mounts(worker_stack, worker_api, launcher, worker_kube, namespace, resolved, mirror_db):
-    name, digest = resolved
-    nodes = [f"m-{uuid.uuid4().hex[:6]}-{i}" for i in range(2)]
-    for node in nodes:
-        launcher.register_node(node, f"127.0.5.{next(_addresses)}")
-    m = Mounts(worker_api, launcher, worker_kube, namespace, name, digest, nodes)
-    m.tokens = {node: bound_token(launcher, node) for node in nodes}
-    for node in nodes:
-        wait_for(lambda node=node: store(worker_kube, node), message=f"the store of {node}")
-    yield m
-    for ns, pod in m.pods:
-        m.delete_pod({"metadata": {"namespace": ns, "name": pod}})
-    for node in nodes:
-        launcher.unregister_node(node)
-
-
-def rows(**filters) -> list[MountReference]:
-    return list(MountReference.objects.filter(**filters))
 
 
 def kept_by_checks(node: str, since, count: int) -> None:
@@ -164,7 +45,7 @@ def kept_by_checks(node: str, since, count: int) -> None:
 
 
 def test_a_mount_places_its_digest_at_once_protects_the_artifact_and_a_release_lets_both_go(mounts):
-    pod = mounts.pod()
+    pod = mounts.pod(volumes=[model_volume("model", mounts.artifact, mounts.digest)])
     body = mounts.body(pod, expectedDigest=mounts.digest)
     resp = mounts.post(body)
     answered = time.monotonic()
@@ -234,18 +115,19 @@ def _claim(mounts) -> None:
     )  # fmt: skip
 
 
-def assert_refused(resp: requests.Response, code: int, message: str) -> None:
-    assert resp.status_code == code, (code, resp.status_code, resp.text)
-    status = resp.json()
-    assert status["kind"] == "Status" and status["code"] == code, status
-    assert message in status["message"], (message, status["message"])
-
-
 def test_every_refusal_is_a_status_and_changes_nothing(mounts, hub, cluster, core):
     reason = _unresolvable(mounts, hub)
     _claim(mounts)
     other_node = mounts.nodes[1]
-    pod = mounts.pod()
+    zeros = "sha256:" + "0" * 64
+    pod = mounts.pod(
+        volumes=[
+            model_volume("model", mounts.artifact),
+            model_volume("missing", "missing"),
+            model_volume("volume", "volume"),
+            model_volume("zeros", mounts.artifact, zeros),
+        ]
+    )
     elsewhere = mounts.pod(node=other_node)
     gen = fresh_namespace(core)
     team_b = next(gen)
@@ -267,9 +149,19 @@ def test_every_refusal_is_a_status_and_changes_nothing(mounts, hub, cluster, cor
             (mounts.body(elsewhere), "", 403, f"is not on node {mounts.node}"),
             # the artifact, in the Pod's namespace
             (mounts.body(outsider), "", 404, f"modelartifact {mounts.artifact} not found in namespace {team_b}"),
-            (mounts.body(pod, "missing"), "", 409, f"modelartifact missing is not resolved yet ({reason}: "),
-            (mounts.body(pod, "volume"), "", 400, "takes its files from a volume claim: mount the claim itself"),
-            (mounts.body(pod, expectedDigest="sha256:" + "0" * 64), "", 400, "does not match the digest"),
+            (
+                mounts.body(pod, "missing", volume="missing"),
+                "",
+                409,
+                f"modelartifact missing is not resolved yet ({reason}: ",
+            ),
+            (
+                mounts.body(pod, "volume", volume="volume"),
+                "",
+                400,
+                "takes its files from a volume claim: mount the claim itself",
+            ),
+            (mounts.body(pod, volume="zeros", expectedDigest=zeros), "", 400, "does not match the digest"),
             # hostile bodies
             (mounts.body(pod, volumeId=5), "", 400, "volumeId must be"),
             (mounts.body(pod, volumeId="v" * 129), "", 400, "volumeId must be"),
@@ -306,18 +198,99 @@ def test_every_refusal_is_a_status_and_changes_nothing(mounts, hub, cluster, cor
         next(gen, None)
 
 
+def _phase(mounts, pod: dict, phase: str) -> dict:
+    """``pod`` with its status phase set, as its kubelet would report it."""
+    meta = pod["metadata"]
+    return mounts.launcher.admin.json(
+        "PATCH", f"/api/v1/namespaces/{meta['namespace']}/pods/{meta['name']}/status",
+        body={"status": {"phase": phase}}, content_type="application/merge-patch+json",
+    )  # fmt: skip
+
+
+def test_a_mount_its_pods_spec_does_not_ask_for_is_refused_and_changes_nothing(mounts):
+    """The node's plugin token asks to mount the tenant's artifact for Pods of that tenant on that node that
+    ask for no such mount: no model volume, one naming another artifact or another expectedDigest, a volume
+    of another kind, a volume id of no volume of the Pod (made up, or another Pod's), a finished Pod."""
+    art, ns = mounts.artifact, mounts.ns
+    plain = mounts.pod(volumes=[])
+    other = mounts.pod(volumes=[model_volume("model", "other-art"), {"name": "scratch", "emptyDir": {}}])
+    pinned = mounts.pod(volumes=[model_volume("model", art, "sha256:" + "1" * 64)])
+    unpinned, neighbour = mounts.pod(), mounts.pod()
+    succeeded, failed = _phase(mounts, mounts.pod(), "Succeeded"), _phase(mounts, mounts.pod(), "Failed")
+
+    def named(pod):
+        return f"pod {ns}/{pod['metadata']['name']}"
+
+    cases = [
+        (mounts.body(plain), 403, f"is not the volume id of any volume of {named(plain)}"),
+        (mounts.body(other), 403, f"volume model of {named(other)} does not name modelartifact {art}"),
+        (mounts.body(other, volume="scratch"), 403, "is not a csi volume of driver model.csi.gpustack.ai"),
+        (mounts.body(pinned), 403, f"has expectedDigest sha256:{'1' * 64}, not (none)"),
+        (mounts.body(pinned, expectedDigest=mounts.digest), 403, f"not {mounts.digest}"),
+        (mounts.body(unpinned, expectedDigest=mounts.digest), 403, f"has expectedDigest (none), not {mounts.digest}"),
+        (dict(mounts.body(unpinned), volumeId=f"csi-{uuid.uuid4().hex}"), 403, "is not the volume id of any volume"),
+        (dict(mounts.body(unpinned), volumeId=mounts.body(neighbour)["volumeId"]), 403, "is not the volume id of"),
+        (mounts.body(succeeded), 409, f"{named(succeeded)} has finished (phase Succeeded)"),
+        (mounts.body(failed), 409, f"{named(failed)} has finished (phase Failed)"),
+    ]
+    for body, code, message in cases:
+        assert_refused(mounts.post(body), code, message)
+    assert rows(node__in=mounts.nodes) == [], "a refused mount was recorded"
+    assert MOUNT_PROTECTION not in mounts.finalizers(), "a refused mount protected the artifact"
+    assert mounts.reconciled() == [] and mounts.models() == [], "a refused mount placed the digest"
+    assert mounts.post(mounts.body(unpinned)).status_code == 200, "the Pod's own volume, as the kubelet names it"
+
+
+def test_a_pod_being_deleted_mounts_again_what_it_mounted_and_nothing_new(mounts):
+    """As the kubelet starts no new volume for a Pod whose termination has begun, and publishes again after a
+    restart the volumes it had: a finalizer keeps the Pod in its deletion while no kubelet ends it."""
+    pod = mounts.pod(volumes=[model_volume("a", mounts.artifact), model_volume("b", mounts.artifact)],
+                     finalizers=["example.com/hold"])  # fmt: skip
+    meta = pod["metadata"]
+    path = f"/api/v1/namespaces/{meta['namespace']}/pods/{meta['name']}"
+    first = mounts.body(pod, volume="a")
+    assert mounts.post(first).status_code == 200
+    mounts.launcher.admin.delete(path, query={"gracePeriodSeconds": "30"})
+    try:
+        assert mounts.launcher.admin.get(path)["metadata"].get("deletionTimestamp")
+        assert_refused(mounts.post(mounts.body(pod, volume="b")), 409, "is being deleted: it mounts no new volume")
+        assert mounts.post(first).status_code == 200, "a volume it recorded, published again"
+        assert [r.volume_id for r in rows(node__in=mounts.nodes)] == [first["volumeId"]]
+    finally:
+        mounts.launcher.admin.json(
+            "PATCH", path, body={"metadata": {"finalizers": None}}, content_type="application/merge-patch+json"
+        )
+
+
+def test_a_mount_recorded_for_a_volume_its_pod_does_not_have_ends_at_the_next_check(mounts):
+    """A reference recorded before mounts were checked against the Pod's spec (written here as it could be
+    then: a made-up volume id, for a Pod with no model volume) ends at the next mount check; a Pod's own
+    volume, mounted beside it, stays."""
+    bare, pod = mounts.pod(volumes=[]), mounts.pod()
+    meta = bare["metadata"]
+    insert_row(
+        node=mounts.node, volume_id=f"csi-{uuid.uuid4().hex}", pod_namespace=meta["namespace"], pod_name=meta["name"],
+        pod_uid=meta["uid"], artifact=mounts.artifact, digest=mounts.digest,
+    )  # fmt: skip
+    assert len(rows(node=mounts.node)) == 1
+    own = mounts.body(pod)
+    assert mounts.post(own).status_code == 200
+    wait_for(lambda: [r.volume_id for r in rows(node=mounts.node)] == [own["volumeId"]], timeout=15,
+             message="the mount check to end the reference its Pod's spec does not have")  # fmt: skip
+    kept_by_checks(mounts.node, timezone.now(), 1)
+
+
 def test_a_static_pod_mounts_nothing_and_a_pod_at_most_64_volumes(mounts):
     static = mounts.pod(annotations={"kubernetes.io/config.mirror": "node-made"})
     assert_refused(mounts.post(mounts.body(static)), 403, "is a static Pod")
     assert rows(node=mounts.node) == []
-    pod = mounts.pod()
-    for _ in range(64):
-        resp = mounts.post(mounts.body(pod))
+    pod = mounts.pod(volumes=[model_volume(f"v{i}", mounts.artifact) for i in range(65)])
+    for i in range(64):
+        resp = mounts.post(mounts.body(pod, volume=f"v{i}"))
         assert resp.status_code == 200, resp.text
-    assert_refused(mounts.post(mounts.body(pod)), 409, "already mounts 64 model volumes")
+    assert_refused(mounts.post(mounts.body(pod, volume="v64")), 409, "already mounts 64 model volumes")
     assert len(rows(node=mounts.node)) == 64
-    volume = rows(node=mounts.node)[0].volume_id
-    assert mounts.post(dict(mounts.body(pod), volumeId=volume)).status_code == 200, "a known volume again"
+    assert mounts.post(mounts.body(pod, volume="v0")).status_code == 200, "a known volume again"
 
 
 def test_an_artifact_being_deleted_is_not_mounted(mounts):
@@ -330,7 +303,8 @@ def test_an_artifact_being_deleted_is_not_mounted(mounts):
     path = f"{STORAGE}/namespaces/{mounts.ns}/modelartifacts/held"
     mounts.kube.delete(path)
     try:
-        assert_refused(mounts.post(mounts.body(mounts.pod(), "held")), 409, "modelartifact held in namespace")
+        held = mounts.pod(volumes=[model_volume("held", "held")])
+        assert_refused(mounts.post(mounts.body(held, "held", volume="held")), 409, "modelartifact held in namespace")
         assert mounts.finalizers("held") == ["example.com/hold"]
         assert rows(node=mounts.node) == []
     finally:

@@ -261,7 +261,7 @@ def test_api_paths(plans):
         assert placement.holders("sq-ns-017", ["art-3", "art-4"])
         rows = tickets.resolutions(digest(17))
         assert rows
-        tickets.wanting_namespaces(node_name(4242), rows)
+        tickets.wanting_namespaces(node_name(4242), digest(17), rows)
         tickets.peer_sources(node_name(4242), digest(17))
 
     plans(run)

@@ -8,17 +8,25 @@ attributes alone. In this order, each refusal a ``Status``:
 
 1. the body's shape (400 naming the field);
 2. the token is the plugin's, bound to the node the body names (401, 403);
-3. the Pod exists with that uid (404), is bound to that node (403) and is not a static Pod (a mirror Pod
-   its node made itself, 403), read live;
-4. the ModelArtifact ``artifact`` exists in the Pod's namespace (404), read live; it is not being deleted
+3. the Pod exists with that uid (404), is bound to that node (403), is not a static Pod (a mirror Pod
+   its node made itself, 403) and has not finished (``Succeeded`` or ``Failed``, 409), read live;
+4. the Pod asked for this mount: its spec has a volume whose kubelet volume id is ``volumeId`` (403), a
+   ``csi`` volume of driver ``model.csi.gpustack.ai`` (403) whose ``volumeAttributes`` name ``artifact``
+   (403) and the same ``expectedDigest`` (both absent or empty, or equal; 403). For an inline CSI volume the
+   kubelet's volume id is ``csi-`` and the hex SHA-256 of the Pod's uid followed by the volume's name
+   (``makeVolumeHandle`` in Kubernetes' ``pkg/volume/csi``): a node cannot choose it, so it cannot record
+   two references for one volume nor mount for a volume the Pod does not have;
+5. the ModelArtifact ``artifact`` exists in the Pod's namespace (404), read live; it is not being deleted
    (409), takes its files from a hub and not a claim (400), has a resolved content digest (409 with its
    ``Resolved`` condition's reason and message), which ``expectedDigest``, when given, equals (400).
 
 The answer is ``{"digest", "namespace", "artifact", "sizeBytes", "fileCount"}``. Before it, the mount is
 recorded (a ``MountReference``; the same node and volume id again updates it; at most 64 volumes per Pod,
-409 past that) and the artifact carries
-the finalizer ``worker.gpustack.ai/model-artifact-protection`` (so a deletion racing the mount waits for
-the Pod); then the node's ``spec.models`` is reconciled (a reconciler's task), which places the digest.
+409 past that; a Pod being deleted records no new volume, 409, as the kubelet starts no new volume for a
+Pod whose termination has begun, while the volumes it already recorded may be published again, as the
+kubelet does after a restart) and the artifact carries the finalizer
+``worker.gpustack.ai/model-artifact-protection`` (so a deletion racing the mount waits for the Pod); then
+the node's ``spec.models`` is reconciled (a reconciler's task), which places the digest.
 
 ``POST /internal/v1/mounts/release`` ``{"node", "volumeId"}`` (the same token) drops the record, if any,
 and answers ``{}``; the service then reconciles the node and lifts the finalizer once no mount of the
@@ -44,6 +52,7 @@ from gpustack_models.internal.tickets import BoundPlugin
 from gpustack_models.kinds import GROUP, STORAGE_VERSION
 from gpustack_models.kube.errors import BadRequest, Conflict, Forbidden, NotFound
 from gpustack_models.kube.identity import NODE_NAME_EXTRA
+from gpustack_models.kube.volumes import MODEL_DRIVER, model_attributes, volume_of
 from gpustack_models.models import MOUNT_PROTECTION, Artifact, MountReference
 
 log = logging.getLogger(__name__)
@@ -54,6 +63,7 @@ _DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
 _PATCH_ATTEMPTS = 5
 MAX_VOLUMES_PER_POD = 64  # mount references one Pod may hold on its node
 MIRROR_ANNOTATION = "kubernetes.io/config.mirror"  # a static Pod: its node made it, no tenant asked
+FINISHED = ("Succeeded", "Failed")  # a finished Pod's containers never run again
 
 RECONCILE_NODE = "gpustack_models.reconcile_node_store"
 RELEASE_PROTECTION = "gpustack_models.release_mount_protection"
@@ -112,8 +122,8 @@ def check_bound(user, node: str) -> None:
         raise Forbidden(f"this token is bound to node {bound[0] if bound else '(none)'}, not {node}")
 
 
-def check_pod(req: MountRequest) -> None:
-    """The Pod exists with the uid given and is bound to the node asking (read live)."""
+def check_pod(req: MountRequest) -> dict:
+    """The Pod exists with the uid given, is bound to the node asking and has not finished (read live)."""
     named = f"pod {req.pod_namespace}/{req.pod_name}"
     try:
         pod = kube.default().get(f"/api/v1/namespaces/{req.pod_namespace}/pods/{req.pod_name}")
@@ -125,6 +135,30 @@ def check_pod(req: MountRequest) -> None:
         raise Forbidden(f"{named} is not on node {req.node}")
     if MIRROR_ANNOTATION in ((pod.get("metadata") or {}).get("annotations") or {}):
         raise Forbidden(f"{named} is a static Pod (made by its node, not through the API): it cannot mount models")
+    phase = (pod.get("status") or {}).get("phase")
+    if phase in FINISHED:
+        raise Conflict(f"{named} has finished (phase {phase}): it mounts nothing more")
+    return pod
+
+
+def check_volume(pod: dict, req: MountRequest) -> str:
+    """403 unless the Pod's spec has the volume the kubelet publishes as ``req.volume_id``: a ``csi`` volume
+    of this driver whose attributes name ``req.artifact`` and the same ``expectedDigest`` (absent and
+    empty are the same, as the plugin reads them). Returns the volume's name."""
+    named = f"pod {req.pod_namespace}/{req.pod_name}"
+    volume = volume_of(pod, req.volume_id)
+    if volume is None:
+        raise Forbidden(f"volumeId {req.volume_id} is not the volume id of any volume of {named}")
+    where = f"volume {volume['name']} of {named}"
+    attributes = model_attributes(volume)
+    if attributes is None:
+        raise Forbidden(f"{where} is not a csi volume of driver {MODEL_DRIVER}")
+    if attributes.get("artifact") != req.artifact:
+        raise Forbidden(f"{where} does not name modelartifact {req.artifact} (its artifact attribute)")
+    expected = attributes.get("expectedDigest") or None
+    if expected != req.expected_digest:
+        raise Forbidden(f"{where} has expectedDigest {expected or '(none)'}, not {req.expected_digest or '(none)'}")
+    return volume["name"]
 
 
 def artifact_path(namespace: str, name: str) -> str:
@@ -195,13 +229,15 @@ def protect(artifact: dict, req: MountRequest) -> dict:
     raise Conflict(f"modelartifact {req.artifact} kept changing; try again")
 
 
-def record(req: MountRequest, artifact: dict, answer: dict) -> tuple[dict, MountReference | None]:
+def record(req: MountRequest, artifact: dict, answer: dict, terminating: bool) -> tuple[dict, MountReference | None]:
     """Write the mount's row under the lock of its artifact's mirror row (the service lifts the finalizer
-    under the same lock), then protect the artifact; both or neither. Returns the answer and the row the
-    mount replaced, if any."""
+    under the same lock), then protect the artifact; both or neither. A Pod being deleted (``terminating``)
+    only publishes again the volumes it recorded. Returns the answer and the row the mount replaced, if any."""
     with transaction.atomic():
         list(Artifact.objects.select_for_update().filter(namespace=req.pod_namespace, name=req.artifact).values("pk"))
         previous = MountReference.objects.select_for_update().filter(node=req.node, volume_id=req.volume_id).first()
+        if terminating and (previous is None or previous.pod_uid != req.pod_uid):
+            raise Conflict(f"pod {req.pod_namespace}/{req.pod_name} is being deleted: it mounts no new volume")
         if previous is None and _pod_volumes(req) >= MAX_VOLUMES_PER_POD:
             raise Conflict(f"pod {req.pod_namespace}/{req.pod_name} already mounts {MAX_VOLUMES_PER_POD} model volumes")
         values = {
@@ -241,12 +277,15 @@ class MountView(KubeAPIView):
     def post(self, request):
         req = parse_mount(request.data)
         check_bound(request.user, req.node)
-        check_pod(req)
+        pod = check_pod(req)
+        volume = check_volume(pod, req)
+        terminating = bool((pod.get("metadata") or {}).get("deletionTimestamp"))
         artifact = read_artifact(req)
-        answer, previous = record(req, artifact, mounted_content(artifact, req))
+        answer, previous = record(req, artifact, mounted_content(artifact, req), terminating)
         log.info(
-            "node %s: volume %s of pod %s/%s (uid %s) mounts %s (%s)",
-            req.node, req.volume_id, req.pod_namespace, req.pod_name, req.pod_uid, req.artifact, answer["digest"][:19],
+            "node %s: volume %s (%s) of pod %s/%s (uid %s) mounts %s (%s)",
+            req.node, volume, req.volume_id, req.pod_namespace, req.pod_name, req.pod_uid, req.artifact,
+            answer["digest"][:19],
         )  # fmt: skip
         enqueue(RECONCILE_NODE, req.node)
         if previous is not None and (previous.pod_namespace, previous.artifact) != (req.pod_namespace, req.artifact):

@@ -7,17 +7,24 @@ node's ``spec.models`` (read live from kube-apiserver). Not part of the aggregat
 API's Service directly.
 
 A digest names its files, whoever resolved them: every live artifact with that digest is a source of
-them, and the ticket offers them all, in the order the plugin tries them (it falls through to the next
-on a refusal or an unavailable hub: one tenant's source refused or gone fails no one's download):
+them, and the ticket offers them, in the order the plugin tries them (it falls through to the next on a
+refusal or an unavailable hub: one tenant's source refused or gone fails no one's download):
 
-1. the sources of the tenants that want the digest on the asking node (the namespaces of ModelPrefetches
-   naming the node whose artifact has the digest);
-2. the sources without a token (public repositories);
-3. the sources with another tenant's token (borrowed credentials).
+1. the sources without a token (public repositories), the referencing tenants' first;
+2. the sources with the token of a tenant that references the digest on the asking node: a ModelPrefetch
+   of that namespace, of an artifact with the digest, targets the node (by name or by selector) and no
+   reconcile left it out or lapsed it there, or a Pod of that namespace on the node mounts an artifact of
+   it with the digest.
 
-Within each group, token-less sources first, then the most recently resolved. A source is offered once
-(same source, endpoint, repository, commit and token). A Secret that is gone or holds no usable token
-leaves its source token-less.
+A source with the token of any other tenant is not offered at all (its Secret is not even read): a
+tenant's hub token travels only to the nodes where that tenant placed the content, so one node cannot
+collect the tokens of tenants who never placed anything on it by asking for digests they share. A digest
+in the node's ``spec.models`` whose every source is such a source has no ticket (409) while no tenant of
+it references it there.
+
+Within each group, the most recently resolved first. A source is offered once (same source, endpoint,
+repository, commit and token). A Secret that is gone or holds no usable token leaves its source
+token-less.
 
 It also lists the other nodes' plugins that hold the digest (``peers``, whose endpoints are described in
 ``gpustack_models.plugin.peers.contract``): from the mirror, the nodes whose store entry of the digest is Ready,
@@ -107,7 +114,12 @@ class TicketView(KubeAPIView):
         manifest = Manifest.objects.filter(digest=digest).first()
         if not rows or manifest is None:
             raise Conflict(f"no resolved artifact provides {digest} yet")
-        sources = offered_sources(ordered(rows, wanting_namespaces(node, rows)))
+        sources = offered_sources(ordered(rows, wanting_namespaces(node, digest, rows)))
+        if not sources:
+            raise Conflict(
+                f"no source of {digest} may be offered to node {node}: each holds the hub token of a namespace"
+                " that places nothing of it there"
+            )
         peers, joining = peer_sources(node, digest)
         ticket = {
             "digest": digest,
@@ -229,25 +241,34 @@ def resolutions(digest: str) -> list[Resolution]:
     )
 
 
-def wanting_namespaces(node: str, rows: Iterable[Resolution]) -> set[str]:
-    """The namespaces whose ModelPrefetches name ``node`` and one of the artifacts of ``rows``."""
+def wanting_namespaces(node: str, digest: str, rows: Iterable[Resolution]) -> set[str]:
+    """The namespaces that reference ``digest`` on ``node`` through one of the artifacts of ``rows``: a live
+    prefetch targets the node (its target row neither left out nor lapsed), or a Pod's volume there mounts it."""
     artifacts = {(r.artifact.namespace, r.artifact.name) for r in rows}
-    prefetches = Prefetch.objects.live().filter(namespace__in={ns for ns, _ in artifacts})
-    return {
-        p.namespace
-        for p in prefetches.only("namespace", "artifact_name", "node_names")
-        if (p.namespace, p.artifact_name) in artifacts and node in (p.node_names or [])
-    }
+    namespaces, names = {ns for ns, _ in artifacts}, {name for _, name in artifacts}
+    targets = PrefetchTarget.objects.filter(
+        node=node,
+        lapsed_at__isnull=True,
+        state__in=[TargetState.PENDING, TargetState.HELD],
+        prefetch__deleted=False,
+        prefetch__namespace__in=namespaces,
+        prefetch__artifact_name__in=names,
+    ).values_list("prefetch__namespace", "prefetch__artifact_name")
+    mounts = MountReference.objects.filter(
+        node=node, digest=digest, pod_namespace__in=namespaces, artifact__in=names
+    ).values_list("pod_namespace", "artifact")
+    return {ns for ns, name in [*targets, *mounts] if (ns, name) in artifacts}
 
 
 def ordered(rows: Iterable[Resolution], wanting: set[str]) -> list[Resolution]:
-    """``rows`` in the order to try them (see the module's docstring)."""
+    """``rows`` that may be offered, in the order to try them (see the module's docstring): no row with a
+    Secret of a namespace outside ``wanting``."""
 
     def rank(r: Resolution):
-        group = 0 if r.artifact.namespace in wanting else 2 if r.secret_name else 1
-        return group, bool(r.secret_name), -r.resolved_at.timestamp(), r.artifact.namespace, r.artifact.name
+        theirs = r.artifact.namespace in wanting
+        return bool(r.secret_name), not theirs, -r.resolved_at.timestamp(), r.artifact.namespace, r.artifact.name
 
-    return sorted(rows, key=rank)
+    return sorted((r for r in rows if not r.secret_name or r.artifact.namespace in wanting), key=rank)
 
 
 def offered_sources(rows: Iterable[Resolution]) -> list[dict]:

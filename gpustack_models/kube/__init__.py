@@ -5,7 +5,8 @@
 - ``errors``: every Kubernetes error reason as an exception class (``NotFound``, ``Conflict`` ...);
 - ``watch``: the one list-then-watch loop every watcher uses;
 - ``reviews``: TokenReview answers, cached briefly;
-- ``identity``: the service's own ServiceAccounts.
+- ``identity``: the service's own ServiceAccounts;
+- ``volumes``: the volume ids the kubelet gives a Pod's inline CSI volumes.
 
 Nothing here imports the API, the reconcilers or the plugin.
 """

@@ -6,8 +6,11 @@ Pod's volume, and releases it when the volume is unpublished. A plugin that neve
 Pod deleted while the plugin was down, the node gone) must not hold the digest on the node, nor the
 artifact's deletion, for ever: the mount check (Celery beat, every
 ``GPUSTACK_COLLECTION_INTERVAL_SECONDS``) reads each Pod of the mount references by name and ends the
-references of a Pod that is gone, replaced (another uid), on another node, finished, or whose node is
-gone. Their nodes are reconciled (the digest gets its collection grace) and their artifacts released.
+references of a Pod that is gone, replaced (another uid), on another node, finished, whose node is gone,
+or whose spec has no volume of that id mounting the artifact (the kubelet's volume id of a
+``model.csi.gpustack.ai`` volume naming it, as the API checks before it records a mount: a reference
+recorded otherwise, before that check existed, does not outlive one mount check). Their nodes are
+reconciled (the digest gets its collection grace) and their artifacts released.
 
 The finalizer ``worker.gpustack.ai/model-artifact-protection`` is lifted only while no mount of the
 artifact remains, under the lock of the artifact's mirror row that the API holds while it records a
@@ -24,6 +27,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from gpustack_models import kube
+from gpustack_models.kube.volumes import model_attributes, volume_of
 from gpustack_models.models import MOUNT_PROTECTION, Artifact, MountReference
 from gpustack_models.reconcilers.writes import artifact_path
 
@@ -33,8 +37,9 @@ _PATCH_ATTEMPTS = 5
 _FINISHED = ("Succeeded", "Failed")
 
 
-def ended_because(node: str, uid: str, pod: dict | None, node_present: bool) -> str:
-    """Why a mount of Pod ``pod`` (None: not found) on ``node`` ended, or "" while it holds."""
+def ended_because(node: str, uid: str, pod: dict | None, node_present: bool, volume_id: str, artifact: str) -> str:
+    """Why the mount of ``artifact`` by volume ``volume_id`` of Pod ``pod`` (None: not found) on ``node``
+    ended, or "" while it holds."""
     if not node_present:
         return f"node {node} is gone"
     if pod is None:
@@ -46,6 +51,9 @@ def ended_because(node: str, uid: str, pod: dict | None, node_present: bool) -> 
     phase = (pod.get("status") or {}).get("phase")
     if phase in _FINISHED:
         return f"the Pod finished ({phase})"
+    volume = volume_of(pod, volume_id)
+    if volume is None or (model_attributes(volume) or {}).get("artifact") != artifact:
+        return f"the Pod has no model volume of that id mounting {artifact}"
     return ""
 
 
@@ -81,7 +89,7 @@ def check_mounts() -> tuple[set[str], set[tuple[str, str]]]:
     )
     for pk, node, volume_id, namespace, name, uid, artifact in rows.iterator():
         try:
-            why = ended_because(node, uid, reader.pod(namespace, name), reader.node_present(node))
+            why = ended_because(node, uid, reader.pod(namespace, name), reader.node_present(node), volume_id, artifact)
         except kube.StatusError as exc:
             log.warning("mount check: pod %s/%s on node %s not read (%s); its mounts kept", namespace, name, node, exc)
             continue

@@ -5,6 +5,7 @@ bind mount made) and NodeUnpublishVolume, over the plugin's real unix socket. Ta
 import statistics
 import time
 
+from tests.support.pods import model_volume, volume_handle
 from tests.test_csi import Kubelet, is_mount_point, make_pod, pod_context, target_in
 from tests.test_plugins import Scenario
 
@@ -20,19 +21,19 @@ def test_node_publish_volume_of_a_ready_model(
     (plugin,) = scenario.plugins(1, GPUSTACK_PLUGIN_KUBELET_DIR=pods.parent)
     scenario.prefetch([plugin])
     scenario.wait_state(plugin.node, "Ready")
-    uid = make_pod(core, namespace, plugin.node)
+    count = 100 if bench_scale == "full" else 5
+    uid = make_pod(core, namespace, plugin.node, volumes=[model_volume(f"model-{i}", "art") for i in range(count)])
     kubelet = Kubelet(plugin)
     context = pod_context(namespace, uid=uid)
-    count = 100 if bench_scale == "full" else 5
     publish, unpublish = [], []
     for i in range(count):
         target = target_in(pods, uid, volume=f"model-{i}")
         t0 = time.perf_counter()
-        kubelet.publish(f"csi-bench-{i}", target, context)
+        kubelet.publish(volume_handle(uid, f"model-{i}"), target, context)
         publish.append((time.perf_counter() - t0) * 1000)
         assert is_mount_point(target)
         t0 = time.perf_counter()
-        kubelet.unpublish(f"csi-bench-{i}", target)
+        kubelet.unpublish(volume_handle(uid, f"model-{i}"), target)
         unpublish.append((time.perf_counter() - t0) * 1000)
         assert not is_mount_point(target)
     p50, p90 = statistics.median(publish), sorted(publish)[int(count * 0.9) - 1]

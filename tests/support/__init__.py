@@ -1,5 +1,6 @@
-"""Test support: helpers (``waiting``, ``kubernetes``, ``paths``) and the fixtures the root conftest
-loads with ``pytest_plugins`` (``cluster``, ``worker``, ``plugins``, ``stores``, ``kubelet``: the real node)."""
+"""Test support: helpers (``waiting``, ``kubernetes``, ``paths``, ``pods``: Pods mounting a model and the
+kubelet's volume ids) and the fixtures the root conftest loads with ``pytest_plugins`` (``cluster``,
+``worker``, ``plugins``, ``stores``, ``mounts``, ``kubelet``: the real node)."""
 
 from tests.support.kubernetes import (
     kube_update,

@@ -1,9 +1,12 @@
-"""The pure rules of mounts: the body a plugin sends, and what an artifact allows to mount."""
+"""The pure rules of mounts: the body a plugin sends, the Pod's volume it names, and what an artifact allows to
+mount."""
 
 import pytest
 
 from gpustack_models import kube
-from gpustack_models.internal.mounts import MountRequest, mounted_content, parse_mount, parse_release
+from gpustack_models.internal.mounts import MountRequest, check_volume, mounted_content, parse_mount, parse_release
+from gpustack_models.kube.volumes import MODEL_DRIVER as DRIVER
+from gpustack_models.kube.volumes import volume_handle
 
 UID = "0b6c8a9e-3f3c-4c55-9a4e-2f4d2b7c1e10"
 DIGEST = "sha256:" + "ab" * 32
@@ -119,3 +122,47 @@ def test_an_artifact_that_cannot_be_mounted_says_why(obj, req, error, message):
     with pytest.raises(error) as err:
         mounted_content(obj, req)
     assert type(err.value) is error and err.value.message.startswith(message)
+
+
+def pod(*volumes):
+    return {"metadata": {"uid": UID}, "spec": {"volumes": list(volumes)}}
+
+
+def csi(name="model", driver=DRIVER, **attributes):
+    return {
+        "name": name,
+        "csi": {"driver": driver, "readOnly": True, "volumeAttributes": {"artifact": "qwen", **attributes}},
+    }
+
+
+def test_the_volume_asked_for_is_the_pods_own():
+    req = MountRequest("gpu-1", volume_handle(UID, "model"), "team-a", "server-0", UID, "qwen")
+    assert check_volume(pod({"name": "cache", "emptyDir": {}}, csi()), req) == "model"
+    assert check_volume(pod(csi(expectedDigest="")), req) == "model", "an empty expectedDigest is none"
+    pinned = MountRequest("gpu-1", req.volume_id, "team-a", "server-0", UID, "qwen", DIGEST)
+    assert check_volume(pod(csi(expectedDigest=DIGEST)), pinned) == "model"
+
+
+@pytest.mark.parametrize(
+    "volumes, expected, message",
+    [
+        ([], None, "volumeId csi-"),
+        ([csi("other")], None, "is not the volume id of any volume of pod team-a/server-0"),
+        (
+            [{"name": "model", "emptyDir": {}}],
+            None,
+            "volume model of pod team-a/server-0 is not a csi volume of driver",
+        ),
+        ([csi(driver="other.csi.example.com")], None, "is not a csi volume of driver model.csi.gpustack.ai"),
+        ([csi(artifact="llama")], None, "volume model of pod team-a/server-0 does not name modelartifact qwen"),
+        ([{"name": "model", "csi": {"driver": DRIVER}}], None, "does not name modelartifact qwen"),
+        ([csi(expectedDigest=DIGEST)], None, f"has expectedDigest {DIGEST}, not (none)"),
+        ([csi()], DIGEST, f"has expectedDigest (none), not {DIGEST}"),
+        ([csi(expectedDigest="sha256:" + "00" * 32)], DIGEST, f"not {DIGEST}"),
+    ],
+)
+def test_a_volume_the_pod_does_not_have_is_refused(volumes, expected, message):
+    req = MountRequest("gpu-1", volume_handle(UID, "model"), "team-a", "server-0", UID, "qwen", expected)
+    with pytest.raises(kube.Forbidden) as err:
+        check_volume(pod(*volumes), req)
+    assert message in err.value.message

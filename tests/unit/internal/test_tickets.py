@@ -1,6 +1,6 @@
-"""The sources a fetch ticket offers, and their order: the asking node's tenants first, then public
-sources, then other tenants' tokens; each once; a Secret without a usable token leaves its source
-token-less."""
+"""The sources a fetch ticket offers, and their order: public sources (the asking node's tenants' first), then
+the node's tenants' tokens, never another tenant's token; each once; a Secret without a usable token leaves
+its source token-less."""
 
 import base64
 from datetime import UTC, datetime, timedelta
@@ -30,7 +30,7 @@ def names(rows):
     return [f"{r.artifact.namespace}/{r.artifact.name}" for r in rows]
 
 
-def test_it_puts_the_nodes_tenants_first_then_public_sources_then_borrowed_tokens():
+def test_it_offers_public_sources_then_the_nodes_tenants_tokens_and_no_other_tenants_token():
     rows = [
         row("attacker", "bait", secret="aaa", minutes_ago=0),  # named to sort first, the newest
         row("other", "borrowed", secret="hub-token", minutes_ago=5),
@@ -38,16 +38,17 @@ def test_it_puts_the_nodes_tenants_first_then_public_sources_then_borrowed_token
         row("public", "new", minutes_ago=1),
         row("victim", "tokened", secret="victim-token", minutes_ago=2),
         row("victim", "plain", minutes_ago=60),
+        row("neighbour", "tokened", secret="their-token", minutes_ago=3),
     ]
-    ordered = tickets.ordered(rows, wanting={"victim"})
+    ordered = tickets.ordered(rows, wanting={"victim", "neighbour"})
     assert names(ordered) == [
-        "victim/plain",  # the node's tenants: token-less first
-        "victim/tokened",
-        "public/new",  # public sources, the most recently resolved first
+        "victim/plain",  # token-less: the node's tenants first
+        "public/new",  # then the other public sources, the most recently resolved first
         "public/old",
-        "attacker/bait",  # other tenants' tokens last
-        "other/borrowed",
-    ]
+        "victim/tokened",  # the node's tenants' tokens, the most recently resolved first
+        "neighbour/tokened",
+    ]  # and no token of a tenant that places nothing on the node: attacker/bait, other/borrowed
+    assert names(tickets.ordered(rows, wanting=set())) == ["public/new", "public/old", "victim/plain"]
 
 
 def test_it_offers_each_source_once_with_its_secrets_token(monkeypatch):
