@@ -105,16 +105,26 @@ def retarget_node(node: str) -> set[tuple[str, str]]:
         wants = eligible and selector_matches(prefetch.node_selector, labels)
         if wants == (prefetch.id in targeted):
             continue
+        _set_target(prefetch, node, wants)
+        changed.add((prefetch.namespace, prefetch.name))
+    if changed:
+        log.info("node %s: %d label-selecting prefetches now target it differently", node, len(changed))
+    return changed
+
+
+def _set_target(prefetch: Prefetch, node: str, wants: bool) -> None:
+    """Add or remove the row of ``prefetch`` on ``node`` under the prefetch row's lock, which
+    ``retarget_prefetch`` takes first too: both lock in the same order, so they never deadlock (an insert
+    here waiting on the prefetch's lock while ``retarget_prefetch`` waits on this insert's key)."""
+    with transaction.atomic():
+        if not list(Prefetch.objects.select_for_update().filter(pk=prefetch.pk).values_list("pk", flat=True)):
+            return
         if wants:
             PrefetchTarget.objects.get_or_create(
                 prefetch=prefetch, node=node, defaults={"generation": _generation(prefetch)}
             )
         else:
             PrefetchTarget.objects.filter(prefetch=prefetch, node=node).delete()
-        changed.add((prefetch.namespace, prefetch.name))
-    if changed:
-        log.info("node %s: %d label-selecting prefetches now target it differently", node, len(changed))
-    return changed
 
 
 # --- What the mirror's changes concern --------------------------------------------------------------------
