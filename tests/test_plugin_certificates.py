@@ -1,6 +1,7 @@
-"""The plugins' serving certificates, issued by the worker for the Pod IP (``POST
-/internal/v1/plugin-certificates``): a real plugin gets one, serves it on both ports and renews it; the
-endpoint refuses every caller but a plugin's Pod-bound token, and names only that Pod's IPs."""
+"""The plugins' certificates, issued by the worker (``POST /internal/v1/plugin-certificates``): a real plugin
+gets a serving one for its Pod IP, serves it on both ports and renews it, with the client certificate it
+presents to its peers (its node's name, clientAuth only); the endpoint refuses every caller but a plugin's
+Pod-bound token, and names only that Pod's IPs and node."""
 
 import ipaddress
 import socket
@@ -16,7 +17,7 @@ import requests
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import dsa, ec, rsa
-from cryptography.x509.oid import NameOID
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from tests.support import PEER_PORT, PLUGIN_PORT, REPO, TEST_STATE, wait_for
 from tests.support.plugins import PluginProcess
@@ -24,11 +25,7 @@ from tests.support.worker import WorkerAPI, database_url
 from tests.test_plugins import Scenario, big_files
 
 PATH = "/internal/v1/plugin-certificates"
-FROM_API = {
-    "GPUSTACK_PLUGIN_TLS_CERT_FILE": "",
-    "GPUSTACK_PLUGIN_TLS_KEY_FILE": "",
-    "GPUSTACK_PLUGIN_CERT_FROM_API": "true",
-}
+FROM_API = {"GPUSTACK_PLUGIN_CERT_FROM_API": "true"}  # as the launcher starts every plugin, as in the chart
 
 
 @pytest.fixture
@@ -82,6 +79,10 @@ def served(address: str, port: int, ca: Path) -> x509.Certificate:
         return x509.load_der_x509_certificate(tls.getpeercert(binary_form=True))
 
 
+def usages(cert: x509.Certificate) -> list:
+    return list(cert.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value)
+
+
 def ip_names(cert: x509.Certificate) -> list:
     names = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
     return list(names)
@@ -122,15 +123,21 @@ def test_a_plugin_without_certificate_files_serves_the_one_the_worker_issued_for
     assert main.subject.rfc4514_string() == f"CN=system:gpustack-models-plugin:{plugin.node}"
     directory = TEST_STATE / "plugin" / plugin.node / "serving-tls"
     assert x509.load_pem_x509_certificate((directory / "serving.crt").read_bytes()) == main
-    for name in ("serving.crt", "serving.key"):
+    for name in ("serving.crt", "serving.key", "client.crt", "client.key"):
         assert stat.S_IMODE((directory / name).stat().st_mode) == 0o600
+    assert stat.S_IMODE(directory.stat().st_mode) == 0o700
+    client = x509.load_pem_x509_certificate((directory / "client.crt").read_bytes())
+    assert client.subject.rfc4514_string() == f"CN=system:gpustack-models-plugin:{plugin.node}"
+    assert usages(client) == [ExtendedKeyUsageOID.CLIENT_AUTH] and usages(main) == [ExtendedKeyUsageOID.SERVER_AUTH]
+    assert client.not_valid_after_utc == main.not_valid_after_utc  # issued and renewed together
     # The worker reads the plugin live over that certificate (progress counts its bytes as live).
     scenario.hub.faults.throttle(scenario.weights, 400_000)
     scenario.prefetch([plugin])
     scenario.wait_state(plugin.node, "Downloading", timeout=60)
     wait_for(lambda: scenario.progress()["live"] == 1, timeout=30, message="the worker to read the plugin live")
     log = (TEST_STATE / f"plugin-{plugin.node}.log").read_text()
-    assert f"serving certificate {main.serial_number:x} from the API for {plugin.address}, until" in log
+    issued = f"serving certificate {main.serial_number:x} and client certificate {client.serial_number:x} from the API"
+    assert f"{issued} for {plugin.address}, until" in log
 
 
 def test_a_plugin_waits_for_the_worker_then_renews_its_certificate(scenario, launcher, worker_api, extra_api):
@@ -212,11 +219,12 @@ def test_it_refuses_every_caller_but_a_plugins_pod_bound_token(worker_api, launc
 def test_it_names_only_the_pods_ip_whatever_the_request_asks(worker_api, launcher, plugin_pod):
     node, address = plugin_pod
     token = launcher.plugin_token(node)
-    key = ec.generate_private_key(ec.SECP256R1())
+    key, client_key = ec.generate_private_key(ec.SECP256R1()), ec.generate_private_key(ec.SECP256R1())
     body = {
         "csr": csr(
             key, cn="system:masters", dns=("kubernetes.default.svc", "evil.example"), ips=("10.77.0.6", "127.0.0.1")
-        )
+        ),
+        "clientCsr": csr(client_key, cn="system:gpustack-models-service", ips=("10.77.0.6",)),
     }
     resp = ask(worker_api, token, body)
     assert resp.status_code == 200, resp.text
@@ -229,8 +237,19 @@ def test_it_names_only_the_pods_ip_whatever_the_request_asks(worker_api, launche
     assert cert.subject.rfc4514_string() == f"CN=system:gpustack-models-plugin:{node}"
     assert cert.public_key().public_numbers() == key.public_key().public_numbers()
     assert cert.extensions.get_extension_for_class(x509.BasicConstraints).value.ca is False
+    assert usages(cert) == [ExtendedKeyUsageOID.SERVER_AUTH]
+    # The client certificate names the token's node, whatever its request asked for: never the service.
+    client = x509.load_pem_x509_certificate(answer["clientCertificate"].encode())
+    client.verify_directly_issued_by(ca)
+    assert client.subject.rfc4514_string() == f"CN=system:gpustack-models-plugin:{node}"
+    assert client.public_key().public_numbers() == client_key.public_key().public_numbers()
+    assert usages(client) == [ExtendedKeyUsageOID.CLIENT_AUTH]
+    assert client.extensions.get_extension_for_class(x509.BasicConstraints).value.ca is False
+    with pytest.raises(x509.ExtensionNotFound):
+        client.extensions.get_extension_for_class(x509.SubjectAlternativeName)
     rsa_key = rsa.generate_private_key(65537, 2048)
-    assert ask(worker_api, token, {"csr": csr(rsa_key)}).status_code == 200
+    alone = ask(worker_api, token, {"csr": csr(rsa_key)})  # a plugin of an earlier version: no client certificate
+    assert alone.status_code == 200 and "clientCertificate" not in alone.json()
 
 
 def test_it_refuses_bad_requests_with_a_status(worker_api, launcher, plugin_pod):
@@ -251,6 +270,8 @@ def test_it_refuses_bad_requests_with_a_status(worker_api, launcher, plugin_pod)
     refused(ask(worker_api, token, {"csr": forged}), 400, "does not verify")
     refused(ask(worker_api, token, {"csr": csr(dsa.generate_private_key(2048))}), 400, "only EC P-256")
     refused(ask(worker_api, token, {"csr": csr(rsa.generate_private_key(65537, 1024))}), 400, "1024 bits")
+    refused(ask(worker_api, token, {"csr": good, "clientCsr": "garbage"}), 400, "clientCsr must hold exactly one PEM")
+    refused(ask(worker_api, token, {"csr": good, "clientCsr": good}), 400, "clientCsr: the client certificate needs")
     refused(ask(worker_api, token, {"csr": "A" * 2_000_000}), 413)
     s = requests.Session()
     s.trust_env = False
