@@ -4,6 +4,7 @@ presents to its peers (its node's name, clientAuth only); the endpoint refuses e
 Pod-bound token, and names only that Pod's IPs and node."""
 
 import ipaddress
+import json
 import socket
 import ssl
 import stat
@@ -319,3 +320,97 @@ def test_it_answers_503_when_the_api_holds_no_ca_key(launcher, extra_api, plugin
         503,
         "GPUSTACK_PLUGIN_CA_KEY_FILE",
     )
+
+
+# --- The CA ConfigMap nodes read their CAs from (cert-manager mode: the API publishes it) --------------------
+
+CA_CONFIGMAP = "gpustack-models-ca"
+
+
+@pytest.fixture
+def ca_configmap(launcher):
+    """The path of the CA ConfigMap, absent before the test and deleted after it."""
+    from django.conf import settings
+
+    from gpustack_models import kube
+
+    path = f"/api/v1/namespaces/{settings.NAMESPACE}/configmaps/{CA_CONFIGMAP}"
+
+    def delete():
+        try:
+            launcher.admin.delete(path)
+        except kube.NotFound:
+            pass
+
+    delete()
+    yield path
+    delete()
+
+
+def ca_file(directory: Path, name: str) -> tuple[Path, str]:
+    """A new CA's certificate written to ``directory/name`` (and its PEM)."""
+    from gpustack_models.local import pki
+
+    ca = pki.new_ca(name)
+    path = directory / name
+    path.write_bytes(ca.cert_pem)
+    return path, ca.cert_pem.decode()
+
+
+def test_the_api_publishes_the_ca_configmap_with_its_own_identity_and_never_a_key(
+    worker_kube, launcher, ca_configmap, tmp_path
+):
+    from django.conf import settings
+
+    from gpustack_models.internal.ca_bundle import NotCertificates, publish
+
+    api_ca, api_pem = ca_file(tmp_path, "api-ca.crt")
+    plugin = plugin_ca(launcher)
+    args = (CA_CONFIGMAP, settings.NAMESPACE, str(api_ca), str(plugin))
+    assert publish(worker_kube, *args) == "created"  # the worker's own ServiceAccount may
+    data = launcher.admin.get(ca_configmap)["data"]
+    assert data == {"api-ca.crt": api_pem, "plugin-ca.crt": plugin.read_text()}
+    assert publish(worker_kube, *args) == "unchanged"
+    _, renewed_pem = ca_file(tmp_path, "renewed.crt")
+    api_ca.write_text(renewed_pem + api_pem)  # a rotation: the new CA beside the old one
+    assert publish(worker_kube, *args) == "updated"
+    assert launcher.admin.get(ca_configmap)["data"]["api-ca.crt"] == renewed_pem + api_pem
+    # A file with a key in it is never published, not even in part: the ConfigMap keeps what it had.
+    key = launcher.data_dir / "plugin-pki" / "ca.key"
+    mixed = tmp_path / "mixed.crt"
+    mixed.write_bytes(plugin.read_bytes() + key.read_bytes())
+    for bad in (mixed, key):
+        with pytest.raises(NotCertificates, match="holds a private key"):
+            publish(worker_kube, CA_CONFIGMAP, settings.NAMESPACE, str(api_ca), str(bad))
+    assert launcher.admin.get(ca_configmap)["data"]["plugin-ca.crt"] == plugin.read_text()
+    assert "PRIVATE KEY" not in json.dumps(launcher.admin.get(ca_configmap))
+    # The worker may write that one ConfigMap, no other.
+    from gpustack_models import kube
+
+    with pytest.raises(kube.Forbidden):
+        publish(worker_kube, "another-configmap", settings.NAMESPACE, str(api_ca), str(plugin))
+
+
+def test_an_api_process_publishes_the_ca_configmap_at_start_and_when_a_ca_file_changes(
+    launcher, extra_api, ca_configmap, tmp_path
+):
+    api_ca, api_pem = ca_file(tmp_path, "api-ca.crt")
+    extra_api(GPUSTACK_CA_CONFIGMAP=CA_CONFIGMAP, GPUSTACK_API_SERVING_CA_FILE=str(api_ca))
+    published = wait_for(lambda: _data(launcher, ca_configmap), timeout=30, message="the CA ConfigMap")
+    assert published == {"api-ca.crt": api_pem, "plugin-ca.crt": plugin_ca(launcher).read_text()}
+    _, renewed_pem = ca_file(tmp_path, "renewed.crt")
+    api_ca.write_text(renewed_pem)
+    wait_for(
+        lambda: (_data(launcher, ca_configmap) or {}).get("api-ca.crt") == renewed_pem,
+        timeout=30,
+        message="the renewed CA in the ConfigMap",
+    )
+
+
+def _data(launcher, path) -> dict | None:
+    from gpustack_models import kube
+
+    try:
+        return launcher.admin.get(path)["data"]
+    except kube.NotFound:
+        return None
