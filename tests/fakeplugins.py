@@ -13,7 +13,8 @@ import threading
 from dataclasses import dataclass, field
 
 from gpustack_models.local import pki
-from gpustack_models.plugin.https_server import SERVICE_SUBJECT
+
+SERVICE_SUBJECT = "system:gpustack-models-service"  # whose client certificate reads live bytes
 
 
 @dataclass

@@ -170,6 +170,8 @@ def test_a_plugin_waits_for_the_worker_then_renews_its_certificate(scenario, lau
         extra_api(port, GPUSTACK_PLUGIN_CERT_SECONDS="30")  # renewed after 20 s
         first = wait_for(lambda: _served_or_none(address, launcher), timeout=90, message="the plugin to serve")
         assert ip_names(first) == [x509.IPAddress(ipaddress.ip_address(address))]
+        client_file = TEST_STATE / "plugin" / node / "serving-tls" / "client.crt"
+        first_client = x509.load_pem_x509_certificate(client_file.read_bytes())
         renewed = wait_for(
             lambda: (
                 (c := _served_or_none(address, launcher)) is not None and c.serial_number != first.serial_number and c
@@ -178,6 +180,16 @@ def test_a_plugin_waits_for_the_worker_then_renews_its_certificate(scenario, lau
             message="a renewed certificate on new connections",
         )
         assert renewed.not_valid_after_utc > first.not_valid_after_utc
+        client = wait_for(  # renewed with it (written just after it), for a new key too
+            lambda: (
+                (c := x509.load_pem_x509_certificate(client_file.read_bytes())).serial_number
+                != first_client.serial_number
+                and c
+            ),
+            timeout=10,
+            message="the renewed client certificate",
+        )
+        assert client.public_key().public_numbers() != first_client.public_key().public_numbers()
         assert served(address, PEER_PORT, plugin_ca(launcher)).serial_number == renewed.serial_number
     finally:
         plugin.stop()

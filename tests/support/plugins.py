@@ -11,9 +11,10 @@ import pytest
 import requests
 
 from gpustack_models.local import pki
-from gpustack_models.plugin.https_server import SERVICE_SUBJECT
 from tests.support.paths import PEER_PORT, PLUGIN_PORT, REPO, TEST_STATE
 from tests.support.waiting import wait_for
+
+SERVICE_SUBJECT = "system:gpustack-models-service"  # the subject of the API's client certificate
 
 
 class PluginProcess:
