@@ -233,8 +233,8 @@ def test_it_refuses_everyone_but_the_plugins_of_nodes_that_want_the_digest(scena
     # peer audience, was what a node showed its peers: any node it reached could replay it to every other).
     b_peer_token = launcher.plugin_token(b.node, audiences=[PEER_AUDIENCE])
     tokens = {
-        "no credential at all": None,
         "the wanting plugin's Pod-bound token for the peer audience": b_peer_token,
+        "no credential at all": None,
         "the wanting plugin's kube-apiserver token": launcher_token(b),
         "the worker's own kube-apiserver token": service_kubeconfig_token(launcher),
         "a tenant's token for the peer audience": tenant_peer_token(launcher, namespace),

@@ -449,14 +449,14 @@ def test_it_guards_tickets_status_and_live_bytes(scenario, cluster, launcher, wo
         assert resp.status_code == 200 or scenario.digest not in resp.text, resp.text  # nothing served
         return resp.status_code
 
+    worker_for_audience = launcher.service_account_token("gpustack-models-worker", 600, audiences=[OLD_PLUGIN_AUDIENCE])
+    assert downloads(worker_for_audience) == 401  # what every plugin once received: replayed, it opens nothing
     assert downloads() == 401
     assert downloads(tenant) == 401
     assert downloads(token_a) == 401
     assert downloads(service_kubeconfig_token(launcher)) == 401
     plugin_for_audience = launcher.service_account_token("gpustack-models-plugin", 600, audiences=[OLD_PLUGIN_AUDIENCE])
     assert downloads(plugin_for_audience) == 401
-    worker_for_audience = launcher.service_account_token("gpustack-models-worker", 600, audiences=[OLD_PLUGIN_AUDIENCE])
-    assert downloads(worker_for_audience) == 401
     assert downloads(launcher.plugin_token(b.node, audiences=["gpustack-models-peer"])) == 401
     assert downloads(cert=client_cert(b)) == 403  # another node's plugin: the CA's, not the worker
     assert downloads(cert=client_cert(a)) == 403  # nor its own
