@@ -5,9 +5,10 @@ references with the download engine (``engine``: items with a ``collectTime`` ar
 left ``spec.models`` is removed after a short delay, disk pressure evicts what nothing references),
 asks the API for a fetch ticket per referenced digest with its Pod-bound token, writes the store's
 status from what is on disk (``store_status``), and serves ``GET /model/downloads`` (live bytes, for
-the service's client certificate only), ``/readyz, ``/livez`` and ``/metrics`` over HTTPS (``endpoints``). It serves the
-CSI driver ``model.csi.gpustack.ai`` on a unix socket and registers it with the kubelet (``csi``), and
-what its node holds to other nodes' plugins on its peer port (``peer_server``; the contract is ``peers``).
+the service's client certificate only), ``/readyz``, ``/livez`` and ``/metrics`` over HTTPS (``endpoints``).
+It serves the CSI driver ``model.csi.gpustack.ai`` on a unix socket and registers it with the kubelet
+(``csi``), and what its node holds to other nodes' plugins on its peer port (``peer_server``; the contract
+is ``peers``), to their client certificates.
 """
 
 from __future__ import annotations
