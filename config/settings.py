@@ -333,14 +333,21 @@ if SERVER_ROLE == "api" and not PLUGIN_CA_FILE:
 # endpoint answers 503. The certificates it issues are valid this many seconds (plugins renew at 2/3).
 PLUGIN_CA_KEY_FILE = env_str("GPUSTACK_PLUGIN_CA_KEY_FILE", str(DATA_DIR / "plugin-pki" / "ca.key"))
 PLUGIN_CERT_SECONDS = env_int("GPUSTACK_PLUGIN_CERT_SECONDS", 7 * 24 * 3600, minimum=30, maximum=366 * 24 * 3600)
-# The audience of the tokens the service shows the plugins (a TokenRequest for its ServiceAccount): useless
-# anywhere else, so a node that reads one gains nothing. Both sides must agree on it.
-PLUGIN_TOKEN_AUDIENCE = env_str("GPUSTACK_PLUGIN_TOKEN_AUDIENCE", "gpustack-models-plugin")
-PLUGIN_TOKEN_SECONDS = env_int("GPUSTACK_PLUGIN_TOKEN_SECONDS", 600, minimum=600)
-# Peer fan-out: the plugins' peer port (service and plugin; 0: no peer server, no peers in tickets), the
-# audience of the tokens plugins show each other, and whether tickets list nodes still downloading a digest.
+# (API) The CA certificates nodes trust, published for them in a ConfigMap of GPUSTACK_NAMESPACE holding no key:
+# `api-ca.crt` from GPUSTACK_API_SERVING_CA_FILE (the CA of the API's serving certificate, e.g. the ca.crt of
+# a cert-manager Secret) and `plugin-ca.crt` from GPUSTACK_PLUGIN_CA_FILE, at start and whenever either file
+# changes. Empty (the default): nothing is published (the chart renders the ConfigMap itself).
+CA_CONFIGMAP = env_str("GPUSTACK_CA_CONFIGMAP", "")
+API_SERVING_CA_FILE = env_str("GPUSTACK_API_SERVING_CA_FILE", "")
+if SERVER_ROLE == "api" and CA_CONFIGMAP and not API_SERVING_CA_FILE:
+    raise ImproperlyConfigured(
+        "GPUSTACK_CA_CONFIGMAP is set: GPUSTACK_API_SERVING_CA_FILE must name the API's serving CA"
+    )
+# Each plugin gets a client certificate with its serving one (same validity); the API makes its own from the
+# CA key for its live reads of the plugins (an hour, renewed at 2/3). No token is ever sent to a node.
+# Peer fan-out: the plugins' peer port (service and plugin; 0: no peer server, no peers in tickets), and
+# whether tickets list nodes still downloading a digest.
 PLUGIN_PEER_PORT = env_int("GPUSTACK_PLUGIN_PEER_PORT", 8444, minimum=0, maximum=65535)
-PLUGIN_PEER_AUDIENCE = env_str("GPUSTACK_PLUGIN_PEER_AUDIENCE", "gpustack-models-peer")
 PEER_DOWNLOADING_ALLOWED = env_bool("GPUSTACK_PEER_DOWNLOADING_ALLOWED", True)
 TICKET_PEERS_MAX = env_int("GPUSTACK_TICKET_PEERS_MAX", 16, minimum=0)
 # progress: live reads of at most this many downloading nodes, each within the timeout, the whole
@@ -384,11 +391,10 @@ PLUGIN_KUBELET_DIR = env_abs_path("GPUSTACK_PLUGIN_KUBELET_DIR")
 # Where the CSI driver keeps its mount records and tells the node role which digests are mounted (default:
 # $GPUSTACK_PLUGIN_CACHE_DIR/mounts). With runplugin --role mounter|node, a directory only the mounter writes.
 PLUGIN_MOUNTS_DIR = env_abs_path("GPUSTACK_PLUGIN_MOUNTS_DIR")
-# Peers: the CA other plugins' certificates are checked against, the file holding this plugin's Pod-bound token
-# for the peer audience (a projected token; re-read when it changes), and the node-wide upload limits used
-# until its store's spec.upload says otherwise (the service's GPUSTACK_UPLOAD_* and the Node's annotations).
+# Peers: the CA other plugins' certificates (serving and client) are checked against, and the node-wide upload
+# limits used until its store's spec.upload says otherwise (the service's GPUSTACK_UPLOAD_* and the Node's
+# annotations). A plugin presents its own client certificate (from the API, with its serving one) to its peers.
 PLUGIN_PEER_CA_FILE = env_str("GPUSTACK_PLUGIN_PEER_CA_FILE", "") or PLUGIN_CA_FILE
-PLUGIN_PEER_TOKEN_FILE = env_abs_path("GPUSTACK_PLUGIN_PEER_TOKEN_FILE")  # default: $DATA_DIR/plugin/<node>/peer-token
 PLUGIN_PEER_MAX_CONNECTIONS = env_int("GPUSTACK_PLUGIN_PEER_MAX_CONNECTIONS", 8, minimum=1)
 PLUGIN_PEER_MAX_BYTES_PER_SECOND = env_int("GPUSTACK_PLUGIN_PEER_MAX_BYTES_PER_SECOND", 0, minimum=0)
 # Downloads take what the tickets' peers hold (fan-out); false: every byte from the hubs.

@@ -1,6 +1,8 @@
 """Fake node plugins for tests and benchmarks of ``progress``: one asyncio HTTPS server listening on many
-loopback addresses, answering ``GET /model/downloads`` as a plugin would (after a configurable delay), or
-never answering. Certificates come from the plugin CA the worker trusts."""
+loopback addresses, answering ``GET /model/downloads`` as a plugin would (after a configurable delay: to the
+service's client certificate alone, asked for at the handshake against the plugin CA), or never answering.
+Certificates come from the plugin CA the worker trusts. Each fake notes the bearer tokens callers showed and
+the client certificates they presented."""
 
 from __future__ import annotations
 
@@ -12,6 +14,8 @@ from dataclasses import dataclass, field
 
 from gpustack_models.local import pki
 
+SERVICE_SUBJECT = "system:gpustack-models-service"  # whose client certificate reads live bytes
+
 
 @dataclass
 class FakePlugin:
@@ -19,6 +23,7 @@ class FakePlugin:
     hang: bool = False
     requests: int = 0
     tokens: list[str] = field(default_factory=list)  # the bearer tokens callers showed
+    clients: list[bytes] = field(default_factory=list)  # the client certificates (DER) of each connection
 
 
 class FakePlugins:
@@ -26,6 +31,7 @@ class FakePlugins:
         self.addresses, self.port, self.delay = addresses, port, delay
         self.plugins = {a: FakePlugin() for a in addresses}
         directory = launcher.data_dir / "plugin-pki"
+        self.ca_file = directory / "ca.crt"
         if not (directory / "ca.crt").exists():
             pki.new_ca("gpustack-models-plugin-ca").write(directory, "ca")
         authority = pki.KeyPair.load(directory, "ca")
@@ -59,6 +65,8 @@ class FakePlugins:
         asyncio.set_event_loop(self.loop)
         context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         context.load_cert_chain(self.cert, self.key)
+        context.load_verify_locations(cafile=str(self.ca_file))
+        context.verify_mode = ssl.CERT_OPTIONAL  # as a plugin's main port: asked for, checked, not required
 
         async def start():
             for address in self.addresses:
@@ -73,6 +81,12 @@ class FakePlugins:
 
     async def _serve(self, address, reader, writer):
         plugin = self.plugins[address]
+        tls = writer.get_extra_info("ssl_object")
+        verified = tls.getpeercert() if tls is not None else None
+        if verified:
+            plugin.clients.append(tls.getpeercert(binary_form=True))
+        names = [v for rdn in (verified or {}).get("subject", ()) for k, v in rdn if k == "commonName"]
+        service = names == [SERVICE_SUBJECT]
         try:
             while True:
                 head = await reader.readuntil(b"\r\n\r\n")
@@ -87,7 +101,9 @@ class FakePlugins:
                     await asyncio.sleep(3600)
                 await asyncio.sleep(self.delay)
                 path = head.split(b" ", 2)[1].decode()
-                if path.startswith("/model/downloads"):
+                if path.startswith("/model/downloads") and not service:
+                    body, code = b'{"kind": "Status", "code": 401}', b"401 Unauthorized"
+                elif path.startswith("/model/downloads"):
                     body, code = json.dumps({"downloads": plugin.downloads}).encode(), b"200 OK"
                 else:
                     body, code = b"{}", b"404 Not Found"

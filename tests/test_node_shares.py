@@ -12,13 +12,10 @@ import requests
 from kubernetes import client as k8s
 
 from gpustack_models.kinds import GROUP
-from tests import test_mounts
 from tests.support import token_http, wait_for
 from tests.support.stores import cap_prefetches, tenants_of
 from tests.support.worker import MODELS_PER_NODE
 from tests.test_api_authz import bind
-
-mounts = test_mounts.mounts  # the fixture: two nodes, a tenant's Pods and their mount requests
 
 STORAGE = f"/apis/{GROUP}/v1alpha1"
 PINNING = f"{GROUP}/pinning-allowed"

@@ -8,12 +8,14 @@ import ssl
 import threading
 import time
 import uuid
+from pathlib import Path
 
 import pytest
 import requests
 from django.utils import timezone
 
 from gpustack_models.internal.tickets import peer_sources
+from gpustack_models.local import pki
 from gpustack_models.models import (
     Artifact,
     EntryState,
@@ -29,10 +31,11 @@ from gpustack_models.models import (
 from gpustack_models.plugin.peers.contract import file_url, tree_url
 from tests.support import PEER_PORT, wait_for
 from tests.support.kubernetes import wait_default_service_account
+from tests.support.plugins import client_cert, service_client_cert
 from tests.support.uploads import limit_uploads
-from tests.test_plugins import PLUGIN_AUDIENCE, Scenario, big_files, launcher_token, service_kubeconfig_token
+from tests.test_plugins import Scenario, big_files, launcher_token, service_kubeconfig_token
 
-PEER_AUDIENCE = "gpustack-models-peer"
+PEER_AUDIENCE = "gpustack-models-peer"  # the audience plugins' peer tokens had: no plugin takes one now
 WEIGHTS = "model.safetensors"
 
 
@@ -42,14 +45,14 @@ def scenario(worker_stack, worker_api, hub, worker_kube, admin_http, cluster, na
     hub.faults.clear()
 
 
-def peer_token(plugin) -> str:
-    """The plugin's own token for its peers (the file the launcher wrote, as a projected volume would)."""
-    with open(plugin.env["GPUSTACK_PLUGIN_PEER_TOKEN_FILE"]) as f:
-        return f.read().strip()
+def peer_cert(plugin) -> tuple[str, str]:
+    """The plugin's own client certificate for its peers (the API issued it with its serving one)."""
+    return client_cert(plugin)
 
 
 class Peer:
-    """A client of one plugin's peer endpoints, checking its certificate against the plugins' CA."""
+    """A client of one plugin's peer endpoints, checking its certificate against the plugins' CA and
+    presenting ``cert`` (a client certificate's (certificate, key) files; ``None``: none)."""
 
     def __init__(self, plugin, launcher, digest):
         self.plugin, self.digest = plugin, digest
@@ -57,28 +60,38 @@ class Peer:
         self.session.trust_env = False
         self.session.verify = str(launcher.data_dir / "plugin-pki" / "ca.crt")  # a cert for the Pod IP
 
-    def get(self, url, token=None, **headers):
+    def get(self, url, cert=None, token=None, **headers):
         if token:
             headers["Authorization"] = f"Bearer {token}"
-        return self.session.get(url, headers=headers, timeout=30)
+        return self.session.get(url, headers=headers, timeout=30, cert=cert)
 
-    def raw(self, method, path, token):
+    def raw(self, method, path, cert):
         """``method path`` exactly as given (a client library would resolve dot segments first)."""
         context = ssl.create_default_context(cafile=self.session.verify)
+        context.load_cert_chain(*cert)
         conn = http.client.HTTPSConnection(self.plugin.address, PEER_PORT, context=context, timeout=30)
         try:
-            conn.request(method, path, headers={"Authorization": f"Bearer {token}"})
+            conn.request(method, path)
             resp = conn.getresponse()
             return resp.status, json.loads(resp.read())
         finally:
             conn.close()
 
-    def tree(self, token):
-        return self.get(tree_url(self.plugin.peer_url, self.digest), token)
+    def tree(self, cert, token=None):
+        return self.get(tree_url(self.plugin.peer_url, self.digest), cert, token)
 
-    def file(self, path, token, byte_range=None, **kwargs):
+    def file(self, path, cert, byte_range=None, token=None):
         headers = {"Range": byte_range} if byte_range else {}
-        return self.get(file_url(self.plugin.peer_url, self.digest, path), token, **headers)
+        return self.get(file_url(self.plugin.peer_url, self.digest, path), cert, token, **headers)
+
+
+def handshake_refused(call) -> bool:
+    """Whether ``call()`` (a request) is refused at the TLS handshake: no answer at all."""
+    try:
+        call()
+    except requests.exceptions.ConnectionError:  # SSLError included: the server's alert, or its close
+        return True
+    return False
 
 
 def metric(plugin, name: str, **labels) -> float:
@@ -118,8 +131,8 @@ def test_it_serves_a_ready_tree_byte_exact_to_a_node_that_wants_it_and_lists_it_
     scenario.prefetch([a, b])
     scenario.wait_state(a.node, "Ready", timeout=90)
     scenario.wait_state(b.node, "Ready", timeout=90)
-    peer, token = Peer(a, launcher, scenario.digest), peer_token(b)
-    tree = peer.tree(token)
+    peer, cert = Peer(a, launcher, scenario.digest), peer_cert(b)
+    tree = peer.tree(cert)
     assert tree.status_code == 200, tree.text
     files = scenario.files
     expected = [{"path": p, "size": len(files[p]), "have": [[0, len(files[p])]]} for p in sorted(files)]
@@ -132,24 +145,24 @@ def test_it_serves_a_ready_tree_byte_exact_to_a_node_that_wants_it_and_lists_it_
         "bytes=-7": (len(weights) - 7, len(weights)),
         f"bytes=0-{10 * len(weights)}": (0, len(weights)),  # the last byte past the end: up to the end
     }.items():
-        got = peer.file(WEIGHTS, token, asked)
+        got = peer.file(WEIGHTS, cert, asked)
         assert got.status_code == 206, (asked, got.status_code, got.text[:200])
         assert got.content == weights[start:end], asked
         assert got.headers["Content-Range"] == f"bytes {start}-{end - 1}/{len(weights)}"
         served += end - start
-    whole = peer.file("config.json", token)
+    whole = peer.file("config.json", cert)
     assert (whole.status_code, whole.content) == (200, files["config.json"])
     served += len(files["config.json"])
-    beyond = peer.file(WEIGHTS, token, f"bytes={len(weights)}-")
+    beyond = peer.file(WEIGHTS, cert, f"bytes={len(weights)}-")
     assert status_of(beyond) == (416, "RequestedRangeNotSatisfiable")
     assert beyond.headers["Content-Range"] == f"bytes */{len(weights)}"
     for malformed in ("bytes=5-3", "bytes=0-1,5-6", "items=0-1", "bytes=-", "bytes=a-b"):
-        assert status_of(peer.file(WEIGHTS, token, malformed)) == (400, "BadRequest"), malformed
+        assert status_of(peer.file(WEIGHTS, cert, malformed)) == (400, "BadRequest"), malformed
     assert metric(a, "gpustack_models_plugin_peer_served_bytes_total", peer=b.node) == served
     assert metric(a, "gpustack_models_plugin_received_bytes_total", source="hub", peer="") == sum(
         len(v) for v in files.values()
     )
-    check_upload_limits(peer, token, weights)
+    check_upload_limits(peer, cert, weights)
     # The worker's ticket for b lists a, where its peer endpoints are, and never b itself; nor a while its
     # plugin Pod is not Ready.
     listed = {"node": a.node, "url": f"https://{a.address}:{PEER_PORT}", "state": "Ready"}
@@ -171,77 +184,102 @@ def ticket_peers(worker_api, launcher, plugin, digest) -> list[dict]:
     return ticket.json()["peers"]
 
 
-def check_upload_limits(peer, token, weights):
+def check_upload_limits(peer, cert, weights):
     """One transfer at a time at 1 MB/s: a second one while it runs is told to come back (503, Retry-After);
     the first one takes the time the rate says."""
     result, size = {}, 2_000_000
 
     def slow():
         started = time.monotonic()
-        result["resp"] = peer.file(WEIGHTS, token, f"bytes=0-{size - 1}")
+        result["resp"] = peer.file(WEIGHTS, cert, f"bytes=0-{size - 1}")
         result["seconds"] = time.monotonic() - started
 
     thread = threading.Thread(target=slow)
     thread.start()
     wait_for(lambda: metric(peer.plugin, "gpustack_models_plugin_peer_uploads") == 1, timeout=10, message="a transfer")
-    busy = peer.file("tokenizer.json", token)
+    busy = peer.file("tokenizer.json", cert)
     assert status_of(busy) == (503, "ServiceUnavailable")
     assert busy.headers["Retry-After"] == "1"
     thread.join(30)
     assert result["resp"].status_code == 206 and result["resp"].content == weights[:size]
     # The limiter lets a reader run at most 0.05 s ahead, and the last read (1/20 s worth) goes out at once.
     assert result["seconds"] >= size / 1_000_000 - 0.05 - 0.05, result["seconds"]
-    assert peer.file("tokenizer.json", token).status_code == 200  # the slot is free again
+    assert peer.file("tokenizer.json", cert).status_code == 200  # the slot is free again
     assert metric(peer.plugin, "gpustack_models_plugin_peer_uploads_limit") == 1
 
 
-def test_it_refuses_everyone_but_the_plugins_of_nodes_that_want_the_digest(scenario, launcher, namespace):
+def serving_cert(plugin) -> tuple[str, str]:
+    """The plugin's serving certificate and key (of the plugin CA, for serving TLS only)."""
+    directory = Path(plugin.env["GPUSTACK_DATA_DIR"]) / "plugin" / plugin.node / "serving-tls"
+    return str(directory / "serving.crt"), str(directory / "serving.key")
+
+
+def foreign_cert(directory: Path, node: str) -> tuple[str, str]:
+    """A client certificate naming ``node``'s plugin exactly, from a CA of the same name that is not the
+    plugin CA."""
+    other = pki.new_ca("gpustack-models-plugin-ca")
+    pair = pki.issue(other, f"system:gpustack-models-plugin:{node}", client=True)
+    return tuple(str(p) for p in pair.write(directory, f"foreign-{node}"))
+
+
+def test_it_refuses_everyone_but_the_plugins_of_nodes_that_want_the_digest(scenario, launcher, namespace, tmp_path):
     scenario.artifact()
     a, b, c = scenario.plugins(3)
     scenario.prefetch([a, b])
     scenario.wait_state(a.node, "Ready", timeout=90)
     scenario.wait_state(b.node, "Ready", timeout=90)
     peer = Peer(a, launcher, scenario.digest)
-    refused = {
-        "no token": (None, 401),
-        "the wanting plugin's kube-apiserver token": (launcher_token(b), 401),
-        "the worker's token for the plugins' audience": (
-            launcher.service_account_token("gpustack-models-worker", 600, audiences=[PLUGIN_AUDIENCE]),
-            401,
-        ),
-        "the worker's own kube-apiserver token": (service_kubeconfig_token(launcher), 401),
-        "a tenant's kube-apiserver token": (scenario.cluster.tokens()["erin"], 401),
-        "a tenant's token for the peer audience": (tenant_peer_token(launcher, namespace), 403),
-        "the plugins' ServiceAccount, bound to no Pod": (
-            launcher.service_account_token("gpustack-models-plugin", 600, audiences=[PEER_AUDIENCE]),
-            403,
-        ),
-        "the plugin of a node that does not want the digest": (peer_token(c), 403),
+    # No token opens the peer port, not even the wanting plugin's own Pod-bound tokens (one of them, for the
+    # peer audience, was what a node showed its peers: any node it reached could replay it to every other).
+    b_peer_token = launcher.plugin_token(b.node, audiences=[PEER_AUDIENCE])
+    tokens = {
+        "the wanting plugin's Pod-bound token for the peer audience": b_peer_token,
+        "no credential at all": None,
+        "the wanting plugin's kube-apiserver token": launcher_token(b),
+        "the worker's own kube-apiserver token": service_kubeconfig_token(launcher),
+        "a tenant's token for the peer audience": tenant_peer_token(launcher, namespace),
     }
-    for why, (token, code) in refused.items():
-        for resp in (peer.tree(token), peer.file(WEIGHTS, token, "bytes=0-9")):
-            assert resp.status_code == code, (why, resp.status_code, resp.text)
-            assert status_of(resp)[1] == ("Unauthorized" if code == 401 else "Forbidden"), why
+    for why, token in tokens.items():
+        assert handshake_refused(lambda t=token: peer.tree(None, t)), why
+        assert handshake_refused(lambda t=token: peer.file(WEIGHTS, None, "bytes=0-9", t)), why
+    # Certificates the handshake refuses: the wanting plugin's serving certificate (the plugin CA's, serverAuth
+    # only), and one naming that plugin exactly, from another CA.
+    for why, cert in {
+        "b's serving certificate": serving_cert(b),
+        "another CA's": foreign_cert(tmp_path, b.node),
+    }.items():
+        assert handshake_refused(lambda c=cert: peer.tree(c)), why
+    # Client certificates of the plugin CA that are no wanting node's: 403, and nothing said of the digest. A
+    # node's own certificate reads what its node wants and nothing more, whatever token rides along.
+    refused = {
+        "the plugin of a node that does not want the digest": (peer_cert(c), None),
+        "... with the wanting plugin's peer token beside it": (peer_cert(c), b_peer_token),
+        "the service's (it reads live bytes, not peers)": (service_client_cert(launcher), None),
+    }
+    for why, (cert, token) in refused.items():
+        for resp in (peer.tree(cert, token), peer.file(WEIGHTS, cert, "bytes=0-9", token)):
+            assert resp.status_code == 403, (why, resp.status_code, resp.text)
+            assert status_of(resp)[1] == "Forbidden", why
             assert scenario.digest not in resp.text, why  # nothing said of what the node holds
-    token = peer_token(b)
-    assert peer.tree(token).status_code == 200
+    cert = peer_cert(b)
+    assert peer.tree(cert).status_code == 200
     # Paths out of the tree, or not in the manifest.
     files = f"/peer/v1/trees/{scenario.digest[7:]}/files/"
     for path in ("../../state/x", "%2e%2e/%2e%2e/state", "a//b", "./config.json", "%00", "%2Fetc%2Fpasswd", "", "%ff"):
-        code, body = peer.raw("GET", files + path, token)
+        code, body = peer.raw("GET", files + path, cert)
         assert (code, body["reason"]) == (400, "BadRequest"), (path, body)
     for path in ("nothing.bin", "config.json/x", "config.json%2Fx"):
-        code, body = peer.raw("GET", files + path, token)
+        code, body = peer.raw("GET", files + path, cert)
         assert (code, body["reason"]) == (404, "NotFound"), (path, body)
     for path in (f"/peer/v1/trees/{scenario.digest[7:]}/other", "/peer/v1/trees/../../x", "/peer/v1/trees/ABC"):
-        assert peer.raw("GET", path, token)[0] == 404, path
+        assert peer.raw("GET", path, cert)[0] == 404, path
     # A digest b does not want is refused before anything is said of it; one it wants but c lacks is 404.
     unknown = f"sha256:{uuid.uuid4().hex * 2}"
-    assert Peer(a, launcher, unknown).tree(token).status_code == 403
-    assert status_of(Peer(c, launcher, scenario.digest).tree(token)) == (404, "NotFound")
+    assert Peer(a, launcher, unknown).tree(cert).status_code == 403
+    assert status_of(Peer(c, launcher, scenario.digest).tree(cert)) == (404, "NotFound")
     # Read-only: no other method changes anything.
     for method in ("POST", "PUT", "DELETE", "PATCH"):
-        code, body = peer.raw(method, files + "config.json", token)
+        code, body = peer.raw(method, files + "config.json", cert)
         assert (code, body["reason"]) == (405, "MethodNotAllowed"), method
     assert (scenario.tree(a) / "config.json").read_bytes() == scenario.files["config.json"]
 
@@ -251,11 +289,11 @@ def test_it_tells_and_serves_the_ranges_of_a_download_in_progress(scenario, hub,
     a, b = scenario.plugins(2, GPUSTACK_PLUGIN_FANOUT="false")  # each from the hub: a's bytes from the first on
     throttle = hub.faults.throttle(scenario.weights, 700_000)  # ~9 s, until released below
     scenario.prefetch([a, b])
-    peer, token = Peer(a, launcher, scenario.digest), peer_token(b)
+    peer, cert = Peer(a, launcher, scenario.digest), peer_cert(b)
     weights = scenario.files[WEIGHTS]
 
     def partway():
-        resp = peer.tree(token)
+        resp = peer.tree(cert)
         if resp.status_code != 200 or resp.json()["state"] != "Downloading":
             return None
         have = {f["path"]: f["have"] for f in resp.json()["files"]}
@@ -268,19 +306,19 @@ def test_it_tells_and_serves_the_ranges_of_a_download_in_progress(scenario, hub,
              message="b's ticket to list a, downloading")  # fmt: skip
     assert have[0][0] == 0  # one connection, from the first byte
     end = have[0][1]
-    got = peer.file(WEIGHTS, token, f"bytes={end - 1_000_000}-{end - 1}")
+    got = peer.file(WEIGHTS, cert, f"bytes={end - 1_000_000}-{end - 1}")
     assert got.status_code == 206, got.text
     assert got.content == weights[end - 1_000_000 : end]
-    assert status_of(peer.file(WEIGHTS, token, f"bytes={len(weights) - 10}-")) == (
+    assert status_of(peer.file(WEIGHTS, cert, f"bytes={len(weights) - 10}-")) == (
         416,
         "RequestedRangeNotSatisfiable",
     )
-    assert peer.file(WEIGHTS, token).status_code == 416  # the whole file: not yet
+    assert peer.file(WEIGHTS, cert).status_code == 416  # the whole file: not yet
     throttle.release()  # the bodies under way go on at full speed
     hub.faults.clear()
     scenario.wait_state(a.node, "Ready", timeout=90)
-    assert peer.tree(token).json()["state"] == "Ready"
-    assert peer.file(WEIGHTS, token).content == weights
+    assert peer.tree(cert).json()["state"] == "Ready"
+    assert peer.file(WEIGHTS, cert).content == weights
     assert metric(a, "gpustack_models_plugin_peer_served_bytes_total", peer=b.node) == 1_000_000 + len(weights)
 
 

@@ -1,8 +1,10 @@
-"""The plugins' serving certificates, issued by the worker for the Pod IP (``POST
-/internal/v1/plugin-certificates``): a real plugin gets one, serves it on both ports and renews it; the
-endpoint refuses every caller but a plugin's Pod-bound token, and names only that Pod's IPs."""
+"""The plugins' certificates, issued by the worker (``POST /internal/v1/plugin-certificates``): a real plugin
+gets a serving one for its Pod IP, serves it on both ports and renews it, with the client certificate it
+presents to its peers (its node's name, clientAuth only); the endpoint refuses every caller but a plugin's
+Pod-bound token, and names only that Pod's IPs and node."""
 
 import ipaddress
+import json
 import socket
 import ssl
 import stat
@@ -16,7 +18,7 @@ import requests
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import dsa, ec, rsa
-from cryptography.x509.oid import NameOID
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from tests.support import PEER_PORT, PLUGIN_PORT, REPO, TEST_STATE, wait_for
 from tests.support.plugins import PluginProcess
@@ -24,11 +26,7 @@ from tests.support.worker import WorkerAPI, database_url
 from tests.test_plugins import Scenario, big_files
 
 PATH = "/internal/v1/plugin-certificates"
-FROM_API = {
-    "GPUSTACK_PLUGIN_TLS_CERT_FILE": "",
-    "GPUSTACK_PLUGIN_TLS_KEY_FILE": "",
-    "GPUSTACK_PLUGIN_CERT_FROM_API": "true",
-}
+FROM_API = {"GPUSTACK_PLUGIN_CERT_FROM_API": "true"}  # as the launcher starts every plugin, as in the chart
 
 
 @pytest.fixture
@@ -82,6 +80,10 @@ def served(address: str, port: int, ca: Path) -> x509.Certificate:
         return x509.load_der_x509_certificate(tls.getpeercert(binary_form=True))
 
 
+def usages(cert: x509.Certificate) -> list:
+    return list(cert.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value)
+
+
 def ip_names(cert: x509.Certificate) -> list:
     names = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
     return list(names)
@@ -122,15 +124,21 @@ def test_a_plugin_without_certificate_files_serves_the_one_the_worker_issued_for
     assert main.subject.rfc4514_string() == f"CN=system:gpustack-models-plugin:{plugin.node}"
     directory = TEST_STATE / "plugin" / plugin.node / "serving-tls"
     assert x509.load_pem_x509_certificate((directory / "serving.crt").read_bytes()) == main
-    for name in ("serving.crt", "serving.key"):
+    for name in ("serving.crt", "serving.key", "client.crt", "client.key"):
         assert stat.S_IMODE((directory / name).stat().st_mode) == 0o600
+    assert stat.S_IMODE(directory.stat().st_mode) == 0o700
+    client = x509.load_pem_x509_certificate((directory / "client.crt").read_bytes())
+    assert client.subject.rfc4514_string() == f"CN=system:gpustack-models-plugin:{plugin.node}"
+    assert usages(client) == [ExtendedKeyUsageOID.CLIENT_AUTH] and usages(main) == [ExtendedKeyUsageOID.SERVER_AUTH]
+    assert client.not_valid_after_utc == main.not_valid_after_utc  # issued and renewed together
     # The worker reads the plugin live over that certificate (progress counts its bytes as live).
     scenario.hub.faults.throttle(scenario.weights, 400_000)
     scenario.prefetch([plugin])
     scenario.wait_state(plugin.node, "Downloading", timeout=60)
     wait_for(lambda: scenario.progress()["live"] == 1, timeout=30, message="the worker to read the plugin live")
     log = (TEST_STATE / f"plugin-{plugin.node}.log").read_text()
-    assert f"serving certificate {main.serial_number:x} from the API for {plugin.address}, until" in log
+    issued = f"serving certificate {main.serial_number:x} and client certificate {client.serial_number:x} from the API"
+    assert f"{issued} for {plugin.address}, until" in log
 
 
 def test_a_plugin_waits_for_the_worker_then_renews_its_certificate(scenario, launcher, worker_api, extra_api):
@@ -162,6 +170,8 @@ def test_a_plugin_waits_for_the_worker_then_renews_its_certificate(scenario, lau
         extra_api(port, GPUSTACK_PLUGIN_CERT_SECONDS="30")  # renewed after 20 s
         first = wait_for(lambda: _served_or_none(address, launcher), timeout=90, message="the plugin to serve")
         assert ip_names(first) == [x509.IPAddress(ipaddress.ip_address(address))]
+        client_file = TEST_STATE / "plugin" / node / "serving-tls" / "client.crt"
+        first_client = x509.load_pem_x509_certificate(client_file.read_bytes())
         renewed = wait_for(
             lambda: (
                 (c := _served_or_none(address, launcher)) is not None and c.serial_number != first.serial_number and c
@@ -170,6 +180,16 @@ def test_a_plugin_waits_for_the_worker_then_renews_its_certificate(scenario, lau
             message="a renewed certificate on new connections",
         )
         assert renewed.not_valid_after_utc > first.not_valid_after_utc
+        client = wait_for(  # renewed with it (written just after it), for a new key too
+            lambda: (
+                (c := x509.load_pem_x509_certificate(client_file.read_bytes())).serial_number
+                != first_client.serial_number
+                and c
+            ),
+            timeout=10,
+            message="the renewed client certificate",
+        )
+        assert client.public_key().public_numbers() != first_client.public_key().public_numbers()
         assert served(address, PEER_PORT, plugin_ca(launcher)).serial_number == renewed.serial_number
     finally:
         plugin.stop()
@@ -212,11 +232,12 @@ def test_it_refuses_every_caller_but_a_plugins_pod_bound_token(worker_api, launc
 def test_it_names_only_the_pods_ip_whatever_the_request_asks(worker_api, launcher, plugin_pod):
     node, address = plugin_pod
     token = launcher.plugin_token(node)
-    key = ec.generate_private_key(ec.SECP256R1())
+    key, client_key = ec.generate_private_key(ec.SECP256R1()), ec.generate_private_key(ec.SECP256R1())
     body = {
         "csr": csr(
             key, cn="system:masters", dns=("kubernetes.default.svc", "evil.example"), ips=("10.77.0.6", "127.0.0.1")
-        )
+        ),
+        "clientCsr": csr(client_key, cn="system:gpustack-models-service", ips=("10.77.0.6",)),
     }
     resp = ask(worker_api, token, body)
     assert resp.status_code == 200, resp.text
@@ -229,8 +250,19 @@ def test_it_names_only_the_pods_ip_whatever_the_request_asks(worker_api, launche
     assert cert.subject.rfc4514_string() == f"CN=system:gpustack-models-plugin:{node}"
     assert cert.public_key().public_numbers() == key.public_key().public_numbers()
     assert cert.extensions.get_extension_for_class(x509.BasicConstraints).value.ca is False
+    assert usages(cert) == [ExtendedKeyUsageOID.SERVER_AUTH]
+    # The client certificate names the token's node, whatever its request asked for: never the service.
+    client = x509.load_pem_x509_certificate(answer["clientCertificate"].encode())
+    client.verify_directly_issued_by(ca)
+    assert client.subject.rfc4514_string() == f"CN=system:gpustack-models-plugin:{node}"
+    assert client.public_key().public_numbers() == client_key.public_key().public_numbers()
+    assert usages(client) == [ExtendedKeyUsageOID.CLIENT_AUTH]
+    assert client.extensions.get_extension_for_class(x509.BasicConstraints).value.ca is False
+    with pytest.raises(x509.ExtensionNotFound):
+        client.extensions.get_extension_for_class(x509.SubjectAlternativeName)
     rsa_key = rsa.generate_private_key(65537, 2048)
-    assert ask(worker_api, token, {"csr": csr(rsa_key)}).status_code == 200
+    alone = ask(worker_api, token, {"csr": csr(rsa_key)})  # a plugin of an earlier version: no client certificate
+    assert alone.status_code == 200 and "clientCertificate" not in alone.json()
 
 
 def test_it_refuses_bad_requests_with_a_status(worker_api, launcher, plugin_pod):
@@ -251,6 +283,8 @@ def test_it_refuses_bad_requests_with_a_status(worker_api, launcher, plugin_pod)
     refused(ask(worker_api, token, {"csr": forged}), 400, "does not verify")
     refused(ask(worker_api, token, {"csr": csr(dsa.generate_private_key(2048))}), 400, "only EC P-256")
     refused(ask(worker_api, token, {"csr": csr(rsa.generate_private_key(65537, 1024))}), 400, "1024 bits")
+    refused(ask(worker_api, token, {"csr": good, "clientCsr": "garbage"}), 400, "clientCsr must hold exactly one PEM")
+    refused(ask(worker_api, token, {"csr": good, "clientCsr": good}), 400, "clientCsr: the client certificate needs")
     refused(ask(worker_api, token, {"csr": "A" * 2_000_000}), 413)
     s = requests.Session()
     s.trust_env = False
@@ -298,3 +332,97 @@ def test_it_answers_503_when_the_api_holds_no_ca_key(launcher, extra_api, plugin
         503,
         "GPUSTACK_PLUGIN_CA_KEY_FILE",
     )
+
+
+# --- The CA ConfigMap nodes read their CAs from (cert-manager mode: the API publishes it) --------------------
+
+CA_CONFIGMAP = "gpustack-models-ca"
+
+
+@pytest.fixture
+def ca_configmap(launcher):
+    """The path of the CA ConfigMap, absent before the test and deleted after it."""
+    from django.conf import settings
+
+    from gpustack_models import kube
+
+    path = f"/api/v1/namespaces/{settings.NAMESPACE}/configmaps/{CA_CONFIGMAP}"
+
+    def delete():
+        try:
+            launcher.admin.delete(path)
+        except kube.NotFound:
+            pass
+
+    delete()
+    yield path
+    delete()
+
+
+def ca_file(directory: Path, name: str) -> tuple[Path, str]:
+    """A new CA's certificate written to ``directory/name`` (and its PEM)."""
+    from gpustack_models.local import pki
+
+    ca = pki.new_ca(name)
+    path = directory / name
+    path.write_bytes(ca.cert_pem)
+    return path, ca.cert_pem.decode()
+
+
+def test_the_api_publishes_the_ca_configmap_with_its_own_identity_and_never_a_key(
+    worker_kube, launcher, ca_configmap, tmp_path
+):
+    from django.conf import settings
+
+    from gpustack_models.internal.ca_bundle import NotCertificates, publish
+
+    api_ca, api_pem = ca_file(tmp_path, "api-ca.crt")
+    plugin = plugin_ca(launcher)
+    args = (CA_CONFIGMAP, settings.NAMESPACE, str(api_ca), str(plugin))
+    assert publish(worker_kube, *args) == "created"  # the worker's own ServiceAccount may
+    data = launcher.admin.get(ca_configmap)["data"]
+    assert data == {"api-ca.crt": api_pem, "plugin-ca.crt": plugin.read_text()}
+    assert publish(worker_kube, *args) == "unchanged"
+    _, renewed_pem = ca_file(tmp_path, "renewed.crt")
+    api_ca.write_text(renewed_pem + api_pem)  # a rotation: the new CA beside the old one
+    assert publish(worker_kube, *args) == "updated"
+    assert launcher.admin.get(ca_configmap)["data"]["api-ca.crt"] == renewed_pem + api_pem
+    # A file with a key in it is never published, not even in part: the ConfigMap keeps what it had.
+    key = launcher.data_dir / "plugin-pki" / "ca.key"
+    mixed = tmp_path / "mixed.crt"
+    mixed.write_bytes(plugin.read_bytes() + key.read_bytes())
+    for bad in (mixed, key):
+        with pytest.raises(NotCertificates, match="holds a private key"):
+            publish(worker_kube, CA_CONFIGMAP, settings.NAMESPACE, str(api_ca), str(bad))
+    assert launcher.admin.get(ca_configmap)["data"]["plugin-ca.crt"] == plugin.read_text()
+    assert "PRIVATE KEY" not in json.dumps(launcher.admin.get(ca_configmap))
+    # The worker may write that one ConfigMap, no other.
+    from gpustack_models import kube
+
+    with pytest.raises(kube.Forbidden):
+        publish(worker_kube, "another-configmap", settings.NAMESPACE, str(api_ca), str(plugin))
+
+
+def test_an_api_process_publishes_the_ca_configmap_at_start_and_when_a_ca_file_changes(
+    launcher, extra_api, ca_configmap, tmp_path
+):
+    api_ca, api_pem = ca_file(tmp_path, "api-ca.crt")
+    extra_api(GPUSTACK_CA_CONFIGMAP=CA_CONFIGMAP, GPUSTACK_API_SERVING_CA_FILE=str(api_ca))
+    published = wait_for(lambda: _data(launcher, ca_configmap), timeout=30, message="the CA ConfigMap")
+    assert published == {"api-ca.crt": api_pem, "plugin-ca.crt": plugin_ca(launcher).read_text()}
+    _, renewed_pem = ca_file(tmp_path, "renewed.crt")
+    api_ca.write_text(renewed_pem)
+    wait_for(
+        lambda: (_data(launcher, ca_configmap) or {}).get("api-ca.crt") == renewed_pem,
+        timeout=30,
+        message="the renewed CA in the ConfigMap",
+    )
+
+
+def _data(launcher, path) -> dict | None:
+    from gpustack_models import kube
+
+    try:
+        return launcher.admin.get(path)["data"]
+    except kube.NotFound:
+        return None

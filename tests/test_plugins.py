@@ -2,6 +2,7 @@
 download, verify, publish, report, and the live ``progress`` subresource."""
 
 import base64
+import datetime as dt
 import hashlib
 import itertools
 import json
@@ -12,15 +13,18 @@ from pathlib import Path
 
 import pytest
 import requests
+from cryptography import x509
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from gpustack_models import kube
 from gpustack_models.kinds import GROUP
 from gpustack_models.plugin.engine.cache import read_json
 from tests.support import PLUGIN_PORT, TEST_STATE, kube_update, read_modify_write, token_http, wait_for
 from tests.support.cluster import fresh_namespace
+from tests.support.plugins import client_cert, service_client_cert
 
 STORAGE = f"/apis/{GROUP}/v1alpha1"
-PLUGIN_AUDIENCE = "gpustack-models-plugin"
+OLD_PLUGIN_AUDIENCE = "gpustack-models-plugin"  # the audience of the tokens the service once showed plugins
 _addresses = (f"127.0.1.{i}" for i in itertools.count(10))
 MiB = 1024 * 1024
 
@@ -203,10 +207,10 @@ def test_it_answers_zeros_and_a_reason_for_unresolved_and_claim_artifacts(scenar
 
 
 def live_bytes(plugin, launcher, digest):
-    token = launcher.service_account_token("gpustack-models-worker", seconds=600, audiences=[PLUGIN_AUDIENCE])
+    """The plugin's live count of ``digest``'s bytes, read as the worker reads it (its client certificate)."""
     s = requests.Session()
     s.trust_env = False
-    resp = s.get(f"{plugin.url}/model/downloads", verify=False, headers={"Authorization": f"Bearer {token}"})
+    resp = s.get(f"{plugin.url}/model/downloads", verify=False, cert=service_client_cert(launcher))
     return next((d["downloadedBytes"] for d in resp.json()["downloads"] if d["digest"] == digest), 0)
 
 
@@ -432,23 +436,32 @@ def test_it_guards_tickets_status_and_live_bytes(scenario, cluster, launcher, wo
     assert forged.status_code == 403, forged.text
     own = read_modify_write(other, f"{cluster.server}{STORAGE}/nodemodelstores/{b.node}/status", emptied)
     assert own.status_code == 200, own.text
-    # Live bytes are for the worker alone, with a token for the plugins' audience: no token, a tenant's, a
-    # plugin's, and the worker's own kube-apiserver token are all refused.
+    # Live bytes are for the worker's client certificate alone. No token opens them, whoever's and for whatever
+    # audience (the worker's for the plugins' old audience, which a node could replay to every other, included),
+    # nor a plugin's own client certificate.
     s = requests.Session()
     s.trust_env = False
     url = f"{a.url}/model/downloads"
 
-    def downloads(token=None):
-        return s.get(url, verify=False, headers={"Authorization": f"Bearer {token}"} if token else {}).status_code
+    def downloads(token=None, cert=None):
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        resp = s.get(url, verify=False, headers=headers, cert=cert)
+        assert resp.status_code == 200 or scenario.digest not in resp.text, resp.text  # nothing served
+        return resp.status_code
 
+    worker_for_audience = launcher.service_account_token("gpustack-models-worker", 600, audiences=[OLD_PLUGIN_AUDIENCE])
+    assert downloads(worker_for_audience) == 401  # what every plugin once received: replayed, it opens nothing
     assert downloads() == 401
     assert downloads(tenant) == 401
     assert downloads(token_a) == 401
     assert downloads(service_kubeconfig_token(launcher)) == 401
-    plugin_for_audience = launcher.service_account_token("gpustack-models-plugin", 600, audiences=[PLUGIN_AUDIENCE])
-    assert downloads(plugin_for_audience) == 403  # the plugins' audience, but not the worker
-    worker_for_audience = launcher.service_account_token("gpustack-models-worker", 600, audiences=[PLUGIN_AUDIENCE])
-    assert downloads(worker_for_audience) == 200
+    plugin_for_audience = launcher.service_account_token("gpustack-models-plugin", 600, audiences=[OLD_PLUGIN_AUDIENCE])
+    assert downloads(plugin_for_audience) == 401
+    assert downloads(launcher.plugin_token(b.node, audiences=["gpustack-models-peer"])) == 401
+    assert downloads(cert=client_cert(b)) == 403  # another node's plugin: the CA's, not the worker
+    assert downloads(cert=client_cert(a)) == 403  # nor its own
+    assert downloads(worker_for_audience, cert=client_cert(b)) == 403  # a token beside it changes nothing
+    assert downloads(cert=service_client_cert(launcher)) == 200
     # Nothing on the node side names a tenant.
     text = json.dumps(scenario.kube.get(f"{STORAGE}/nodemodelstores/{a.node}"))
     metrics = s.get(f"{a.url}/metrics", verify=False).text
@@ -618,12 +631,7 @@ def test_it_holds_the_nodes_bytes_per_second(scenario, hub, core, launcher):
     scenario.wait_state(plugin.node, "Ready", timeout=60)
 
 
-def jwt_claims(token: str) -> dict:
-    payload = token.split(".")[1]
-    return json.loads(base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4)))
-
-
-def test_it_shows_plugins_a_token_useless_anywhere_else(scenario, launcher, worker_kube, cluster):
+def test_it_shows_plugins_no_token_but_its_own_short_lived_client_certificate(scenario, launcher, worker_kube):
     from tests.fakeplugins import FakePlugins
 
     scenario.artifact()
@@ -636,21 +644,19 @@ def test_it_shows_plugins_a_token_useless_anywhere_else(scenario, launcher, work
             _put_entry(worker_kube, node, entry)
             fakes.plugins[address].downloads = [dict(entry, downloadedBytes=20, source="Hub")]
             wait_for(lambda: scenario.progress()["live"] == 1, timeout=60, message="a live read of the fake plugin")
-            shown = fakes.plugins[address].tokens
+            shown, presented = fakes.plugins[address].tokens, fakes.plugins[address].clients
+            ca = x509.load_pem_x509_certificate(fakes.ca_file.read_bytes())
     finally:
         launcher.unregister_node(node)
-    assert shown, "progress showed the plugin no token"
-    claims = jwt_claims(shown[-1])
-    assert claims["aud"] == [PLUGIN_AUDIENCE] and claims["sub"].endswith(":gpustack-models-worker")
-    assert service_kubeconfig_token(launcher) not in shown
-    # kube-apiserver refuses what a plugin received ...
-    assert token_http(cluster, shown[-1]).get(f"{cluster.server}/api/v1/namespaces").status_code == 401
-    # ... and the audit log holds no request made with it (while the worker's own requests are there, named
-    # by their credential, so the check can see a token's use at all).
-    credential = "authentication.kubernetes.io/credential-id"
-    used = [e["user"].get("extra", {}).get(credential, [""])[0] for e in cluster.audit_events()]
-    assert any(c.startswith("JTI=") for c in used), "the audit log names no credential: nothing can be checked"
-    assert f"JTI={claims['jti']}" not in used
+    assert shown == []  # no token of any kind reaches a node
+    assert presented, "progress presented no client certificate"
+    cert = x509.load_der_x509_certificate(presented[-1])
+    cert.verify_directly_issued_by(ca)  # the plugin CA's, made by the worker with the key it holds
+    assert cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME)[0].value == "system:gpustack-models-service"
+    usages = list(cert.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value)
+    assert usages == [ExtendedKeyUsageOID.CLIENT_AUTH]  # it cannot serve as a plugin
+    assert cert.extensions.get_extension_for_class(x509.BasicConstraints).value.ca is False
+    assert cert.not_valid_after_utc - cert.not_valid_before_utc <= dt.timedelta(hours=1, minutes=1)
 
 
 # --- One tenant cannot break the download of a digest others share ----------------------------------------

@@ -12,7 +12,7 @@ from tests.support import wait_for
 from tests.support.stores import store
 from tests.support.uploads import BYTES_PER_SECOND, CONNECTIONS, annotate, limit_uploads, plugin_upload_limits
 from tests.test_crds import assert_invalid
-from tests.test_peers import WEIGHTS, Peer, metric, peer_token, status_of
+from tests.test_peers import WEIGHTS, Peer, metric, peer_cert, status_of
 from tests.test_plugins import Scenario, big_files
 
 STORAGE = f"/apis/{GROUP}/v1alpha1"
@@ -120,16 +120,16 @@ def served_openapi(worker_api, cluster) -> dict:
     return resp.json()
 
 
-def _transfer(peer, token, path, results, key):
+def _transfer(peer, cert, path, results, key):
     started = time.monotonic()
-    resp = peer.file(path, token)
+    resp = peer.file(path, cert)
     results[key] = (resp, time.monotonic() - started)
 
 
-def _transfers(peer, token, count):
+def _transfers(peer, cert, count):
     """``count`` transfers of the big file started together; wait until the plugin counts them in flight."""
     results = {}
-    threads = [threading.Thread(target=_transfer, args=(peer, token, WEIGHTS, results, i)) for i in range(count)]
+    threads = [threading.Thread(target=_transfer, args=(peer, cert, WEIGHTS, results, i)) for i in range(count)]
     for thread in threads:
         thread.start()
     uploads = "gpustack_models_plugin_peer_uploads"
@@ -161,24 +161,24 @@ def test_a_plugin_enforces_the_limits_its_nodes_annotations_set_while_it_runs(sc
     scenario.prefetch([a, b])
     scenario.wait_state(a.node, "Ready", timeout=90)
     scenario.wait_state(b.node, "Ready", timeout=90)
-    peer, token, weights = Peer(a, launcher, scenario.digest), peer_token(b), scenario.files[WEIGHTS]
+    peer, cert, weights = Peer(a, launcher, scenario.digest), peer_cert(b), scenario.files[WEIGHTS]
     rate = 1_000_000
 
     limit_uploads(core, scenario.kube, a, connections=1, bytes_per_second=rate)
-    threads, results = _transfers(peer, token, 1)
-    busy = peer.file("tokenizer.json", token)
+    threads, results = _transfers(peer, cert, 1)
+    busy = peer.file("tokenizer.json", cert)
     assert status_of(busy) == (503, "ServiceUnavailable") and busy.headers["Retry-After"] == "1"
     assert "1 peer transfers are in flight" in busy.json()["message"]
     held = _finish(threads, results, weights, rate)
 
     limit_uploads(core, scenario.kube, a, connections=2, bytes_per_second=rate)  # raised while it runs
-    threads, results = _transfers(peer, token, 2)
-    assert status_of(peer.file("tokenizer.json", token)) == (503, "ServiceUnavailable")
+    threads, results = _transfers(peer, cert, 2)
+    assert status_of(peer.file("tokenizer.json", cert)) == (503, "ServiceUnavailable")
     _finish(threads, results, weights, rate)
 
     limit_uploads(core, scenario.kube, a, connections=None, bytes_per_second=None)  # the worker's defaults
     started = time.monotonic()
-    whole = peer.file(WEIGHTS, token)
+    whole = peer.file(WEIGHTS, cert)
     unlimited = time.monotonic() - started
     assert whole.status_code == 200 and whole.content == weights
     assert unlimited < held * 0.8, (unlimited, held)  # no longer held to the rate: the same transfer, held above

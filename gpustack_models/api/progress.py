@@ -3,7 +3,8 @@
 Computed per request and never written: the artifact (read from kube-apiserver), the mirror's entries for
 its digest (every node, every namespace: counts of content cross namespaces, nothing else does), then the
 live bytes of at most ``PROGRESS_LIVE_MAX`` downloading nodes, read from their plugins in parallel
-(``GET /model/downloads`` with the service's token, each within ``PROGRESS_LIVE_TIMEOUT``). A node past the
+(``GET /model/downloads`` with the service's client certificate, ``plugin_client``, each within
+``PROGRESS_LIVE_TIMEOUT``; no token is ever sent to a node). A node past the
 cap, or silent in time, contributes the bytes its store last reported and is not counted in ``live``.
 The answer names no node.
 """
@@ -24,13 +25,13 @@ from rest_framework.response import Response
 
 from gpustack_models import kube
 from gpustack_models.api.authorization import ResourceAttributes
+from gpustack_models.api.plugin_client import service_client
 from gpustack_models.api.renderers import PROGRESS_RENDERERS
 from gpustack_models.api.targets import Query, Target
 from gpustack_models.api.views import KubeAPIView
 from gpustack_models.kinds import GROUP, MODEL_ARTIFACT, PUBLIC_VERSION
 from gpustack_models.kube.client import forget_closed_loops
 from gpustack_models.kube.errors import MethodNotAllowed
-from gpustack_models.kube.tokens import plugin_token
 from gpustack_models.models import EntryState, PluginPod, StoreEntry
 
 _sessions: dict = {}
@@ -57,28 +58,32 @@ def _zeros(name: str, namespace: str, reason: str, digest: str = "", size: int =
 
 
 def _plugin_session():
+    """This loop's session to the plugins, built again when the service's client certificate is renewed
+    (the old one is closed once its requests had time to end)."""
     import aiohttp
 
+    context = service_client.context(settings.PLUGIN_CA_FILE, settings.PLUGIN_CA_KEY_FILE)
     loop = asyncio.get_running_loop()
-    session = _sessions.get(loop)
-    if session is None or session.closed:
-        context = ssl.create_default_context(cafile=settings.PLUGIN_CA_FILE)  # never unverified
+    session, used = _sessions.get(loop, (None, None))
+    if session is None or session.closed or used is not context:
+        if session is not None and not session.closed:
+            loop.call_later(2 * settings.PROGRESS_DEADLINE, lambda old=session: loop.create_task(old.close()))
         session = aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(ssl=context, limit=0, keepalive_timeout=60), trust_env=False
         )
         forget_closed_loops(_sessions)
-        _sessions[loop] = session
+        _sessions[loop] = (session, context)
     return session
 
 
-async def read_live(endpoints: dict[str, str], digest: str, timeout: float, headers: dict) -> dict[str, int]:
+async def read_live(endpoints: dict[str, str], digest: str, timeout: float) -> dict[str, int]:
     """node -> downloadedBytes of ``digest`` from each plugin that answered within ``timeout``."""
     import aiohttp
 
     try:
         session = _plugin_session()
-    except (OSError, ssl.SSLError) as exc:  # the plugins' CA is missing or unreadable: no node can be read live
-        log.warning("not reading plugins live: their CA %s cannot be loaded: %s", settings.PLUGIN_CA_FILE, exc)
+    except (OSError, ValueError, ssl.SSLError) as exc:  # no plugin CA, or no key: no node can be read live
+        log.warning("not reading plugins live: the plugin CA (%s) cannot be loaded: %s", settings.PLUGIN_CA_FILE, exc)
         return {}
     per_request = aiohttp.ClientTimeout(total=timeout)
 
@@ -86,7 +91,7 @@ async def read_live(endpoints: dict[str, str], digest: str, timeout: float, head
         host = f"[{ip}]" if ":" in ip else ip
         try:
             async with session.get(
-                f"https://{host}:{settings.PLUGIN_PORT}/model/downloads", headers=headers, timeout=per_request
+                f"https://{host}:{settings.PLUGIN_PORT}/model/downloads", timeout=per_request
             ) as resp:
                 if resp.status != 200:
                     return node, None
@@ -139,7 +144,7 @@ def live_bytes(digest: str, downloading: dict, started: float) -> dict[str, int]
     budget = min(settings.PROGRESS_LIVE_TIMEOUT, remaining - 0.5)
     if not endpoints or budget <= 0:
         return {}
-    return async_to_sync(read_live)(endpoints, digest, budget, plugin_token().headers())
+    return async_to_sync(read_live)(endpoints, digest, budget)
 
 
 def compute(name: str, namespace: str, artifact: dict) -> dict:

@@ -5,9 +5,11 @@ ModelArtifacts included), read on Nodes and its namespace's Pods, ``get`` on Pod
 is authorized from its Pod, and ends when the Pod is gone: read by name, never listed or watched), ``get``
 on Secrets and claims (read by name when resolving), ``create`` and ``patch`` on Events (what happened to
 artifacts and node stores), delegated authentication and authorization, and ``get``, ``create`` and
-``update`` on Leases in its own namespace (leader election of the informers and beat).
-The plugin: read its NodeModelStore, write its status (its own node only: an admission policy), and
-create TokenReviews. Tenants get nothing.
+``update`` on Leases in its own namespace (leader election of the informers and beat), and the one
+ConfigMap of the CA certificates nodes trust (``GPUSTACK_CA_CONFIGMAP``, ``CA_CONFIGMAP`` by default) there.
+No token of its own is ever requested for a node. The plugin: read its NodeModelStore and write its status
+(its own node only: an admission policy); its callers present client certificates, so it reviews no token.
+Tenants get nothing.
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ from django.conf import settings
 
 from gpustack_models.install.common import RBAC, meta, service_account_subject
 from gpustack_models.kinds import GROUP, KINDS
+
+CA_CONFIGMAP = "gpustack-models-ca"  # the chart's name of the CA ConfigMap
 
 
 def service_accounts() -> list[dict]:
@@ -44,6 +48,20 @@ def binding(kind: str, name: str, role_kind: str, role_name: str, subjects: list
     }
 
 
+def ca_configmap_rules() -> list[dict]:
+    """The CA certificates nodes trust, published when cert-manager issues the API's (``GPUSTACK_CA_CONFIGMAP``):
+    that one ConfigMap (``create`` cannot be limited to a name)."""
+    return [
+        {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["create"]},
+        {
+            "apiGroups": [""],
+            "resources": ["configmaps"],
+            "verbs": ["get", "update", "patch"],
+            "resourceNames": [settings.CA_CONFIGMAP or CA_CONFIGMAP],
+        },
+    ]
+
+
 def service_objects() -> list[dict]:
     plurals = [k.plural for k in KINDS]
     subject = service_account_subject(settings.SERVICE_ACCOUNT)
@@ -60,13 +78,7 @@ def service_objects() -> list[dict]:
     ]
     own = [
         {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]},
-        # Tokens of its own ServiceAccount for the plugins' audience (the only token it shows a node).
-        {
-            "apiGroups": [""],
-            "resources": ["serviceaccounts/token"],
-            "verbs": ["create"],
-            "resourceNames": [settings.SERVICE_ACCOUNT],
-        },
+        *ca_configmap_rules(),
         # Leader election of the informers' and beat's replicas (kube.leases): its own namespace's Leases.
         {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["get", "create", "update"]},
     ]
@@ -93,7 +105,6 @@ def plugin_objects() -> list[dict]:
     rules = [
         {"apiGroups": [GROUP], "resources": ["nodemodelstores"], "verbs": ["get", "list", "watch"]},
         {"apiGroups": [GROUP], "resources": ["nodemodelstores/status"], "verbs": ["get", "patch", "update"]},
-        {"apiGroups": ["authentication.k8s.io"], "resources": ["tokenreviews"], "verbs": ["create"]},
     ]
     return [role("ClusterRole", name, rules), binding("ClusterRoleBinding", name, "ClusterRole", name, subject)]
 

@@ -1,4 +1,4 @@
-"""The node plugins' serving certificates, issued by the API: ``POST /internal/v1/plugin-certificates``.
+"""The node plugins' certificates, issued by the API: ``POST /internal/v1/plugin-certificates``.
 
 Every plugin serves HTTPS on its Pod IP (its main and peer ports) with a certificate of the plugin CA
 (``GPUSTACK_PLUGIN_CA_FILE``), which the API and the other plugins trust. Nodes come and go, so a
@@ -6,20 +6,25 @@ plugin asks for its certificate when it starts, and again at two thirds of its v
 private key (``GPUSTACK_PLUGIN_CA_KEY_FILE``) is only in the API's Pods, never on a node: a node that
 held it could name any Pod's IP.
 
-The body is JSON ``{"csr": "<PEM certificate signing request>"}`` (at most ``MAX_BODY_BYTES``: 413
-beyond). The caller is authorized from the cluster, each refusal a ``Status``, in this order:
+The body is JSON ``{"csr": "<PEM request>", "clientCsr": "<PEM request>"}`` (at most ``MAX_BODY_BYTES``:
+413 beyond): one request for the serving certificate, one for the client certificate the plugin presents to
+its peers, each for a key of its own (400 for the same key twice). ``clientCsr`` may be left out (a plugin
+of an earlier version): then no client certificate is issued. The caller is authorized from the cluster,
+each refusal a ``Status``, in this order:
 
 1. a bearer token (401 without one, or one kube-apiserver refuses), of the plugins' ServiceAccount (403
    otherwise), bound to a Pod (403 for a token with no ``pod-name``, ``pod-uid`` and ``node-name``);
 2. this API process holds the CA key (503 otherwise, saying so);
-3. the request (400: not one PEM request, a signature that does not verify, a key other than RSA of
-   2048-4096 bits or EC P-256; see ``cert_signing``);
+3. the requests (400 naming the field: not one PEM request, a signature that does not verify, a key other
+   than RSA of 2048-4096 bits or EC P-256; see ``signing``);
 4. the Pod the token is bound to, read live in the service's namespace: it exists with the token's uid
    (404), runs the plugins' ServiceAccount on the token's node (403), and is Running with an IP (409).
 
-The answer is ``{"certificate": "<PEM>", "ca": "<PEM of GPUSTACK_PLUGIN_CA_FILE>"}``: the certificate
-names the Pod's IPs alone, whatever the request asked for (see ``cert_signing``), for
-``GPUSTACK_PLUGIN_CERT_SECONDS``.
+The answer is ``{"certificate": "<PEM>", "clientCertificate": "<PEM>", "ca": "<PEM of
+GPUSTACK_PLUGIN_CA_FILE>"}``, both for ``GPUSTACK_PLUGIN_CERT_SECONDS``: the serving certificate names the
+Pod's IPs alone, whatever the request asked for, and may only serve TLS; the client certificate names the
+token's node (``system:gpustack-models-plugin:<node>``) and may only authenticate a TLS client (see
+``signing``).
 """
 
 from __future__ import annotations
@@ -36,7 +41,13 @@ from gpustack_models import kube
 from gpustack_models.api.authentication import TokenReviewAuthentication
 from gpustack_models.api.parsers import JSONParser
 from gpustack_models.api.views import KubeAPIView
-from gpustack_models.internal.signing import Authority, load_authority, load_request, pod_addresses
+from gpustack_models.internal.signing import (
+    Authority,
+    SigningRequestError,
+    load_authority,
+    load_request,
+    pod_addresses,
+)
 from gpustack_models.internal.tickets import BoundPlugin
 from gpustack_models.kube.errors import Forbidden, NotFound
 from gpustack_models.kube.identity import NODE_NAME_EXTRA
@@ -45,7 +56,7 @@ log = logging.getLogger(__name__)
 
 POD_NAME_EXTRA = "authentication.kubernetes.io/pod-name"
 POD_UID_EXTRA = "authentication.kubernetes.io/pod-uid"
-MAX_BODY_BYTES = 16 * 1024  # an RSA-4096 request is under 2 KiB
+MAX_BODY_BYTES = 16 * 1024  # an RSA-4096 request is under 2 KiB; two of them, well under this
 
 
 class SigningRequestParser(JSONParser):
@@ -120,12 +131,38 @@ class PluginCertificateView(KubeAPIView):
     def post(self, request):
         node, name, uid = bound_pod(request.user)
         ca = authority.get()
-        csr = load_request(request.data.get("csr"))
+        csr, client_csr = requests_of(request.data)
         addresses = pod_addresses(read_pod(node, name, uid))
         cert = ca.issue(csr.public_key(), node, addresses, settings.PLUGIN_CERT_SECONDS)
+        answer = {"certificate": _pem(cert), "ca": ca.bundle_pem.decode()}
+        if client_csr is not None:
+            client = ca.issue_client(client_csr.public_key(), node, settings.PLUGIN_CERT_SECONDS)
+            answer["clientCertificate"] = _pem(client)
         log.info(
-            "issued plugin certificate %x for node %s, pod %s (uid %s), IPs %s, until %s",
-            cert.serial_number, node, name, uid, ",".join(addresses), cert.not_valid_after_utc.isoformat(),
+            "issued plugin certificate %x%s for node %s, pod %s (uid %s), IPs %s, until %s",
+            cert.serial_number, f" and client certificate {client.serial_number:x}" if client_csr else "",
+            node, name, uid, ",".join(addresses), cert.not_valid_after_utc.isoformat(),
         )  # fmt: skip
-        pem = cert.public_bytes(serialization.Encoding.PEM).decode()
-        return Response({"certificate": pem, "ca": ca.bundle_pem.decode()})
+        return Response(answer)
+
+
+def requests_of(data) -> tuple:
+    """The serving request (``csr``) and the client one (``clientCsr``, or ``None`` when left out), each
+    checked; 400 naming the field at fault, and for one key asked for twice."""
+    if not isinstance(data, dict):
+        raise SigningRequestError('expected a JSON body {"csr": "<PEM request>", "clientCsr": "<PEM request>"}')
+    csr = load_request(data.get("csr"), "csr")
+    if data.get("clientCsr") is None:
+        return csr, None
+    client = load_request(data.get("clientCsr"), "clientCsr")
+    if _spki(client.public_key()) == _spki(csr.public_key()):
+        raise SigningRequestError("clientCsr: the client certificate needs a key of its own, not the serving key")
+    return csr, client
+
+
+def _spki(public_key) -> bytes:
+    return public_key.public_bytes(serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
+
+
+def _pem(cert) -> str:
+    return cert.public_bytes(serialization.Encoding.PEM).decode()

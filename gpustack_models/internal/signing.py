@@ -5,8 +5,11 @@ key, after checking the request's own signature (the plugin holds the private ke
 RSA of 2048 to 4096 bits, or EC on P-256. Nothing else of the request is taken over: not its subject,
 not its extensions, not the names it asks for. The certificate names the Pod's IPs only (``IP:`` SANs,
 as the Pod read from the cluster has them), its subject is ``system:gpustack-models-plugin:<node>``, and
-it may serve TLS (``serverAuth``) and nothing else: no client authentication (the plugins authenticate
-to each other with tokens), never a CA.
+it may serve TLS (``serverAuth``) and nothing else, never a CA. With it comes the plugin's client
+certificate (``Authority.issue_client``, for a second key of a second request): the same subject, no
+names, TLS client authentication (``clientAuth``) and nothing else, never a CA; the plugin presents it to
+its peers, who take the node from its subject (``api.plugin_client``). Neither certificate can stand in
+for the other.
 """
 
 from __future__ import annotations
@@ -21,10 +24,11 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, ed448, ed25519, rsa
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
+from gpustack_models.api.plugin_client import PLUGIN_PREFIX, client_certificate, matching_certificate
 from gpustack_models.kube.errors import BadRequest, Conflict, ServiceUnavailable
 
 RSA_BITS = (2048, 4096)  # the sizes of RSA keys signed, inclusive
-SUBJECT_PREFIX = "system:gpustack-models-plugin:"
+SUBJECT_PREFIX = PLUGIN_PREFIX
 BACKDATE = datetime.timedelta(minutes=1)  # a node's clock a little behind still accepts a new certificate
 PEM_MARKERS = (b"-----BEGIN CERTIFICATE REQUEST-----", b"-----BEGIN NEW CERTIFICATE REQUEST-----")
 
@@ -33,36 +37,38 @@ class SigningRequestError(BadRequest):
     """A request that cannot be signed (400, the reason in the message)."""
 
 
-def load_request(pem) -> x509.CertificateSigningRequest:
-    """The signing request in ``pem`` (one PEM block), its signature checked; 400 otherwise."""
+def load_request(pem, field: str = "csr") -> x509.CertificateSigningRequest:
+    """The signing request in ``pem`` (one PEM block) of the body's ``field``, its signature checked; 400
+    naming ``field`` otherwise."""
     if not isinstance(pem, str) or not pem.strip():
-        raise SigningRequestError('expected a JSON body {"csr": "<PEM certificate signing request>"}')
+        raise SigningRequestError(f'expected a JSON body {{"{field}": "<PEM certificate signing request>"}}')
     raw = pem.encode("ascii", errors="replace")
     if raw.count(b"-----BEGIN ") != 1 or not raw.lstrip().startswith(PEM_MARKERS):
-        raise SigningRequestError("csr must hold exactly one PEM block: -----BEGIN CERTIFICATE REQUEST-----")
+        raise SigningRequestError(f"{field} must hold exactly one PEM block: -----BEGIN CERTIFICATE REQUEST-----")
     try:
         csr = x509.load_pem_x509_csr(raw)
     except ValueError as exc:
-        raise SigningRequestError(f"csr is not a PEM certificate signing request: {exc}") from None
-    check_key(csr.public_key())
+        raise SigningRequestError(f"{field} is not a PEM certificate signing request: {exc}") from None
+    check_key(csr.public_key(), field)
     if not csr.is_signature_valid:
-        raise SigningRequestError("the signature of the certificate signing request does not verify")
+        raise SigningRequestError(f"the signature of the certificate signing request {field} does not verify")
     return csr
 
 
-def check_key(key) -> None:
-    """RSA of ``RSA_BITS`` or EC on P-256; 400 for anything else."""
+def check_key(key, field: str = "csr") -> None:
+    """RSA of ``RSA_BITS`` or EC on P-256; 400 naming ``field`` for anything else."""
     if isinstance(key, rsa.RSAPublicKey):
         if not RSA_BITS[0] <= key.key_size <= RSA_BITS[1]:
             raise SigningRequestError(
-                f"an RSA key of {key.key_size} bits: only {RSA_BITS[0]} to {RSA_BITS[1]} bits, or EC P-256"
+                f"{field}: an RSA key of {key.key_size} bits: only {RSA_BITS[0]} to {RSA_BITS[1]} bits, or EC P-256"
             )
         return
     if isinstance(key, ec.EllipticCurvePublicKey):
         if not isinstance(key.curve, ec.SECP256R1):
-            raise SigningRequestError(f"an EC key on {key.curve.name}: only P-256 (secp256r1), or RSA")
+            raise SigningRequestError(f"{field}: an EC key on {key.curve.name}: only P-256 (secp256r1), or RSA")
         return
-    raise SigningRequestError(f"a {type(key).__name__.removeprefix('_')} key: only EC P-256 or RSA of 2048-4096 bits")
+    kind = type(key).__name__.removeprefix("_")
+    raise SigningRequestError(f"{field}: a {kind} key: only EC P-256 or RSA of 2048-4096 bits")
 
 
 def pod_addresses(pod: dict) -> list[str]:
@@ -119,6 +125,11 @@ class Authority:
         algorithm = None if isinstance(self.key, ed25519.Ed25519PrivateKey | ed448.Ed448PrivateKey) else hashes.SHA256()
         return builder.sign(self.key, algorithm)
 
+    def issue_client(self, public_key, node: str, seconds: int, now=None) -> x509.Certificate:
+        """The client certificate of ``node``'s plugin for ``public_key``: subject CN
+        ``system:gpustack-models-plugin:<node>`` (whole, however long), ``clientAuth`` only, for ``seconds``."""
+        return client_certificate(self.cert, self.key, public_key, f"{SUBJECT_PREFIX}{node}", seconds, now)
+
 
 def subject_alternative_names(addresses: list[str]) -> x509.SubjectAlternativeName:
     """``IP:`` names of ``addresses``, nothing else."""
@@ -151,11 +162,7 @@ def load_authority(cert_file: str, key_file: str) -> Authority:
         certs = x509.load_pem_x509_certificates(bundle)
     except (OSError, ValueError, TypeError) as exc:
         raise ServiceUnavailable(f"this API cannot load the plugin CA ({type(exc).__name__}): {why}") from None
-    own = key.public_key().public_bytes(serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
-    for cert in certs:
-        if (
-            cert.public_key().public_bytes(serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
-            == own
-        ):
-            return Authority(cert, key, bundle)
-    raise ServiceUnavailable("the plugin CA key does not belong to any certificate of GPUSTACK_PLUGIN_CA_FILE")
+    cert = matching_certificate(certs, key)
+    if cert is None:
+        raise ServiceUnavailable("the plugin CA key does not belong to any certificate of GPUSTACK_PLUGIN_CA_FILE")
+    return Authority(cert, key, bundle)

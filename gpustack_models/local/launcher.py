@@ -217,7 +217,8 @@ class Launcher:
         return directory / "ca.crt", directory / "ca.key"
 
     def plugin_pki(self, node: str, address: str) -> tuple[Path, Path]:
-        """A serving certificate for ``node``'s plugin at ``address``, from the plugin CA the API trusts."""
+        """A serving certificate for ``node``'s plugin at ``address``, from the plugin CA the API trusts (for
+        tests that serve as a plugin; a plugin the launcher starts asks the API for its certificates)."""
         self.plugin_ca()
         directory = self.data_dir / "plugin-pki"
         authority = pki.KeyPair.load(directory, "ca")
@@ -234,14 +235,6 @@ class Launcher:
         return self.service_account_token(
             settings.PLUGIN_SERVICE_ACCOUNT, seconds=24 * 3600, bound_object=bound, audiences=audiences
         )
-
-    def plugin_peer_token(self, node: str) -> Path:
-        """The file of ``node``'s plugin token for its peers (the peer audience), as a projected volume has it."""
-        path = self.data_dir / "plugin" / node / "peer-token"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(self.plugin_token(node, audiences=[settings.PLUGIN_PEER_AUDIENCE]))
-        path.chmod(0o600)
-        return path
 
     def plugin_kubeconfig(self, node: str) -> Path:
         """A kubeconfig with a token of the plugin's ServiceAccount bound to its Pod."""
@@ -265,22 +258,26 @@ class Launcher:
         peer_port: int | None = None,
     ) -> dict:
         """Register ``node`` with its plugin Pod (unless a kubelet runs both: ``register=False``) and return
-        the environment of its ``runplugin`` (its peer endpoints on ``peer_port``, by default the setting's)."""
+        the environment of its ``runplugin`` (its peer endpoints on ``peer_port``, by default the setting's).
+        As in the chart, the plugin asks the API for its serving and client certificates (its Pod IP is
+        ``address``), holds no token for anything but kube-apiserver and the API, and trusts the plugin CA's
+        certificate alone (never its key)."""
         import os
 
         if register:
             self.register_node(node, address)
-        cert, key = self.plugin_pki(node, address)
+        ca, _key = self.plugin_ca()
         env = dict(base_env if base_env is not None else os.environ)
+        for name in ("GPUSTACK_PLUGIN_TLS_CERT_FILE", "GPUSTACK_PLUGIN_TLS_KEY_FILE", "GPUSTACK_PLUGIN_CA_KEY_FILE"):
+            env.pop(name, None)
         env.update(
             KUBECONFIG=str(self.plugin_kubeconfig(node)),
             GPUSTACK_DATA_DIR=str(self.data_dir),
             GPUSTACK_PLUGIN_ADDRESS=f"{address}:{port}",
-            GPUSTACK_PLUGIN_TLS_CERT_FILE=str(cert),
-            GPUSTACK_PLUGIN_TLS_KEY_FILE=str(key),
+            GPUSTACK_PLUGIN_CERT_FROM_API="true",
+            GPUSTACK_PLUGIN_CA_FILE=str(ca),
             GPUSTACK_PLUGIN_CACHE_DIR=str(self.data_dir / "plugin" / node / "cache"),
             GPUSTACK_API_CA_FILE=str(self.pki_dir / "ca.crt"),
             GPUSTACK_PLUGIN_PEER_PORT=str(settings.PLUGIN_PEER_PORT if peer_port is None else peer_port),
-            GPUSTACK_PLUGIN_PEER_TOKEN_FILE=str(self.plugin_peer_token(node)),
         )
         return env

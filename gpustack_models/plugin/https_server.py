@@ -12,6 +12,12 @@
   a connection closing under it.
 - At most ``ConnectionLimits.connections`` connections are open at once; one accepted beyond that is closed at
   once, without a byte read or written.
+
+Who calls: no bearer token is ever taken. A caller presents a client certificate of the plugin CA
+(``server_context`` with ``client_ca``: required on the peer port, asked for on the main port, whose probes
+come without one); ``client_name`` is its subject's CN when the handshake verified it against that CA and
+it may authenticate a client (ExtendedKeyUsage ``clientAuth``): ``PLUGIN_SUBJECT_PREFIX`` + a node's name
+for a node's plugin, ``SERVICE_SUBJECT`` for the API. A serving certificate of the same CA is no client's.
 """
 
 from __future__ import annotations
@@ -20,17 +26,24 @@ import json
 import logging
 import ssl
 
+from cryptography import x509
+from cryptography.x509.oid import ExtendedKeyUsageOID
+
 from gpustack_models.guarded_http import ConnectionLimits, GuardedHTTPServer, GuardedRequestHandler
 
 __all__ = [
     "ConnectionLimits",
     "GuardedHTTPSServer",
     "GuardedRequestHandler",
+    "client_name",
     "server_context",
     "status",
 ]
 
 log = logging.getLogger(__name__)
+
+PLUGIN_SUBJECT_PREFIX = "system:gpustack-models-plugin:"  # + the node's name: a node's plugin
+SERVICE_SUBJECT = "system:gpustack-models-service"  # the API, reading live bytes
 
 
 def status(code: int, reason: str, message: str = "") -> bytes:
@@ -41,11 +54,41 @@ def status(code: int, reason: str, message: str = "") -> bytes:
     return json.dumps(body).encode()
 
 
-def server_context(cert_file: str, key_file: str) -> ssl.SSLContext:
-    """A TLS server context with the certificate and key of these files; no client certificate asked for."""
+def server_context(
+    cert_file: str, key_file: str, client_ca: str | None = None, require_client: bool = False
+) -> ssl.SSLContext:
+    """A TLS server context with the certificate and key of these files. With ``client_ca``, client
+    certificates are verified against it: asked for (a client without one still connects), or required
+    (``require_client``: no handshake without one). A client certificate that does not verify, of another CA
+    or for another purpose, ends the handshake either way."""
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     context.load_cert_chain(cert_file, key_file)
+    if client_ca:
+        context.load_verify_locations(cafile=client_ca)
+        context.verify_mode = ssl.CERT_REQUIRED if require_client else ssl.CERT_OPTIONAL
     return context
+
+
+def client_name(connection) -> str | None:
+    """The subject CN of the client certificate of ``connection`` (a server-side TLS socket), if the
+    handshake verified it against the client CA and it may authenticate a TLS client (ExtendedKeyUsage
+    ``clientAuth``); ``None`` for no certificate, one without ``clientAuth`` (a serving certificate), or a
+    subject of no single CN."""
+    try:
+        verified = connection.getpeercert()  # {} or None unless the chain verified
+        der = connection.getpeercert(binary_form=True)
+    except (AttributeError, ValueError, OSError):
+        return None
+    if not verified or not der:
+        return None
+    try:
+        usages = x509.load_der_x509_certificate(der).extensions.get_extension_for_class(x509.ExtendedKeyUsage).value
+    except (ValueError, x509.ExtensionNotFound):
+        return None
+    if ExtendedKeyUsageOID.CLIENT_AUTH not in usages:
+        return None
+    names = [value for rdn in verified.get("subject", ()) for key, value in rdn if key == "commonName"]
+    return names[0] if len(names) == 1 and names[0] else None
 
 
 class GuardedHTTPSServer(GuardedHTTPServer):
@@ -53,13 +96,22 @@ class GuardedHTTPSServer(GuardedHTTPServer):
 
     logger = log
 
-    def __init__(self, address, handler, context: ssl.SSLContext, limits: ConnectionLimits):
+    def __init__(
+        self,
+        address,
+        handler,
+        context: ssl.SSLContext,
+        limits: ConnectionLimits,
+        client_ca: str | None = None,
+        require_client: bool = False,
+    ):
         self.context = context
+        self.client_ca, self.require_client = client_ca, require_client  # kept by a renewed certificate
         super().__init__(address, handler, limits)
 
     def load_certificate(self, cert_file: str, key_file: str) -> None:
         """Serve new connections with this certificate (a renewed one); open connections keep theirs."""
-        self.context = server_context(cert_file, key_file)
+        self.context = server_context(cert_file, key_file, self.client_ca, self.require_client)
 
     def finish_request(self, request, client_address):
         """On the connection's thread: the TLS handshake, then the requests."""

@@ -65,11 +65,12 @@ Egress, for fan-out tests: ``hub.total_rate`` (bytes per second, 0: none) caps t
 all connections together (both listeners), as a hub rate-limiting a cluster's address would;
 ``hub.body_bytes`` counts the file body bytes handed to sockets since ``hub.reset_body_bytes()``.
 
-Peer emulation: ``hub.serve_peer(hex, files, have=None, token=None)`` makes this server answer the
+Peer emulation: ``hub.serve_peer(hex, files, have=None, client=None)`` makes this server answer the
 node plugin's peer endpoints for digest ``hex`` (``GET /peer/v1/trees/{hex}`` and
-``GET /peer/v1/trees/{hex}/files/{path}`` with ``Range``; 416 outside ``have``, 401 without the
-bearer ``token`` when one is set), so several hubs at several speeds can play peers; faults apply
-to its file bodies as to the hub's (``match`` on ``/peer/v1/...``).
+``GET /peer/v1/trees/{hex}/files/{path}`` with ``Range``; 416 outside ``have``, 401 unless the
+connection's client certificate, verified against ``FakeHub(client_ca=...)``, is of the subject CN
+``client`` when one is set), so several hubs at several speeds can play peers; faults apply to its
+file bodies as to the hub's (``match`` on ``/peer/v1/...``).
 """
 
 from __future__ import annotations
@@ -600,6 +601,12 @@ class _Handler(http.server.BaseHTTPRequestHandler):
 
     do_POST = do_PUT = do_DELETE = do_PATCH = _other
 
+    def _client_name(self) -> str | None:
+        """The subject CN of the client certificate the handshake verified (``None``: none)."""
+        verified = self.connection.getpeercert() if isinstance(self.connection, ssl.SSLSocket) else None
+        names = [v for rdn in (verified or {}).get("subject", ()) for k, v in rdn if k == "commonName"]
+        return names[0] if names else None
+
     def _token(self) -> str | None:
         auth = self.headers.get("Authorization") or ""
         if auth.lower().startswith("bearer "):
@@ -782,7 +789,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         tree = hub._peer_trees.get(m.group(1)) if m else None
         if tree is None:
             self._json(404, {"error": "nothing held"})
-        if tree["token"] and self._token() != tree["token"]:
+        if tree["client"] and self._client_name() != tree["client"]:
             self._json(401, {"error": "unauthorized"})
         if m.group(3) is None:
             files = [
@@ -1173,7 +1180,8 @@ class FakeHub:
     listeners, in arrival order.
 
     ``tls=(certfile, keyfile)`` serves HTTPS on both listeners (the certificate must name 127.0.0.1
-    and the CDN address); ``cdn_host=None`` puts the CDN on a second port of ``host``.
+    and the CDN address), asking for a client certificate of ``client_ca`` when given; ``cdn_host=None``
+    puts the CDN on a second port of ``host``.
     """
 
     def __init__(
@@ -1189,6 +1197,7 @@ class FakeHub:
         ms_latest_committer: str = "present",
         ms_file_commits: bool = True,
         tls: tuple[str | os.PathLike, str | os.PathLike] | None = None,
+        client_ca: str | os.PathLike | None = None,
     ):
         self.lfs_threshold = lfs_threshold
         self.xet_lfs_info = xet_lfs_info
@@ -1204,6 +1213,9 @@ class FakeHub:
         if tls is not None:
             self._tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
             self._tls.load_cert_chain(str(tls[0]), str(tls[1]))
+            if client_ca is not None:
+                self._tls.load_verify_locations(cafile=str(client_ca))
+                self._tls.verify_mode = ssl.CERT_OPTIONAL
         self._lock = threading.RLock()
         self._repos: dict[tuple[str, str], Repo] = {}
         self._blobs: dict[str, Blob] = {}
@@ -1467,14 +1479,15 @@ class FakeHub:
         files: Mapping[str, FileSource],
         *,
         have: Mapping[str, list[tuple[int, int]]] | None = None,
-        token: str | None = None,
+        client: str | None = None,
         state: str = "Ready",
     ) -> None:
         """Answer the peer endpoints for ``hex_digest`` with ``files`` (``have``: the ranges held per
-        path, everything when not given; ``token``: the bearer token required)."""
+        path, everything when not given; ``client``: the subject CN of the client certificate required)."""
         blobs = {path: self._blob(source) for path, source in files.items()}
         with self._lock:
-            self._peer_trees[hex_digest] = {"files": blobs, "have": dict(have or {}), "token": token, "state": state}
+            tree = {"files": blobs, "have": dict(have or {}), "client": client, "state": state}
+            self._peer_trees[hex_digest] = tree
 
     # ---------------------------------------------------------------- request log
 

@@ -4,6 +4,7 @@ from answering nor hold its threads forever."""
 
 from __future__ import annotations
 
+import datetime
 import http.client
 import json
 import logging
@@ -15,30 +16,67 @@ import time
 from types import SimpleNamespace
 
 import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
 
 from gpustack_models.local import pki
 from gpustack_models.plugin.engine import Engine, Metrics
-from gpustack_models.plugin.https_server import ConnectionLimits
+from gpustack_models.plugin.https_server import PLUGIN_SUBJECT_PREFIX, SERVICE_SUBJECT, ConnectionLimits
 from gpustack_models.plugin.node.endpoints import serve
 from tests.plugin.attackers import SLOW_REQUEST, Attack, SlowClient, client_context, client_hello, probe, timed_get
 from tests.plugin.conftest import settings, wait_for
 
 
 class FakePlugin:
-    """What ``serve`` reads of the plugin: its settings, metrics, engine and who may read live bytes."""
+    """What ``serve`` reads of the plugin: its settings, metrics and engine; and the client certificates of
+    the plugin CA that callers may hold (``clients``: name -> (cert, key) files)."""
 
     def __init__(self, tmp_path):
         ca = pki.new_ca("plugin-ca")
+        directory = tmp_path / "pki"
         cert_file, key_file = pki.issue(ca, "node-a", ip_addresses=("127.0.0.1",), server=True).write(
-            tmp_path / "pki", "plugin"
+            directory, "plugin"
         )
-        self.ca_file, _ = ca.write(tmp_path / "pki", "ca")
-        self.settings = SimpleNamespace(address="127.0.0.1:0", cert_file=str(cert_file), key_file=str(key_file))
+        self.ca_file, _ = ca.write(directory, "ca")
+        self.settings = SimpleNamespace(
+            address="127.0.0.1:0", cert_file=str(cert_file), key_file=str(key_file), plugin_ca_file=str(self.ca_file)
+        )
         self.metrics = Metrics()
         self.engine = Engine(tmp_path / "cache", settings=settings(), metrics=self.metrics)
+        other_ca = pki.new_ca("plugin-ca")  # the same name, another key
+        self.clients = {
+            "service": pki.issue(ca, SERVICE_SUBJECT, client=True).write(directory, "service"),
+            "node-b": pki.issue(ca, f"{PLUGIN_SUBJECT_PREFIX}node-b", client=True).write(directory, "node-b"),
+            "serving": (cert_file, key_file),  # serverAuth only
+            "other-ca": pki.issue(other_ca, SERVICE_SUBJECT, client=True).write(directory, "other-ca"),
+            "no-usage": without_usage(ca, SERVICE_SUBJECT).write(directory, "no-usage"),
+        }
 
-    def authorized_service(self, header):
-        return {None: 401, "Bearer worker": 200}.get(header, 403)
+    def context(self, client: str | None = None) -> ssl.SSLContext:
+        context = client_context(self.ca_file)
+        if client is not None:
+            context.load_cert_chain(*self.clients[client])
+        return context
+
+
+def without_usage(ca: pki.KeyPair, name: str) -> pki.KeyPair:
+    """A certificate of ``ca`` for ``name`` with no ExtendedKeyUsage at all."""
+    key = ec.generate_private_key(ec.SECP256R1())
+    now = datetime.datetime.now(datetime.UTC)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)]))
+        .issuer_name(ca.cert.subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(hours=1))
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .sign(ca.key, hashes.SHA256())
+    )
+    return pki.KeyPair(cert, key)
 
 
 @pytest.fixture
@@ -91,23 +129,46 @@ def get(conn: http.client.HTTPSConnection, path: str, **headers):
 
 def test_it_answers_each_endpoint_over_tls_with_the_settings_certificate_and_keep_alive(plugin, served):
     port = served().server_address[1]
-    conn = http.client.HTTPSConnection("127.0.0.1", port, context=client_context(plugin.ca_file), timeout=5)
+    conn = http.client.HTTPSConnection("127.0.0.1", port, context=plugin.context(), timeout=5)
     assert get(conn, "/livez") == (200, "text/plain", b"ok")
     assert get(conn, "/readyz?verbose") == (200, "text/plain", b"ok")
     status, kind, body = get(conn, "/metrics")
     assert status == 200 and kind.startswith("text/plain; version=") and b"gpustack_models_plugin_models" in body
     status, _, body = get(conn, "/model/downloads")
     assert status == 401 and json.loads(body)["reason"] == "Unauthorized"
-    status, _, body = get(conn, "/model/downloads", Authorization="Bearer tenant")
-    assert status == 403 and json.loads(body)["reason"] == "Forbidden"
-    worker = get(conn, "/model/downloads", Authorization="Bearer worker")
-    assert worker == (200, "application/json", b'{"downloads": []}')
+    status, _, body = get(conn, "/model/downloads", Authorization="Bearer a-token-of-anyone")  # no credential
+    assert status == 401 and json.loads(body)["reason"] == "Unauthorized"
     status, _, body = get(conn, "/nowhere")
     assert status == 404 and json.loads(body)["reason"] == "NotFound"
     # All of it on one connection, with no client certificate, and the settings' certificate served.
     served_cert = ssl.DER_cert_to_PEM_cert(conn.sock.getpeercert(binary_form=True))
     assert served_cert.strip() == open(plugin.settings.cert_file).read().strip()
     conn.close()
+
+
+def downloads(port: int, context: ssl.SSLContext):
+    """(status, body) of ``GET /model/downloads`` on a connection of its own; ``None`` when the handshake
+    (or the first read after it: TLS 1.3 tells a refused client certificate then) fails."""
+    conn = http.client.HTTPSConnection("127.0.0.1", port, context=context, timeout=5)
+    try:
+        status, _, body = get(conn, "/model/downloads")
+    except (ssl.SSLError, ConnectionError):
+        return None
+    finally:
+        conn.close()
+    return status, body
+
+
+def test_live_bytes_are_for_the_services_client_certificate_alone(plugin, served):
+    port = served().server_address[1]
+    assert downloads(port, plugin.context("service")) == (200, b'{"downloads": []}')
+    status, body = downloads(port, plugin.context("node-b"))  # a node's plugin: the CA's, but not the service
+    assert status == 403 and json.loads(body)["reason"] == "Forbidden"
+    assert downloads(port, plugin.context("serving")) is None  # the CA's, for serving only: no handshake
+    assert downloads(port, plugin.context("other-ca")) is None  # the service's name, from another CA
+    # One the handshake takes (no ExtendedKeyUsage: any purpose, for TLS) is still no client's to the plugin.
+    status, body = downloads(port, plugin.context("no-usage"))
+    assert status == 401 and json.loads(body)["reason"] == "Unauthorized"
 
 
 class Closes(threading.Thread):

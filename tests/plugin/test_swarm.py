@@ -1,6 +1,6 @@
 """A download from several sources at once: fake hubs playing peers (the plugin's peer endpoints, over
-TLS with a bearer token) at different speeds, one stopped mid-transfer, one sending bad bytes, beside
-the ticket's hub; and the board's decisions on their own."""
+TLS, taking this plugin's client certificate) at different speeds, one stopped mid-transfer, one sending
+bad bytes, beside the ticket's hub; and the board's decisions on their own."""
 
 from __future__ import annotations
 
@@ -14,13 +14,14 @@ from gpustack_models.plugin.engine import READY, DownloadSettings
 from gpustack_models.plugin.engine.ranges import FileProgress
 from gpustack_models.plugin.engine.ticket import PeerSource
 from gpustack_models.plugin.node.agent import peer_fan_out
+from gpustack_models.plugin.peers.contract import ClientCertificate
 from gpustack_models.plugin.peers.peer_client import PeerAccess, PeerError, parse_tree
 from gpustack_models.plugin.peers.swarm import HUB, Board, Finished, SwarmSettings, segment_size
 from gpustack_models.sources.manifest import ManifestFile
 from tests.fakehub import FakeHub
 from tests.plugin.conftest import FAST, KiB, MiB, random_bytes, ticket_for, tree_files, wait_for
 
-TOKEN = "peer-token-for-tests"
+ME = "system:gpustack-models-plugin:me"  # the subject of our client certificate
 FILES = {
     "config.json": b'{"model_type": "llama"}',
     "model-00001.safetensors": random_bytes(3 * MiB + 333, seed=41),
@@ -34,7 +35,8 @@ def pki_files(tmp_path):
     ca = pki.new_ca("peers test CA")
     ca_crt, _ = ca.write(tmp_path, "ca")
     crt, key = pki.issue(ca, "peer", ip_addresses=("127.0.0.1", "127.0.0.2"), server=True).write(tmp_path, "peer")
-    return str(ca_crt), (crt, key)
+    client = pki.issue(ca, ME, client=True).write(tmp_path, "client")
+    return str(ca_crt), (crt, key), client
 
 
 @pytest.fixture
@@ -44,7 +46,7 @@ def peers(pki_files):
 
     def start(n: int) -> list[FakeHub]:
         for _ in range(n):
-            started.append(FakeHub(tls=pki_files[1], cdn_host=None).start())
+            started.append(FakeHub(tls=pki_files[1], client_ca=pki_files[0], cdn_host=None).start())
         return started[-n:]
 
     yield start
@@ -66,8 +68,13 @@ def with_peers(ticket, hubs, names=None, state="Ready"):
     return dataclasses.replace(ticket, peers=tuple(PeerSource(n, h.url, state) for n, h in zip(names, hubs)))
 
 
-def engine_with_peers(make_engine, ca, **swarm):
-    access = PeerAccess(token=lambda: TOKEN, ca_file=ca)
+def client_tls(pki_files, ca=None) -> ClientCertificate:
+    """Our client certificate, checking peers against ``ca`` (the peers' CA by default)."""
+    return ClientCertificate(*pki_files[2], ca or pki_files[0])
+
+
+def engine_with_peers(make_engine, pki_files, ca=None, **swarm):
+    access = PeerAccess(tls=client_tls(pki_files, ca))
     return make_engine(settings=DownloadSettings(**FAST), fan_out=peer_fan_out("me", access, SwarmSettings(**swarm)))
 
 
@@ -80,9 +87,9 @@ def test_it_takes_everything_from_ready_peers_the_fastest_most_and_asks_the_hub_
 ):
     slow, fast = peers(2)
     for hub in (slow, fast):
-        hub.serve_peer(origin.hex, FILES, token=TOKEN)
+        hub.serve_peer(origin.hex, FILES, client=ME)
     slow.faults.throttle("/peer/v1/", 300 * KiB)
-    engine = engine_with_peers(make_engine, pki_files[0])
+    engine = engine_with_peers(make_engine, pki_files)
 
     engine.ensure(with_peers(origin, [slow, fast]))
     entry = engine.wait(origin.digest, timeout=60)
@@ -98,10 +105,10 @@ def test_it_takes_everything_from_ready_peers_the_fastest_most_and_asks_the_hub_
 def test_a_peer_stopped_mid_transfer_does_not_stop_the_download(fakehub, origin, peers, pki_files, make_engine):
     doomed, steady = peers(2)
     for hub in (doomed, steady):
-        hub.serve_peer(origin.hex, FILES, token=TOKEN)
+        hub.serve_peer(origin.hex, FILES, client=ME)
     doomed.faults.throttle("/peer/v1/", 200 * KiB)
     steady.faults.throttle("/peer/v1/", 1 * MiB)
-    engine = engine_with_peers(make_engine, pki_files[0])
+    engine = engine_with_peers(make_engine, pki_files)
 
     engine.ensure(with_peers(origin, [doomed, steady]))
     time.sleep(1.0)
@@ -118,9 +125,9 @@ def test_a_peer_sending_bad_bytes_is_banned_and_nothing_bad_is_published(
     fakehub, origin, peers, pki_files, make_engine
 ):
     (liar,) = peers(1)
-    liar.serve_peer(origin.hex, FILES, token=TOKEN)
+    liar.serve_peer(origin.hex, FILES, client=ME)
     liar.faults.corrupt("model-00002", times=None)  # every range of that file, one byte flipped
-    engine = engine_with_peers(make_engine, pki_files[0])
+    engine = engine_with_peers(make_engine, pki_files)
 
     engine.ensure(with_peers(origin, [liar], names=["liar"]))
     entry = engine.wait(origin.digest, timeout=60)
@@ -133,13 +140,13 @@ def test_a_peer_sending_bad_bytes_is_banned_and_nothing_bad_is_published(
     assert len(FILES["model-00002.safetensors"]) <= served(fakehub) < sum(len(b) for b in FILES.values())
 
 
-def test_a_peer_refusing_the_token_or_lying_about_its_ranges_leaves_the_hub(
+def test_a_peer_refusing_our_certificate_or_lying_about_its_ranges_leaves_the_hub(
     fakehub, origin, peers, pki_files, make_engine
 ):
     refusing, lying = peers(2)
-    refusing.serve_peer(origin.hex, FILES, token="another-token")  # 401 to us
-    lying.serve_peer(origin.hex, FILES, token=TOKEN, have={p: [(0, 1)] for p in FILES})  # 416 past byte 0
-    engine = engine_with_peers(make_engine, pki_files[0])
+    refusing.serve_peer(origin.hex, FILES, client="system:gpustack-models-plugin:another")  # 401 to us
+    lying.serve_peer(origin.hex, FILES, client=ME, have={p: [(0, 1)] for p in FILES})  # 416 past byte 0
+    engine = engine_with_peers(make_engine, pki_files)
 
     engine.ensure(with_peers(origin, [refusing, lying]))
     entry = engine.wait(origin.digest, timeout=60)
@@ -149,18 +156,18 @@ def test_a_peer_refusing_the_token_or_lying_about_its_ranges_leaves_the_hub(
     assert served(fakehub) == sum(len(b) for b in FILES.values())
 
 
-def test_a_peer_with_an_untrusted_certificate_gets_no_token(fakehub, origin, peers, tmp_path, make_engine):
+def test_a_peer_with_an_untrusted_certificate_gets_no_request(fakehub, origin, peers, pki_files, tmp_path, make_engine):
     (stranger,) = peers(1)
     stranger.serve_peer(origin.hex, FILES)
     other_ca = pki.new_ca("another CA")
     other_crt, _ = other_ca.write(tmp_path / "other", "ca")
-    engine = engine_with_peers(make_engine, str(other_crt))
+    engine = engine_with_peers(make_engine, pki_files, ca=str(other_crt))
 
     engine.ensure(with_peers(origin, [stranger]))
     entry = engine.wait(origin.digest, timeout=60)
 
     assert entry.state == READY and entry.source == "Hub", entry
-    assert all(r.token is None for r in stranger.requests)  # no request got as far as its headers
+    assert stranger.requests == []  # no request got past the handshake
 
 
 # ------------------------------------------------------------------------------------------------ the board
@@ -267,7 +274,7 @@ def test_a_lone_download_takes_the_hubs_parts_until_a_peer_shows_up_then_the_res
     fakehub, origin, peers, pki_files, make_engine
 ):
     (late,) = peers(1)
-    late.serve_peer(origin.hex, FILES, token=TOKEN)
+    late.serve_peer(origin.hex, FILES, client=ME)
     fakehub.total_rate = 1 * MiB  # about five seconds for the model from the hub alone
     listed: list[PeerSource] = []
     alone = dataclasses.replace(origin, joining=0)  # no other node wants it yet: nobody to wait for
@@ -275,7 +282,7 @@ def test_a_lone_download_takes_the_hubs_parts_until_a_peer_shows_up_then_the_res
     def refresh(digest):
         return dataclasses.replace(alone, peers=tuple(listed))
 
-    access = PeerAccess(token=lambda: TOKEN, ca_file=pki_files[0], refresh=refresh)
+    access = PeerAccess(tls=client_tls(pki_files), refresh=refresh)
     swarm = SwarmSettings(peer_refresh=0.2, peer_poll=0.1)
     engine = make_engine(settings=DownloadSettings(**FAST), fan_out=peer_fan_out("me", access, swarm))
 
@@ -293,7 +300,7 @@ def test_a_lone_download_takes_the_hubs_parts_until_a_peer_shows_up_then_the_res
 
 def test_a_node_alone_asks_the_hub_at_once(fakehub, origin, pki_files, make_engine):
     alone = dataclasses.replace(origin, joining=0)
-    access = PeerAccess(token=lambda: TOKEN, ca_file=pki_files[0], refresh=lambda digest: alone)
+    access = PeerAccess(tls=client_tls(pki_files), refresh=lambda digest: alone)
     swarm = SwarmSettings(peer_settle=60.0)  # a wait for peers would outlast the test
     engine = make_engine(settings=DownloadSettings(**FAST), fan_out=peer_fan_out("me", access, swarm))
 
@@ -313,7 +320,7 @@ def test_the_hub_waits_for_nodes_still_joining_and_not_once_none_is(joining, fak
         asked.append(time.monotonic())
         return dataclasses.replace(origin, joining=said["joining"])
 
-    access = PeerAccess(token=lambda: TOKEN, ca_file=pki_files[0], refresh=refresh)
+    access = PeerAccess(tls=client_tls(pki_files), refresh=refresh)
     swarm = SwarmSettings(peer_settle=60.0, peer_poll=0.1, peer_refresh=5.0)
     engine = make_engine(settings=DownloadSettings(**FAST), fan_out=peer_fan_out("me", access, swarm))
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime
 import subprocess
 import sys
 from pathlib import Path
@@ -9,8 +10,11 @@ from pathlib import Path
 import pytest
 import requests
 
+from gpustack_models.local import pki
 from tests.support.paths import PEER_PORT, PLUGIN_PORT, REPO, TEST_STATE
 from tests.support.waiting import wait_for
+
+SERVICE_SUBJECT = "system:gpustack-models-service"  # the subject of the API's client certificate
 
 
 class PluginProcess:
@@ -108,3 +112,19 @@ def start_plugin(worker_stack, worker_api, launcher):
     for plugin in started:
         plugin.stop()
         launcher.unregister_node(plugin.node)
+
+
+def client_cert(plugin: PluginProcess) -> tuple[str, str]:
+    """(certificate, key) files of the client certificate the API issued ``plugin`` (for its peers)."""
+    directory = Path(plugin.env["GPUSTACK_DATA_DIR"]) / "plugin" / plugin.node / "serving-tls"
+    return str(directory / "client.crt"), str(directory / "client.key")
+
+
+def service_client_cert(launcher) -> tuple[str, str]:
+    """(certificate, key) files of a client certificate of the service, as the API makes its own (from the
+    plugin CA's key, which only the API holds): what reads a plugin's live bytes."""
+    directory = launcher.data_dir / "plugin-pki"
+    launcher.plugin_ca()
+    authority = pki.KeyPair.load(directory, "ca")
+    pair = pki.issue(authority, SERVICE_SUBJECT, client=True, validity=datetime.timedelta(hours=1))
+    return tuple(str(p) for p in pair.write(directory, "service-client"))

@@ -3,7 +3,6 @@ import logging
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
-from gpustack_models.kube.identity import plugin_user, service_user
 from gpustack_models.plugin.csi.mounter import Mounter, MounterSettings
 from gpustack_models.plugin.csi.registration import SocketPathError, check_socket_path, registration_socket
 from gpustack_models.plugin.node.agent import Plugin, PluginSettings
@@ -84,8 +83,7 @@ def plugin_settings(node: str, csi_socket: str, role: str = "all") -> PluginSett
         key_file=settings.PLUGIN_TLS_KEY_FILE,
         api_url=settings.API_URL,
         api_ca_file=settings.API_CA_FILE,
-        service_username=service_user(),
-        service_audience=settings.PLUGIN_TOKEN_AUDIENCE,
+        plugin_ca_file=settings.PLUGIN_CA_FILE,
         removal_delay_seconds=settings.PLUGIN_REMOVAL_DELAY_SECONDS,
         partial_retention_seconds=settings.PLUGIN_PARTIAL_RETENTION_SECONDS,
         progress_interval=settings.PLUGIN_PROGRESS_INTERVAL,
@@ -96,9 +94,6 @@ def plugin_settings(node: str, csi_socket: str, role: str = "all") -> PluginSett
         registration_dir=settings.PLUGIN_REGISTRATION_DIR,
         kubelet_dir=settings.PLUGIN_KUBELET_DIR,
         peer_port=settings.PLUGIN_PEER_PORT,
-        peer_audience=settings.PLUGIN_PEER_AUDIENCE,
-        plugin_username=plugin_user(),
-        peer_token_file=settings.PLUGIN_PEER_TOKEN_FILE or str(settings.DATA_DIR / "plugin" / node / "peer-token"),
         peer_ca_file=settings.PLUGIN_PEER_CA_FILE,
         peer_max_connections=settings.PLUGIN_PEER_MAX_CONNECTIONS,
         peer_max_bytes_per_second=settings.PLUGIN_PEER_MAX_BYTES_PER_SECOND,

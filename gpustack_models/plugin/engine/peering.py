@@ -1,8 +1,8 @@
 """What a download asks of fetching from the ticket's peers beside its hubs.
 
 The engine knows no peers: the plugin's glue gives it a ``FanOutFactory`` (``peers.fanout.FanOut`` with
-the node's name, its peer token and the swarm's tuning), and each ``Download`` builds its fan-out with it.
-Without one, a download fetches from the ticket's hubs only.
+the node's name, its client certificate for its peers and the swarm's tuning), and each ``Download``
+builds its fan-out with it. Without one, a download fetches from the ticket's hubs only.
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ import http.client
 import socket
 import ssl
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from urllib.parse import unquote, urljoin, urlsplit
 
@@ -136,12 +136,22 @@ class StreamedResponse:
 
 
 class ConnectionPool:
-    """Idle keep-alive connections per origin, for one proxy/CA setting."""
+    """Idle keep-alive connections per origin, for one proxy/CA setting. ``tls``, when given, makes the TLS
+    context of each new connection instead (one presenting a client certificate, renewed meanwhile:
+    connections already open keep the context they were made with)."""
 
-    def __init__(self, *, proxy: str | None, ca_bundle: str | None, timeout: float):
+    def __init__(
+        self,
+        *,
+        proxy: str | None,
+        ca_bundle: str | None,
+        timeout: float,
+        tls: Callable[[], ssl.SSLContext] | None = None,
+    ):
         self.proxy = proxy
         self.timeout = timeout
         self._ssl = None
+        self._tls = tls
         self._ca_bundle = ca_bundle
         self._lock = threading.Lock()
         self._idle: dict[tuple, list[http.client.HTTPConnection]] = {}
@@ -154,6 +164,8 @@ class ConnectionPool:
                 self._proxy_auth = "Basic " + base64.b64encode(credentials).decode("ascii")
 
     def _context(self) -> ssl.SSLContext:
+        if self._tls is not None:
+            return self._tls()
         with self._lock:
             if self._ssl is None:
                 self._ssl = _ssl_context(self._ca_bundle)

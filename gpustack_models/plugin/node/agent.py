@@ -5,9 +5,10 @@ references with the download engine (``engine``: items with a ``collectTime`` ar
 left ``spec.models`` is removed after a short delay, disk pressure evicts what nothing references),
 asks the API for a fetch ticket per referenced digest with its Pod-bound token, writes the store's
 status from what is on disk (``store_status``), and serves ``GET /model/downloads`` (live bytes, for
-the service's token only), ``/readyz``, ``/livez`` and ``/metrics`` over HTTPS (``endpoints``). It serves the
-CSI driver ``model.csi.gpustack.ai`` on a unix socket and registers it with the kubelet (``csi``), and
-what its node holds to other nodes' plugins on its peer port (``peer_server``; the contract is ``peers``).
+the service's client certificate only), ``/readyz``, ``/livez`` and ``/metrics`` over HTTPS (``endpoints``).
+It serves the CSI driver ``model.csi.gpustack.ai`` on a unix socket and registers it with the kubelet
+(``csi``), and what its node holds to other nodes' plugins on its peer port (``peer_server``; the contract
+is ``peers``), to their client certificates.
 """
 
 from __future__ import annotations
@@ -21,7 +22,6 @@ import requests
 
 from gpustack_models import kube
 from gpustack_models.kinds import GROUP, STORAGE_VERSION
-from gpustack_models.kube.reviews import TokenReviewer
 from gpustack_models.kube.watch import WatchHandler, WatchTarget, watch_forever
 from gpustack_models.plugin.csi.driver import Driver, IdentityService, NodeService
 from gpustack_models.plugin.csi.mount_client import MountClient
@@ -31,9 +31,9 @@ from gpustack_models.plugin.engine import FAILED, READY, DownloadSettings, Engin
 from gpustack_models.plugin.engine.failures import DownloadFailed
 from gpustack_models.plugin.engine.metrics import Metrics
 from gpustack_models.plugin.node.endpoints import serve
-from gpustack_models.plugin.node.serving_cert import ServingCertificate
+from gpustack_models.plugin.node.serving_cert import ServingCertificate, client_files
 from gpustack_models.plugin.node.status_writer import StatusWriter
-from gpustack_models.plugin.peers.contract import FileToken
+from gpustack_models.plugin.peers.contract import ClientCertificate
 from gpustack_models.plugin.peers.fanout import FanOut
 from gpustack_models.plugin.peers.peer_client import PeerAccess
 from gpustack_models.plugin.peers.peer_server import (
@@ -58,8 +58,7 @@ class PluginSettings:
     key_file: str
     api_url: str  # the API's HTTPS base URL (tickets, mounts, certificates)
     api_ca_file: str
-    service_username: str  # whose token may read /model/downloads: the service's
-    service_audience: str  # ... and for which audience it must be (not kube-apiserver's)
+    plugin_ca_file: str = ""  # the CA of the client certificates the main port takes (the service's)
     removal_delay_seconds: float = 60.0  # a published tree out of spec.models stays this long
     partial_retention_seconds: float = 86400.0  # partial work and failures out of spec.models: this long
     progress_interval: float = 30.0
@@ -70,15 +69,12 @@ class PluginSettings:
     registration_dir: str = ""  # the kubelet's plugins_registry directory ("": do not register)
     kubelet_dir: str = ""  # the kubelet's root: target paths must be under its pods/ ("": not checked)
     peer_port: int = 0  # the peer endpoints' port on the address's host (0: no peer server)
-    peer_audience: str = "gpustack-models-peer"  # the audience of the tokens plugins show each other
-    plugin_username: str = ""  # the plugins' ServiceAccount user: who may read peers
-    peer_token_file: str = ""  # this plugin's own token for its peers ("": none)
-    peer_ca_file: str = ""  # the CA its peers' certificates are checked against
+    peer_ca_file: str = ""  # the CA its peers' certificates (serving and client) are checked against
     peer_max_connections: int = 8  # peer transfers in flight on the node, until the store's spec.upload says
     peer_max_bytes_per_second: int = 0  # their upload rate (0: no limit), likewise
     fanout: bool = True  # downloads take what the tickets' peers hold
     cert_from_api: bool = False  # no certificate files: the API issues one for the Pod IP (serving_cert)
-    cert_dir: str = ""  # ... kept here, with its key
+    cert_dir: str = ""  # ... kept here, with its key, and the client certificate the peers take
     # The plugin's Pod split (``runplugin --role``): "all" serves the CSI driver in this process; "node"
     # leaves it to the privileged mounter and follows what it mounts through ``mounts_dir``
     # (``csi.shared_files``).
@@ -126,8 +122,13 @@ class Plugin:
         self.kube = client or kube.default()
         self.stopping = threading.Event()
         self.metrics = Metrics()
-        # peer_token() -> str: this plugin's Pod-bound token for the peer audience (peers.FileToken).
-        self.peer_token = FileToken(settings.peer_token_file) if settings.peer_token_file else None
+        # client_tls() -> SSLContext: this plugin's client certificate for its peers (peers.ClientCertificate),
+        # issued by the API with the serving one; none with certificate files (no fan-out then).
+        self.client_tls = (
+            ClientCertificate(*client_files(settings.cert_dir), settings.peer_ca_file or None)
+            if settings.cert_from_api
+            else None
+        )
         self.engine = Engine(
             settings.cache_dir,
             capacity_bytes=settings.capacity_bytes,
@@ -144,9 +145,6 @@ class Plugin:
         self.uid = ""
         self.wanted: list[str] = []
         self.spec_seen = threading.Event()
-        self._reviews = TokenReviewer(
-            lambda: self.kube, settings.auth_cache_ttl, maxsize=256, audiences=(settings.service_audience,)
-        )
         self._fetching: set[str] = set()
         self._lock = threading.Lock()
         self.uploads = UploadLimits(settings.peer_max_connections, settings.peer_max_bytes_per_second)
@@ -155,6 +153,11 @@ class Plugin:
         self.certificate: ServingCertificate | None = None  # the API-issued serving certificate, if any
         self.csi: Driver | None = None
         self.mounter: MountedFollower | None = None  # role "node": what the mounter has mounted
+        self._mounting(settings)
+
+    def _mounting(self, settings: PluginSettings) -> None:
+        """Role "node": follow what the mounter has mounted; otherwise serve the CSI driver here (when a
+        socket is set)."""
         if settings.role == "node":
             self.mounter = MountedFollower(self.engine, settings.mounts_dir or f"{settings.cache_dir}/mounts")
             self.mounter.sync()  # held before the first collection
@@ -164,11 +167,12 @@ class Plugin:
                               settings.mounts_dir or None)  # fmt: skip
 
     def _peer_access(self) -> PeerAccess | None:
-        """How downloads reach the tickets' peers (``fanout``): our peer token, the peers' CA, and the
-        ticket asked for again to learn of new peers; ``None`` when fan-out is off or we have no token."""
-        if not self.settings.fanout or self.peer_token is None:
+        """How downloads reach the tickets' peers (``fanout``): our client certificate and the peers' CA, and
+        the ticket asked for again to learn of new peers; ``None`` when fan-out is off or we have no client
+        certificate."""
+        if not self.settings.fanout or self.client_tls is None:
             return None
-        return PeerAccess(token=self.peer_token, ca_file=self.settings.peer_ca_file or None, refresh=self.fetch_ticket)
+        return PeerAccess(tls=self.client_tls, refresh=self.fetch_ticket)
 
     # --- events ----------------------------------------------------------------------------------------
     def _changed(self, digest, entry) -> None:
@@ -281,17 +285,6 @@ class Plugin:
             except Exception as exc:
                 log.warning("reconcile: %s", exc)
 
-    # --- who may read live downloads ---------------------------------------------------------------------
-    def authorized_service(self, header: str | None) -> int:
-        """200 for the service's token for this audience, 401 without one (the service's kube-apiserver token
-        included), 403 for anyone else's."""
-        if not header or not header.lower().startswith("bearer "):
-            return 401
-        user = self._reviews.review(header[7:].strip())
-        if user is None:
-            return 401
-        return 200 if user.get("username") == self.settings.service_username else 403
-
     # --- the process -----------------------------------------------------------------------------------
     def csi_servers(self) -> CsiServers | None:
         if self.csi is None:
@@ -304,9 +297,7 @@ class Plugin:
         settings = self.settings
         if not settings.peer_port:
             return None
-        admission = PeerAdmission(
-            lambda: self.kube, settings.peer_audience, settings.plugin_username, settings.auth_cache_ttl
-        )
+        admission = PeerAdmission(lambda: self.kube, settings.auth_cache_ttl)
         service = PeerService(self.engine, admission, self.uploads, self.metrics)
         self.peers = serve_peers(self, service, settings.peer_port)
         return self.peers

@@ -1,6 +1,8 @@
 """The plugin's HTTPS endpoint: ``/readyz``, ``/livez``, ``/metrics`` and ``GET /model/downloads`` (the
-live bytes of running downloads, for the service's token only). Requests are not logged: tokens travel in
-headers.
+live bytes of running downloads, for the service's client certificate only: subject
+``system:gpustack-models-service``, of the plugin CA, ``clientAuth``). The port asks for a client
+certificate and does not require one (the probes and scrapers come without); one that does not verify
+against the plugin CA ends the handshake. No header is taken as a credential; requests are not logged.
 
 How connections are served (the TLS handshake off the accept loop, deadlines, the bound on open
 connections) is ``https_server``'s part: a client that connects and never finishes anything does not
@@ -13,9 +15,11 @@ import json
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from gpustack_models.plugin.https_server import (
+    SERVICE_SUBJECT,
     ConnectionLimits,
     GuardedHTTPSServer,
     GuardedRequestHandler,
+    client_name,
     server_context,
     status,
 )
@@ -47,16 +51,26 @@ class PluginRequestHandler(GuardedRequestHandler):
         return self._send(404, status(404, "NotFound"))
 
     def downloads(self):
-        code = self.plugin.authorized_service(self.headers.get("Authorization"))
+        code = authorized_service(client_name(self.connection))
         if code != 200:
             return self._send(code, status(code, "Unauthorized" if code == 401 else "Forbidden", DENIED))
         return self._send(200, json.dumps({"downloads": self.plugin.engine.running()}).encode())
 
 
+def authorized_service(name: str | None) -> int:
+    """200 for the service's client certificate, 401 without a client certificate (or with one that may not
+    authenticate a client), 403 for anyone else's (a node's plugin)."""
+    if name is None:
+        return 401
+    return 200 if name == SERVICE_SUBJECT else 403
+
+
 def serve(plugin, limits: ConnectionLimits | None = None) -> GuardedHTTPSServer:
     """The HTTPS server of ``plugin`` (not started: call ``serve_forever``): its certificate from the
-    plugin's settings, no client certificate asked for."""
+    plugin's settings, a client certificate of the plugin CA asked for, not required."""
     handler = type("Handler", (PluginRequestHandler,), {"plugin": plugin})
     host, _, port = plugin.settings.address.rpartition(":")
-    context = server_context(plugin.settings.cert_file, plugin.settings.key_file)
-    return GuardedHTTPSServer((host.strip("[]"), int(port)), handler, context, limits or ConnectionLimits())
+    settings = plugin.settings
+    context = server_context(settings.cert_file, settings.key_file, settings.plugin_ca_file)
+    address = (host.strip("[]"), int(port))
+    return GuardedHTTPSServer(address, handler, context, limits or ConnectionLimits(), settings.plugin_ca_file)

@@ -1,11 +1,14 @@
-"""The plugin's serving certificate, issued by the API (``GPUSTACK_PLUGIN_CERT_FROM_API``).
+"""The plugin's serving and client certificates, issued by the API (``GPUSTACK_PLUGIN_CERT_FROM_API``).
 
-The plugin makes an EC P-256 key, sends a signing request for it to the API
-(``POST /internal/v1/plugin-certificates``, with its Pod-bound token and the API's CA, as for fetch
-tickets) and gets back a certificate of the plugin CA naming its Pod IP. Key and certificate are written
-to its directory (mode 0600, each replaced in one rename), and both HTTPS servers (the main port and the
-peer port) use them. At two thirds of the certificate's validity it asks again with a new key and the
-servers take the new certificate for new connections (connections already open keep theirs).
+The plugin makes two EC P-256 keys, sends a signing request for each to the API in one request
+(``POST /internal/v1/plugin-certificates``, ``csr`` and ``clientCsr``, with its Pod-bound token and the
+API's CA, as for fetch tickets) and gets back two certificates of the plugin CA: one naming its Pod IP, to
+serve TLS, one naming its node, to present to its peers (``clientAuth`` only). Keys and certificates are
+written to its directory (``serving.*``, ``client.*``; mode 0600, each replaced in one rename); both HTTPS
+servers (the main port and the peer port) serve the first, the downloads' peer connections present the
+second (``peers.contract.ClientCertificate``). At two thirds of the validity it asks again with new keys;
+the servers take the new certificate for new connections (connections already open keep theirs), and so
+do the peer connections.
 
 At start, an API that cannot be reached (or refuses) is asked again with backoff, every failure
 logged; the servers do not start, so nothing is served without TLS and ``/readyz`` answers nothing,
@@ -35,6 +38,11 @@ RETRY_FIRST, RETRY_MAX = 1.0, 60.0  # seconds between attempts, doubling
 RENEW_AT = 2 / 3  # of the validity left when the certificate arrived
 
 
+def client_files(directory: str | Path) -> tuple[str, str]:
+    """Where the client certificate and its key are kept in the plugin's certificate directory."""
+    return str(Path(directory) / "client.crt"), str(Path(directory) / "client.key")
+
+
 class CertificateRefused(RuntimeError):
     """The API's answer was no certificate for our key."""
 
@@ -60,50 +68,63 @@ def write_private(path: Path, data: bytes) -> None:
 
 
 class ServingCertificate:
-    """The serving certificate and key files the API issues, kept current."""
+    """The serving and client certificates and key files the API issues, kept current."""
 
     def __init__(self, directory: str, node: str, api_url: str, api_ca_file: str, auth_headers: Callable):
         self.directory = Path(directory)
         self.cert_file, self.key_file = str(self.directory / "serving.crt"), str(self.directory / "serving.key")
+        self.client_cert_file, self.client_key_file = client_files(directory)
         self.node, self.api_url, self.api_ca_file = node, api_url.rstrip("/"), api_ca_file
         self.auth_headers = auth_headers
         self.renew_time = 0.0  # time.time() when to ask again
         self.listeners: list[Callable[[], None]] = []  # called after a new certificate is in place
 
     def request(self) -> None:
-        """Ask once: a new key, its certificate, both files written. Raises on any failure."""
-        key = ec.generate_private_key(ec.SECP256R1())
+        """Ask once: new keys, their certificates, the files written. Raises on any failure."""
+        key, client_key = ec.generate_private_key(ec.SECP256R1()), ec.generate_private_key(ec.SECP256R1())
         session = requests.Session()
         session.trust_env = False
         resp = session.post(
             f"{self.api_url}{PATH}",
-            json={"csr": signing_request(key, self.node)},
+            json={"csr": signing_request(key, self.node), "clientCsr": signing_request(client_key, self.node)},
             headers=self.auth_headers(),
             verify=self.api_ca_file,
             timeout=30,
         )
         if resp.status_code != 200:
             raise CertificateRefused(f"the API answered {resp.status_code}: {_message(resp)}")
-        cert = x509.load_pem_x509_certificate(resp.json()["certificate"].encode())
-        if _spki(cert.public_key()) != _spki(key.public_key()):
-            raise CertificateRefused("the API's certificate is not for the key sent")
-        self._install(key, cert)
+        answer = resp.json()
+        if not answer.get("clientCertificate"):
+            raise CertificateRefused("the API issued no client certificate (an API of an earlier version)")
+        cert = x509.load_pem_x509_certificate(answer["certificate"].encode())
+        client = x509.load_pem_x509_certificate(answer["clientCertificate"].encode())
+        if _spki(cert.public_key()) != _spki(key.public_key()) or _spki(client.public_key()) != _spki(
+            client_key.public_key()
+        ):
+            raise CertificateRefused("the API's certificates are not for the keys sent")
+        self._install((key, cert), (client_key, client))
 
-    def _install(self, key, cert: x509.Certificate) -> None:
+    def _install(self, serving: tuple, client: tuple) -> None:
         self.directory.mkdir(parents=True, exist_ok=True)
         os.chmod(self.directory, 0o700)
-        pem = key.private_bytes(
-            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
-        )
-        write_private(Path(self.key_file), pem)  # the servers load the pair after both are written
-        write_private(Path(self.cert_file), cert.public_bytes(serialization.Encoding.PEM))
+        for (key, cert), (cert_file, key_file) in (
+            (serving, (self.cert_file, self.key_file)),
+            (client, (self.client_cert_file, self.client_key_file)),
+        ):
+            pem = key.private_bytes(
+                serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+            )
+            write_private(Path(key_file), pem)  # the pair is loaded after both are written
+            write_private(Path(cert_file), cert.public_bytes(serialization.Encoding.PEM))
+        cert = serving[1]
         now = datetime.datetime.now(datetime.UTC)
         start = max(now, cert.not_valid_before_utc)
         self.renew_time = start.timestamp() + RENEW_AT * max(0.0, (cert.not_valid_after_utc - start).total_seconds())
         names = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
         log.info(
-            "serving certificate %x from the API for %s, until %s; renewing at %s",
+            "serving certificate %x and client certificate %x from the API for %s, until %s; renewing at %s",
             cert.serial_number,
+            client[1].serial_number,
             ", ".join(str(ip) for ip in names.get_values_for_type(x509.IPAddress)),
             cert.not_valid_after_utc.isoformat(),
             datetime.datetime.fromtimestamp(self.renew_time, datetime.UTC).isoformat(),
@@ -133,7 +154,7 @@ class ServingCertificate:
                 try:
                     listener()
                 except Exception:  # one server failing to load must not stop the renewals
-                    log.exception("loading the renewed serving certificate")
+                    log.exception("loading the renewed certificates")
 
 
 def _message(resp) -> str:

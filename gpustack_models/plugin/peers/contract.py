@@ -11,21 +11,22 @@ Where
     ``GPUSTACK_PLUGIN_CA_FILE``, the CA the plugins' certificates are issued by; they name the Pod IP).
 
 Who
-    Every request carries ``Authorization: Bearer <token>``: the calling plugin's Pod-bound
-    ServiceAccount token for the audience ``GPUSTACK_PLUGIN_PEER_AUDIENCE`` (default
-    ``gpustack-models-peer``), never its kube-apiserver token or the service's audience (a compromised peer
-    must not be able to replay it anywhere else). ``FileToken(path)()`` reads it from the file
-    ``GPUSTACK_PLUGIN_PEER_TOKEN_FILE`` (a projected token the kubelet rotates; re-read when it changes);
-    the agent holds it as ``Plugin.peer_token`` (and the CA file as ``PluginSettings.peer_ca_file``).
-    The serving plugin admits the request when a TokenReview for that audience names the plugin's
-    ServiceAccount with a node (the ``authentication.kubernetes.io/node-name`` extra) whose NodeModelStore
-    lists the digest in ``spec.models``; the TokenReview and the store are reused for
-    ``GPUSTACK_AUTH_CACHE_TTL`` seconds (10), except that a digest missing from a cached ``spec.models``
-    has the store read again after a second (it may have just joined). Refusals are Kubernetes ``Status``
-    bodies: 401 without a token or with one kube-apiserver does not accept for the peer audience, 403 for
-    anyone else's token (a tenant's) and for a plugin whose node does not want the digest (503 with
+    The caller presents its client certificate at the TLS handshake: issued by the API with its serving
+    certificate (``POST /internal/v1/plugin-certificates``), of the plugin CA, subject
+    ``system:gpustack-models-plugin:<node>``, ExtendedKeyUsage ``clientAuth`` only, renewed with the serving
+    one (``client.crt``/``client.key`` beside ``serving.crt``/``serving.key``). ``ClientCertificate`` holds
+    it for the downloader as a TLS context, loaded again when the files change; no bearer token is ever
+    sent to a peer (a token a node received could be replayed to every other node). The serving plugin
+    requires a client certificate chained to ``GPUSTACK_PLUGIN_PEER_CA_FILE`` at the handshake (none, one
+    of another CA, or one that may not authenticate a client: no connection), checks again in Python that
+    it has ``clientAuth`` and a subject of that prefix (401 without, 403 for another name, the service's
+    included), and admits the request when that node's NodeModelStore lists the digest in ``spec.models``;
+    the store is reused for ``GPUSTACK_AUTH_CACHE_TTL`` seconds (10), except that a digest missing from a
+    cached ``spec.models`` has the store read again after a second (it may have just joined). Refusals are
+    Kubernetes ``Status`` bodies: 403 for a plugin whose node does not want the digest (503 with
     ``Retry-After`` while kube-apiserver cannot be asked). Authorization comes before everything else: a
-    refused caller learns nothing of what the node holds.
+    refused caller learns nothing of what the node holds. A node's own certificate names that node only:
+    it reads what that node wants, nothing more.
 
 What (``GET`` only; ``<hex>`` is the 64 lowercase hex characters of ``sha256:<hex>``)
     ``/peer/v1/trees/<hex>`` -> 200 ``{"digest": "sha256:<hex>", "state": "Ready"|"Downloading",
@@ -64,6 +65,7 @@ The ticket
 from __future__ import annotations
 
 import os
+import ssl
 import threading
 from collections.abc import Iterable
 from urllib.parse import quote
@@ -90,37 +92,46 @@ def covers(have: Iterable[Iterable[int]], start: int, end: int) -> bool:
     return any(a <= start and end <= b for a, b in have)
 
 
-class PeerTokenUnavailable(Exception):
-    """The plugin has no token for its peers (the file is missing, unreadable or empty)."""
+class ClientCertificateUnavailable(Exception):
+    """The plugin has no client certificate for its peers (the files are missing or do not load)."""
 
 
-class FileToken:
-    """``FileToken(path)()``: the token in ``path``, read again whenever the file changes (a projected
-    ServiceAccount token is rotated by the kubelet); ``PeerTokenUnavailable`` if there is none."""
+class ClientCertificate:
+    """``ClientCertificate(cert_file, key_file, ca_file)()``: a TLS client context presenting the certificate
+    and key of these files and checking peers against ``ca_file``, made again whenever the files change (a
+    renewed certificate); ``ClientCertificateUnavailable`` while there is none. A pair caught between its
+    two writes keeps the previous context."""
 
-    def __init__(self, path: str | os.PathLike):
-        self.path = os.fspath(path)
+    def __init__(self, cert_file: str | os.PathLike, key_file: str | os.PathLike, ca_file: str | None):
+        self.cert_file, self.key_file, self.ca_file = os.fspath(cert_file), os.fspath(key_file), ca_file
         self._lock = threading.Lock()
         self._seen: tuple | None = None
-        self._token = ""
+        self._context: ssl.SSLContext | None = None
 
-    def __call__(self) -> str:
-        try:
-            info = os.stat(self.path)
-        except OSError as exc:
-            raise PeerTokenUnavailable(f"no peer token at {self.path}: {exc.strerror}") from None
-        key = (info.st_ino, info.st_mtime_ns, info.st_size)
+    def _stamp(self) -> tuple:
+        stamps = []
+        for path in (self.cert_file, self.key_file):
+            try:
+                info = os.stat(path)
+            except OSError as exc:
+                raise ClientCertificateUnavailable(f"no client certificate at {path}: {exc.strerror}") from None
+            stamps.append((info.st_ino, info.st_mtime_ns, info.st_size))
+        return tuple(stamps)
+
+    def __call__(self) -> ssl.SSLContext:
+        stamp = self._stamp()
         with self._lock:
-            if key != self._seen:
+            if stamp != self._seen:
                 try:
-                    with open(self.path, encoding="ascii") as f:
-                        self._token = f.read().strip()
-                except (OSError, ValueError) as exc:
-                    raise PeerTokenUnavailable(f"the peer token at {self.path} cannot be read: {exc}") from None
-                self._seen = key
-            if not self._token:
-                raise PeerTokenUnavailable(f"the peer token file {self.path} is empty")
-            return self._token
+                    context = ssl.create_default_context(cafile=self.ca_file) if self.ca_file else _public()
+                    context.load_cert_chain(self.cert_file, self.key_file)
+                except (OSError, ValueError, ssl.SSLError) as exc:
+                    if self._context is None:
+                        raise ClientCertificateUnavailable(f"the client certificate does not load: {exc}") from None
+                    return self._context  # between the key's and the certificate's writes: the previous pair
+                self._context, self._seen = context, stamp
+            return self._context
 
-    def headers(self) -> dict[str, str]:
-        return {"Authorization": f"Bearer {self()}"}
+
+def _public() -> ssl.SSLContext:
+    return ssl.create_default_context()

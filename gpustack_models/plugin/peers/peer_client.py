@@ -6,9 +6,10 @@
   bytes; 416 when the peer does not hold the whole range; 503 with ``Retry-After`` at its connection
   limit; 401/403 refusals (``sources.hub_errors.peer_reason`` says what each status means).
 
-Every request carries ``Authorization: Bearer <peer token>`` (``PeerAccess.token()``, read per
-request so a rotated token is used at once) and the peer's certificate is verified against the
-peers' CA (``PeerAccess.ca_file``); a peer is never reached through the ticket's proxy. The bytes a
+Every connection presents this plugin's client certificate (``PeerAccess.tls()``, a TLS context that
+also verifies the peer's serving certificate against the peers' CA; a renewed certificate is used by new
+connections at once) and no request carries a credential in a header; a peer is never reached through
+the ticket's proxy. The bytes a
 peer sends are written like a hub's (``pwrite`` at their offset, hashed by the frontier), but under
 the file's lock and only while the file's epoch is the segment's, and never past the segment's end
 (which a straggler split may move): bytes of a file thrown away after a bad peer never land again.
@@ -19,6 +20,7 @@ from __future__ import annotations
 import http.client
 import json
 import re
+import ssl
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -41,12 +43,11 @@ _MAX_TREE_BYTES = 8 * 1024 * 1024
 
 @dataclass(frozen=True)
 class PeerAccess:
-    """How this node reaches its peers: ``token()`` the bearer token it presents, ``ca_file`` the CA
-    of the peers' serving certificates, ``refresh(digest)`` the ticket asked for again, for its current
-    peers and ``joining`` (or ``None``)."""
+    """How this node reaches its peers: ``tls()`` the TLS context of a new connection (its client
+    certificate, the peers' CA: ``contract.ClientCertificate``), ``refresh(digest)`` the ticket asked for
+    again, for its current peers and ``joining`` (or ``None``)."""
 
-    token: Callable[[], str]
-    ca_file: str | None = None
+    tls: Callable[[], ssl.SSLContext]
     refresh: Callable[[str], FetchTicket | None] | None = None
 
 
@@ -111,8 +112,8 @@ class PeerClient:
         self.access = access
         self._rate = rate
         self._frontier = frontier
-        self._pool = ConnectionPool(proxy=None, ca_bundle=access.ca_file, timeout=timeout)
-        self._polls = ConnectionPool(proxy=None, ca_bundle=access.ca_file, timeout=min(timeout, 5.0))
+        self._pool = ConnectionPool(proxy=None, ca_bundle=None, timeout=timeout, tls=access.tls)
+        self._polls = ConnectionPool(proxy=None, ca_bundle=None, timeout=min(timeout, 5.0), tls=access.tls)
         self._active: set[StreamedResponse] = set()
         self._lock = threading.Lock()
 
@@ -130,12 +131,11 @@ class PeerClient:
     def _get(self, pool: ConnectionPool, peer: PeerSource, path: str, headers: dict) -> StreamedResponse:
         url = f"{peer.url}{PREFIX}{self.hex}{path}"
         try:
-            token = self.access.token()
-        except Exception as exc:  # no token file (yet): no peer will take us
-            raise PeerRefused(f"no peer token: {exc}") from None
-        credentials = {"Authorization": f"Bearer {token}"}
+            self.access.tls()  # loaded (and kept) before the pool asks for it
+        except Exception as exc:  # no client certificate (yet): no peer will take us
+            raise PeerRefused(f"no client certificate: {exc}") from None
         try:
-            return pool.get(url, credentials=credentials, credentials_origin=origin(peer.url), headers=headers)
+            return pool.get(url, credentials={}, credentials_origin=origin(peer.url), headers=headers)
         except HttpError as exc:
             raise PeerError(str(exc)) from None
 

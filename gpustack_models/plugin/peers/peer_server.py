@@ -1,14 +1,15 @@
 """The plugin's peer endpoints: what the node holds, served to other nodes' plugins (the contract is
 ``peers.contract``' docstring).
 
-- ``PeerAdmission``: who may read a digest (a TokenReview for the peer audience naming the plugin's
-  ServiceAccount and a node, and that node's NodeModelStore listing the digest; both reused briefly);
+- ``PeerAdmission``: who may read a digest (a client certificate of the plugin CA for a node's plugin,
+  required at the handshake, the node from its subject; and that node's NodeModelStore listing the
+  digest, reused briefly);
 - ``UploadLimits``: the node-wide transfers in flight and upload rate (``upload_limits``: what the store's
   ``spec.upload`` asks, ``set_upload_limits``: applied while the server runs);
 - ``TreeViews``: a digest as peers see it (a published tree, or the download in progress);
 - ``PeerRequestHandler`` / ``serve_peers``: the HTTPS server, on ``https_server``'s guarded server.
 
-Requests are not logged: tokens travel in headers.
+No header is taken as a credential (a bearer token is ignored); requests are not logged.
 """
 
 from __future__ import annotations
@@ -26,13 +27,14 @@ from urllib.parse import unquote
 from gpustack_models.kinds import GROUP, STORAGE_VERSION
 from gpustack_models.kinds.nodemodelstore import MAX_BYTES_PER_SECOND, MAX_UPLOAD_CONNECTIONS
 from gpustack_models.kube import NotFound
-from gpustack_models.kube.identity import NODE_NAME_EXTRA
-from gpustack_models.kube.reviews import TokenReviewer, TTLCache
+from gpustack_models.kube.reviews import TTLCache
 from gpustack_models.plugin.engine.limits import RateLimiter
 from gpustack_models.plugin.https_server import (
+    PLUGIN_SUBJECT_PREFIX,
     ConnectionLimits,
     GuardedHTTPSServer,
     GuardedRequestHandler,
+    client_name,
     server_context,
     status,
 )
@@ -61,31 +63,23 @@ class Refused(Exception):
 
 
 class PeerAdmission:
-    """``authenticate(header)`` -> the caller's node; ``authorize(node, digest)``; each raises ``Refused``."""
+    """``authenticate(name)`` -> the caller's node; ``authorize(node, digest)``; each raises ``Refused``."""
 
-    def __init__(self, client, audience: str, plugin_username: str, ttl: float, maxsize: int = 1024):
+    def __init__(self, client, ttl: float, maxsize: int = 1024):
         self._client = client  # a callable returning the plugin's Kube client
-        self._reviews = TokenReviewer(client, ttl, maxsize=maxsize, audiences=(audience,))
         self._stores = TTLCache(maxsize=maxsize)
         self._ttl = ttl
-        self.plugin_username = plugin_username
 
-    def authenticate(self, header: str | None) -> str:
-        if not header or not header[:7].lower() == "bearer " or not header[7:].strip():
-            raise Refused(401, "a bearer token of a node plugin for the peer audience is required")
-        try:
-            user = self._reviews.review(header[7:].strip())
-        except Exception as exc:
-            log.warning("peer request: TokenReview failed: %s", exc)
-            raise Refused(503, "the token cannot be checked now", {"Retry-After": "5"}) from None
-        if user is None:
-            raise Refused(401, "the token is not valid for the peer audience")
-        if user.get("username") != self.plugin_username:
+    @staticmethod
+    def authenticate(name: str | None) -> str:
+        """The node of a node plugin's client certificate (``https_server.client_name``: verified against
+        the plugin CA at the handshake, ``clientAuth``), from its subject ``system:gpustack-models-plugin:<node>``."""
+        if name is None:
+            raise Refused(401, "a client certificate of a node plugin (of the plugin CA, for clientAuth) is required")
+        node = name.removeprefix(PLUGIN_SUBJECT_PREFIX)
+        if node == name or not node:
             raise Refused(403, "only the plugins of nodes read peers")
-        nodes = (user.get("extra") or {}).get(NODE_NAME_EXTRA) or []
-        if len(nodes) != 1 or not isinstance(nodes[0], str):
-            raise Refused(403, "the token is not bound to a plugin Pod on a node")
-        return nodes[0]
+        return node
 
     def authorize(self, node: str, digest: str) -> None:
         wanted, read_at = self.wanted(node)
@@ -279,11 +273,11 @@ class PeerService:
         self.engine, self.admission, self.uploads, self.metrics = engine, admission, uploads, metrics
         self.views = TreeViews(engine)
 
-    def request(self, path: str, header: str | None) -> tuple[str, TreeView, str | None]:
-        """The caller's node, the tree, and the file path asked for (``None``: the manifest); ``Refused``
-        otherwise. The caller is authenticated before the path is read, authorized before anything of
-        the tree is looked at."""
-        node = self.admission.authenticate(header)
+    def request(self, path: str, caller: str | None) -> tuple[str, TreeView, str | None]:
+        """The caller's node (from ``caller``, its client certificate's name), the tree, and the file path
+        asked for (``None``: the manifest); ``Refused`` otherwise. The caller is authenticated before the path
+        is read, authorized before anything of the tree is looked at."""
+        node = self.admission.authenticate(caller)
         rest = path[len(PREFIX) :] if path.startswith(PREFIX) else None
         hex_, _, tail = (rest or "").partition("/")
         if rest is None or not _HEX.fullmatch(hex_) or (tail and not tail.startswith("files/")):
@@ -336,7 +330,7 @@ class PeerRequestHandler(GuardedRequestHandler):
 
     def do_GET(self):
         try:
-            node, view, path = self.service.request(self.path.split("?")[0], self.headers.get("Authorization"))
+            node, view, path = self.service.request(self.path.split("?")[0], client_name(self.connection))
             if path is None:
                 return self._json(view.body())
             self._file(node, view, path)
@@ -416,12 +410,15 @@ class PeerRequestHandler(GuardedRequestHandler):
 
 def serve_peers(plugin, service: PeerService, port: int) -> GuardedHTTPSServer:
     """The peer server of ``plugin`` on its address's host and ``port`` (not started: ``serve_forever``),
-    with the plugin's certificate and ``connection_limits``; ``set_upload_limits`` changes them."""
+    with the plugin's certificate, a client certificate of the peers' CA required, and ``connection_limits``;
+    ``set_upload_limits`` changes them."""
     handler = type("PeerHandler", (PeerRequestHandler,), {"service": service})
     host, _, _ = plugin.settings.address.rpartition(":")
-    context = server_context(plugin.settings.cert_file, plugin.settings.key_file)
+    settings = plugin.settings
+    context = server_context(settings.cert_file, settings.key_file, settings.peer_ca_file, require_client=True)
     limits = connection_limits(service.uploads.limit)
-    return GuardedHTTPSServer((host.strip("[]"), port), handler, context, limits)
+    address = (host.strip("[]"), port)
+    return GuardedHTTPSServer(address, handler, context, limits, settings.peer_ca_file, require_client=True)
 
 
 def set_upload_limits(uploads: UploadLimits, server: GuardedHTTPSServer | None, connections: int, rate: int) -> bool:

@@ -6,6 +6,10 @@ import io
 import os
 
 import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
 
 from gpustack_models import kube
 from gpustack_models.api.authentication import make_user
@@ -17,7 +21,9 @@ from gpustack_models.internal.certificates import (
     _AuthorityCache,
     bound_pod,
     read_pod,
+    requests_of,
 )
+from gpustack_models.internal.signing import SigningRequestError
 from gpustack_models.kube.errors import Forbidden, NotFound, RequestEntityTooLarge, ServiceUnavailable
 from gpustack_models.kube.identity import NODE_NAME_EXTRA
 from gpustack_models.local import pki
@@ -139,3 +145,26 @@ def test_the_body_is_bounded_at_16_kib():
     assert len(fits) == MAX_BODY_BYTES and SigningRequestParser().parse(io.BytesIO(fits))["csr"]
     with pytest.raises(RequestEntityTooLarge):
         SigningRequestParser().parse(io.BytesIO(fits[:-2] + b'A"}'))
+
+
+def csr_pem(key) -> str:
+    builder = x509.CertificateSigningRequestBuilder().subject_name(
+        x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "node-a")])
+    )
+    return builder.sign(key, hashes.SHA256()).public_bytes(serialization.Encoding.PEM).decode()
+
+
+def test_the_body_holds_two_requests_for_two_keys_or_the_serving_one_alone():
+    serving, client = ec.generate_private_key(ec.SECP256R1()), ec.generate_private_key(ec.SECP256R1())
+    csr, client_csr = requests_of({"csr": csr_pem(serving), "clientCsr": csr_pem(client)})
+    assert csr.public_key().public_numbers() == serving.public_key().public_numbers()
+    assert client_csr.public_key().public_numbers() == client.public_key().public_numbers()
+    assert requests_of({"csr": csr_pem(serving)})[1] is None  # a plugin of an earlier version
+    for body, why in [
+        ({"csr": csr_pem(serving), "clientCsr": csr_pem(serving)}, "clientCsr: the client certificate needs a key"),
+        ({"csr": csr_pem(serving), "clientCsr": "hello"}, "clientCsr must hold exactly one PEM block"),
+        ({"clientCsr": csr_pem(client)}, '"csr"'),
+        (["not", "an", "object"], "expected a JSON body"),
+    ]:
+        with pytest.raises(SigningRequestError, match=why):
+            requests_of(body)

@@ -128,3 +128,30 @@ def test_it_answers_503_without_a_usable_ca_key(tmp_path, authority):
     assert (
         load_authority(str(bundle), str(key)).cert.subject == x509.load_pem_x509_certificate(crt.read_bytes()).subject
     )
+
+
+@pytest.mark.filterwarnings("ignore:Attribute's length:UserWarning")  # cryptography, reading a long CN back
+def test_the_client_certificate_names_the_node_whole_and_only_authenticates_a_client(authority):
+    key = ec.generate_private_key(ec.SECP256R1())
+    node = "a-node-whose-name-is-far-longer-than-the-64-characters-x509-suggests.example.internal"
+    cert = authority.issue_client(key.public_key(), node, 3600)
+    assert cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME)[0].value == f"{SUBJECT_PREFIX}{node}"
+    assert list(cert.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value) == [
+        ExtendedKeyUsageOID.CLIENT_AUTH
+    ]
+    assert cert.extensions.get_extension_for_class(x509.BasicConstraints).value.ca is False
+    usage = cert.extensions.get_extension_for_class(x509.KeyUsage).value
+    assert usage.digital_signature and not usage.key_cert_sign and not usage.crl_sign
+    with pytest.raises(x509.ExtensionNotFound):
+        cert.extensions.get_extension_for_class(x509.SubjectAlternativeName)
+    cert.verify_directly_issued_by(authority.cert)
+    assert cert.public_key().public_numbers() == key.public_key().public_numbers()
+    lifetime = cert.not_valid_after_utc - datetime.datetime.now(datetime.UTC)
+    assert datetime.timedelta(minutes=59) < lifetime <= datetime.timedelta(hours=1)
+
+
+def test_a_refused_request_names_its_field():
+    with pytest.raises(SigningRequestError, match="clientCsr must hold exactly one PEM block"):
+        load_request("hello", "clientCsr")
+    with pytest.raises(SigningRequestError, match="clientCsr: an EC key on secp384r1"):
+        load_request(request_pem(ec.generate_private_key(ec.SECP384R1())), "clientCsr")

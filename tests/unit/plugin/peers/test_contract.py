@@ -1,10 +1,19 @@
-"""The peers' contract: the ranges a peer has, the peer URLs, and the token file a plugin shows its peers."""
+"""The peers' contract: the ranges a peer has, the peer URLs, and the client certificate a plugin shows its
+peers (loaded again when it is renewed)."""
 
 import os
+import ssl
 
 import pytest
 
-from gpustack_models.plugin.peers.contract import FileToken, PeerTokenUnavailable, covers, file_url, tree_url
+from gpustack_models.local import pki
+from gpustack_models.plugin.peers.contract import (
+    ClientCertificate,
+    ClientCertificateUnavailable,
+    covers,
+    file_url,
+    tree_url,
+)
 
 
 def test_it_says_whether_a_peer_has_a_range():
@@ -21,17 +30,24 @@ def test_it_builds_the_peer_urls():
         tree_url("https://10.0.0.1:8444", "sha256:../x")
 
 
-def test_it_reads_the_peer_token_file_again_when_it_is_rotated(tmp_path):
-    path = tmp_path / "token"
-    token = FileToken(path)
-    with pytest.raises(PeerTokenUnavailable):
-        token()
-    path.write_text("first\n")
-    assert token() == "first" and token.headers() == {"Authorization": "Bearer first"}
-    rotated = tmp_path / "token.new"
-    rotated.write_text("second")
-    os.replace(rotated, path)  # as the kubelet swaps a projected volume's files
-    assert token() == "second"
-    path.write_text("")
-    with pytest.raises(PeerTokenUnavailable):
-        token()
+def test_it_loads_the_client_certificate_again_when_it_is_renewed(tmp_path):
+    ca = pki.new_ca("plugin-ca")
+    ca_file, _ = ca.write(tmp_path, "ca")
+    cert_file, key_file = tmp_path / "client.crt", tmp_path / "client.key"
+    tls = ClientCertificate(cert_file, key_file, str(ca_file))
+    with pytest.raises(ClientCertificateUnavailable):
+        tls()
+    first = pki.issue(ca, "system:gpustack-models-plugin:node-a", client=True)
+    first.write(tmp_path, "client")
+    context = tls()
+    assert isinstance(context, ssl.SSLContext) and context.verify_mode == ssl.CERT_REQUIRED
+    assert tls() is context  # the same until the files change
+    second = pki.issue(ca, "system:gpustack-models-plugin:node-a", client=True)
+    key_file.write_bytes(second.key_pem)  # renewed: the key first ...
+    assert tls() is context  # ... a pair that does not match keeps the previous one
+    cert_file.write_bytes(second.cert_pem)
+    renewed = tls()
+    assert renewed is not context
+    os.remove(cert_file)
+    with pytest.raises(ClientCertificateUnavailable):
+        tls()
