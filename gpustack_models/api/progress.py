@@ -2,10 +2,11 @@
 
 Computed per request and never written: the artifact (read from kube-apiserver), the mirror's entries for
 its digest on the nodes it was placed on (``claimed``: a node's report of a digest it was never given counts
-for nothing; every namespace: counts of content cross namespaces, nothing else does), then the live bytes of at most ``PROGRESS_LIVE_MAX`` downloading nodes, read from their plugins in parallel
-(``GET /model/downloads`` with the service's token, each within ``PROGRESS_LIVE_TIMEOUT``). A node past the
-cap, or silent in time, contributes the bytes its store last reported and is not counted in ``live``.
-The answer names no node.
+for nothing; every namespace: counts of content cross namespaces, nothing else does), then the live bytes
+of at most ``PROGRESS_LIVE_MAX`` downloading nodes, read from their plugins in parallel (``GET
+/model/downloads`` with the service's token, each within ``PROGRESS_LIVE_TIMEOUT``). A node past the cap,
+or silent in time, contributes the bytes its store last reported and is not counted in ``live``. The answer
+names no node.
 """
 
 from __future__ import annotations
