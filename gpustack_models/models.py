@@ -148,14 +148,17 @@ class NodeStore(Mirrored):
 
 
 class StoreEntryQuerySet(models.QuerySet):
-    def claimed(self):
+    def claimed(self, digests=None):
         """The entries whose digest the service placed on their node: a ``Holding`` (the digest is in the
         node's ``spec.models``, or held there under the collection grace). A node's report is a claim about
         itself only: an entry for a digest it was never given counts nowhere a tenant sees (roll-ups,
         ``progress``, fetch tickets' peers, Pods' affinity, prefetches' status). Decided at read time, so
         an entry reported before its digest was placed counts from the placement on, and stops counting
-        when the digest leaves ``spec.models``."""
+        when the digest leaves ``spec.models``. ``digests``: the caller reads the entries of those only (the
+        database then reads only their holdings)."""
         held = Holding.objects.filter(node=OuterRef("node"), digest=OuterRef("digest"))
+        if digests is not None:
+            held = held.filter(digest__in=digests)
         return self.filter(Exists(held))
 
 

@@ -41,7 +41,7 @@ def artifact_page(request, artifact) -> dict:
     resolution = Resolution.objects.select_related("manifest").filter(artifact=artifact).first()
     files = resolution.manifest.files if resolution else []
     prefetches = Prefetch.objects.live().filter(namespace=artifact.namespace, artifact_name=artifact.name)
-    entries = queries.with_percent(queries.claimed_entries().filter(digest=artifact.digest or "-"))
+    entries = queries.with_percent(queries.claimed_entries([artifact.digest or "-"]))
     numbers = queries.progress([artifact.digest]).get(artifact.digest)
     target = f"mart {artifact.name} -n {artifact.namespace}"
     return {

@@ -39,9 +39,10 @@ def live_entries():
     return StoreEntry.objects.all()
 
 
-def claimed_entries():
-    """The entries that count in a tenant's numbers: those whose digest was placed on their node."""
-    return StoreEntry.objects.claimed()
+def claimed_entries(digests):
+    """The entries of ``digests`` that count in a tenant's numbers: those whose digest was placed on their
+    node."""
+    return StoreEntry.objects.claimed(digests).filter(digest__in=digests)
 
 
 def percent_expression():
@@ -161,7 +162,7 @@ def progress(digests) -> dict[str, dict]:
     digests = [d for d in set(digests) if d]
     if not digests:
         return {}
-    entries = claimed_entries().filter(digest__in=digests).order_by()
+    entries = claimed_entries(digests).order_by()
     counted = entries.values("digest").annotate(
         ready=Count("id", filter=Q(state=READY)),
         downloading=Count("id", filter=Q(state=DOWNLOADING)),

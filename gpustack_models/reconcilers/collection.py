@@ -44,9 +44,9 @@ def retention_ended(now: datetime) -> set[str]:
         return set()
     stale = {
         (node, digest): used
-        for node, digest, used in StoreEntry.objects.claimed()
-        .filter(state=EntryState.READY, last_used_time__lt=now - timedelta(seconds=shortest))
-        .values_list("node", "digest", "last_used_time")
+        for node, digest, used in StoreEntry.objects.filter(
+            state=EntryState.READY, last_used_time__lt=now - timedelta(seconds=shortest)
+        ).values_list("node", "digest", "last_used_time")
     }
     if not stale:
         return set()
