@@ -145,6 +145,39 @@ def test_entries_of_a_digest_a_node_was_never_given_count_nowhere_a_tenant_sees(
     assert own[0]["message"] == HOSTILE
 
 
+def test_a_placed_nodes_failure_reaches_tenants_as_a_fixed_reason_and_a_count_only(
+    plugin_nodes, resolved, worker_kube, worker_api, namespace, cluster, launcher, core, admin_http
+):
+    artifact, digest = resolved
+    honest, failing = plugin_nodes[:2]
+    for name in (honest, failing):
+        wait_for(lambda name=name: store(worker_kube, name), timeout=30, message=f"the store of {name}")
+    place(worker_kube, namespace, artifact, digest, [honest, failing])
+    reported(cluster, launcher, honest, [entry(digest, "Ready", 1000)])
+    reported(cluster, launcher, failing, [hostile_failure(digest)])
+
+    def degraded_now():
+        obj = artifact_of(worker_kube, namespace, artifact)
+        return degraded(obj) == ("True", "SourceUnavailable") and obj
+
+    obj = wait_for(degraded_now, timeout=60, message="the artifact Degraded")
+    (cond,) = [c for c in obj["status"]["conditions"] if c["type"] == "Degraded"]
+    assert cond["message"] == "1 of 2 nodes failed (SourceUnavailable: 1)"
+    assert_nowhere(json.dumps(obj), [honest, failing])
+
+    def warned():
+        found = [e for e in core.list_namespaced_event(namespace).items if e.reason == "Degraded"]
+        return found
+
+    (event,) = wait_for(warned, timeout=30, message="the Degraded Event")
+    assert (event.type, event.message) == ("Warning", cond["message"])
+    assert_nowhere(json.dumps([e.message for e in core.list_namespaced_event(namespace).items]), [honest, failing])
+    answer = progress_of(admin_http, cluster, namespace, artifact)
+    assert answer["failureReasons"] == [{"reason": "SourceUnavailable", "count": 1}]
+    assert_nowhere(json.dumps(answer), [honest, failing])
+    assert store(worker_kube, failing)["status"]["models"][0]["message"] == HOSTILE  # for administrators
+
+
 @pytest.mark.parametrize("reason", ["DiskOnFire", "call +1-555-0100", "sourceunavailable"])
 def test_a_reason_outside_the_fixed_set_is_refused_by_kube_apiserver_and_changes_nothing(
     reason, plugin_nodes, resolved, worker_kube, namespace, cluster, launcher, mirror_db
