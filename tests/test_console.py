@@ -334,6 +334,7 @@ def test_its_pages_show_the_cluster_live_and_offer_no_write(
         entries = page.inner_text("#entry-list")
         assert "IntegrityMismatch" in entries and "2030-01-01 00:00:00" in entries
         assert f"{namespace}/{artifact}" in entries
+        assert "not placed on this node" in entries  # c was never given it: shown, and counted nowhere
         _offers_no_write(page)
         _shot(page, "node")
 

@@ -249,3 +249,34 @@ def test_an_entry_counts_from_the_placement_of_its_digest_until_it_leaves_spec_m
     nodes_rolled(worker_kube, namespace, artifact, lambda n: n == {"ready": 0, "downloading": 1, "failed": 0,
                                                                      "downloadingPercent": 10})  # fmt: skip
     assert progress_of(admin_http, cluster, namespace, artifact)["ready"] == 0
+
+
+@pytest.mark.django_db
+def test_the_console_shows_a_nodes_claim_to_administrators_only_escaped_and_counts_it_nowhere(admin_client):
+    from django.urls import reverse
+
+    from gpustack_models.models import Artifact, Holding, NodeStore, StoreEntry
+
+    digest, ns = "sha256:" + uuid.uuid4().hex * 2, f"tenant-{uuid.uuid4().hex[:6]}"
+    art = Artifact.objects.create(namespace=ns, name="art", resource_version=1, digest=digest, resolved_status="True")
+    rows = {}
+    for node, state in (("honest-node", "Ready"), ("claiming-node", "Failed")):
+        rows[node] = NodeStore.objects.create(name=node, resource_version=1, total_bytes=100)
+        StoreEntry.objects.create(
+            store=rows[node], node=node, digest=digest, state=state, size_bytes=10, downloaded_bytes=10,
+            reason="SourceUnavailable" if state == "Failed" else "", message=HOSTILE if state == "Failed" else "",
+        )  # fmt: skip
+    Holding.objects.create(node="honest-node", digest=digest)
+
+    tenant = admin_client.get(reverse("admin:tenant", args=[ns])).content.decode()
+    for cell, value in (("ready", 1), ("downloading", 0), ("failed", 0)):
+        assert f'<td class="{cell}">{value}</td>' in tenant, tenant
+    assert "SourceUnavailable" not in tenant
+    artifact_page = admin_client.get(reverse("admin:gpustack_models_artifact_change", args=[art.pk])).content.decode()
+    assert "honest-node" in artifact_page and "claiming-node" not in artifact_page
+    assert_nowhere(artifact_page + tenant, ["claiming-node"])
+    node_page = admin_client.get(
+        reverse("admin:gpustack_models_nodestore_change", args=[rows["claiming-node"].pk])
+    ).content.decode()
+    assert "not placed on this node" in node_page and "&lt;img src=x onerror=alert(1)&gt;" in node_page
+    assert "<img src=x" not in node_page  # the node's text, escaped

@@ -17,7 +17,7 @@ def watermarks(store) -> dict:
 
 
 def node_store(request, store) -> dict:
-    entries = queries.with_percent(store.entries.all()).order_by("state", "digest")
+    entries = queries.with_percent(queries.with_placement(store.entries.all())).order_by("state", "digest")
     page = Paginator(entries, PER_PAGE).get_page(request.GET.get("p"))
     wanted = queries.wanted_by(e.digest for e in page)
     for entry in page:

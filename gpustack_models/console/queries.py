@@ -9,6 +9,7 @@ from django.db.models import (
     BigIntegerField,
     Case,
     Count,
+    Exists,
     F,
     OuterRef,
     Q,
@@ -37,6 +38,12 @@ def live_entries():
     """The entries of live stores: every entry (a store's tombstone takes its entries with it), as the
     nodes report them, for administrators."""
     return StoreEntry.objects.all()
+
+
+def with_placement(entries):
+    """Annotate entries with whether their digest was placed on their node (``placed``): a node reporting
+    content it was never given is shown to administrators as such, and counted nowhere."""
+    return entries.annotate(placed=Exists(Holding.objects.filter(node=OuterRef("node"), digest=OuterRef("digest"))))
 
 
 def claimed_entries(digests):
