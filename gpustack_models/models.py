@@ -9,7 +9,7 @@ resourceVersion, so an older event arriving late cannot bring it back; tombstone
 from __future__ import annotations
 
 from django.db import models
-from django.db.models import Q
+from django.db.models import Exists, OuterRef, Q
 
 from gpustack_models.kinds import nodemodelstore
 
@@ -147,11 +147,27 @@ class NodeStore(Mirrored):
         return self.name
 
 
+class StoreEntryQuerySet(models.QuerySet):
+    def claimed(self, digests=None):
+        """The entries whose digest the service placed on their node: a ``Holding`` (the digest is in the
+        node's ``spec.models``, or held there under the collection grace). A node's report is a claim about
+        itself only: an entry for a digest it was never given counts nowhere a tenant sees (roll-ups,
+        ``progress``, fetch tickets' peers, Pods' affinity, prefetches' status). Decided at read time, so
+        an entry reported before its digest was placed counts from the placement on, and stops counting
+        when the digest leaves ``spec.models``. ``digests``: the caller reads the entries of those only (the
+        database then reads only their holdings)."""
+        held = Holding.objects.filter(node=OuterRef("node"), digest=OuterRef("digest"))
+        if digests is not None:
+            held = held.filter(digest__in=digests)
+        return self.filter(Exists(held))
+
+
 class StoreEntry(models.Model):
     """One digest on one node, from that node's NodeModelStore status.
 
     Only live stores have entries: the write that tombstones a store (a deletion, or a relist's prune)
-    removes its entries in the same transaction, so reads of entries need no join to their store."""
+    removes its entries in the same transaction, so reads of entries need no join to their store. What a
+    tenant sees counts only ``claimed()`` entries; every entry stays for administrators."""
 
     store = models.ForeignKey(NodeStore, on_delete=models.CASCADE, related_name="entries")
     node = models.CharField(max_length=253)
@@ -168,6 +184,8 @@ class StoreEntry(models.Model):
     collect_time = models.DateTimeField(
         null=True, blank=True, help_text="When the node removes it, if nothing wants it"
     )
+
+    objects = StoreEntryQuerySet.as_manager()
 
     class Meta:
         constraints = [models.UniqueConstraint(fields=["store", "digest"], name="entry_store_digest")]

@@ -10,6 +10,7 @@ import yaml
 
 from gpustack_models.kinds import GROUP
 from tests.support import kube_update, wait_for
+from tests.support.stores import place, put_entries, store
 
 DIGEST = "sha256:" + "cd" * 32
 
@@ -98,16 +99,8 @@ def test_it_applies_client_side_with_a_merge_patch_and_server_side(api, namespac
     assert last_applied["apiVersion"] == f"{GROUP}/v1"
 
 
-def test_it_prints_the_printer_columns(api, namespace, worker_kube, worker_stack):
+def test_it_prints_the_printer_columns(api, namespace, worker_kube, worker_stack, nodes):
     digest = "sha256:" + uuid.uuid4().hex * 2
-    stores = [f"cols-{uuid.uuid4().hex[:6]}" for _ in range(3)]
-    for name, state in zip(stores, ("Ready", "Ready", "Downloading")):
-        obj = worker_kube.create(
-            f"/apis/{GROUP}/v1alpha1/nodemodelstores",
-            {"apiVersion": f"{GROUP}/v1alpha1", "kind": "NodeModelStore", "metadata": {"name": name}, "spec": {}},
-        )
-        obj["status"] = {"models": [{"digest": digest, "state": state, "sizeBytes": 100, "downloadedBytes": 50}]}
-        worker_kube.json("PUT", f"/apis/{GROUP}/v1alpha1/nodemodelstores/{name}/status", body=obj)
     api("apply", "-f", "-", input=artifact_yaml("cols", namespace))
     path = f"/apis/{GROUP}/v1alpha1/namespaces/{namespace}/modelartifacts/cols/status"
     # The worker answers first (the repository is unknown to the test hub: AccessDenied, for good) ...
@@ -138,21 +131,22 @@ def test_it_prints_the_printer_columns(api, namespace, worker_kube, worker_stack
         "observedGeneration": 1,
     }
     kube_update(worker_kube, path, lambda obj: dict(obj, status=status))
-    try:
-        wait_for(
-            lambda: (worker_kube.get(path).get("status") or {}).get("nodes", {}).get("ready") == 2,
-            timeout=30,
-            message="the roll-up of the three stores",
-        )
-        lines = api("get", "mart", "cols", "-n", namespace).stdout.splitlines()
-        assert lines[0].split() == ["NAME", "SOURCE", "REVISION", "SIZE", "READY", "DOWNLOADING", "RESOLVED"]
-        assert lines[1].split() == ["cols", "hf:Qwen/Qwen2.5-0.5B", "0123456789ab", "135.4Gi", "2", "1", "True"]
-        wide = api("get", "mart", "cols", "-n", namespace, "-o", "wide").stdout.splitlines()
-        assert wide[0].split() == ["NAME", "SOURCE", "REVISION", "SIZE", "READY", "DOWNLOADING", "RESOLVED", "AGE"]
-        assert wide[1].split()[-1].endswith("s") or wide[1].split()[-1].endswith("m")
-    finally:
-        for name in stores:
-            worker_kube.delete(f"/apis/{GROUP}/v1alpha1/nodemodelstores/{name}")
+    for name in nodes:
+        wait_for(lambda name=name: store(worker_kube, name), timeout=30, message=f"the store of {name}")
+    place(worker_kube, namespace, "cols", digest, nodes)  # a node's entries count where the digest is placed
+    for name, state in zip(nodes, ("Ready", "Ready", "Downloading")):
+        put_entries(worker_kube, name, [{"digest": digest, "state": state, "sizeBytes": 100, "downloadedBytes": 50}])
+    wait_for(
+        lambda: (worker_kube.get(path).get("status") or {}).get("nodes", {}).get("ready") == 2,
+        timeout=30,
+        message="the roll-up of the three stores",
+    )
+    lines = api("get", "mart", "cols", "-n", namespace).stdout.splitlines()
+    assert lines[0].split() == ["NAME", "SOURCE", "REVISION", "SIZE", "READY", "DOWNLOADING", "RESOLVED"]
+    assert lines[1].split() == ["cols", "hf:Qwen/Qwen2.5-0.5B", "0123456789ab", "135.4Gi", "2", "1", "True"]
+    wide = api("get", "mart", "cols", "-n", namespace, "-o", "wide").stdout.splitlines()
+    assert wide[0].split() == ["NAME", "SOURCE", "REVISION", "SIZE", "READY", "DOWNLOADING", "RESOLVED", "AGE"]
+    assert wide[1].split()[-1].endswith("s") or wide[1].split()[-1].endswith("m")
 
 
 def test_it_sends_changes_over_watch_as_table_rows(api, namespace, cluster, tmp_path):

@@ -303,6 +303,7 @@ def test_its_pages_show_the_cluster_live_and_offer_no_write(
         entries = page.inner_text("#entry-list")
         assert "IntegrityMismatch" in entries and "2030-01-01 00:00:00" in entries
         assert f"{namespace}/{artifact}" in entries
+        assert "not placed on this node" in entries  # c was never given it: shown, and counted nowhere
         _offers_no_write(page)
         _shot(page, "node")
 
@@ -461,7 +462,7 @@ CONSOLE_PAGES = ("/admin/", "/admin/tenants/", "/admin/tenants/ns-000/", "nodest
 
 def _mirror(first, count):
     """``count`` namespaces, each with an artifact resolved to its own digest, on ``count`` nodes."""
-    from gpustack_models.models import Artifact, Manifest, NodeStore, PluginPod, Prefetch, StoreEntry
+    from gpustack_models.models import Artifact, Holding, Manifest, NodeStore, PluginPod, Prefetch, StoreEntry
 
     for i in range(first, first + count):
         digest = f"sha256:{i:064d}"
@@ -481,8 +482,10 @@ def _mirror(first, count):
         store_row = NodeStore.objects.create(name=node, resource_version=1, total_bytes=100, stored_bytes=30)
         PluginPod.objects.create(namespace="sys", name=node, node=node, ready=i % 2 == 0, resource_version=1)
         for j, state in enumerate(("Ready", "Downloading", "Failed")):
+            held = f"sha256:{(first + j) % (first + count):064d}"
+            Holding.objects.get_or_create(node=node, digest=held)  # placed there: counted in the tenants' numbers
             StoreEntry.objects.create(
-                store=store_row, node=node, digest=f"sha256:{(first + j) % (first + count):064d}", state=state,
+                store=store_row, node=node, digest=held, state=state,
                 size_bytes=30, downloaded_bytes=10, reason="AccessDenied" if state == "Failed" else "",
             )  # fmt: skip
 

@@ -4,7 +4,7 @@ import uuid
 
 from gpustack_models.kinds import GROUP
 from tests.support import wait_for
-from tests.support.stores import digests, entry, prefetch, put_entries, store
+from tests.support.stores import digests, entry, place, prefetch, put_entries, store
 
 STORAGE = f"/apis/{GROUP}/v1alpha1"
 
@@ -99,6 +99,7 @@ def test_it_rolls_entries_up_into_status_nodes(nodes, resolved, worker_kube, nam
             and "fieldManager=gpustack-models-rollup" in e["requestURI"]
         ]
 
+    place(worker_kube, namespace, artifact, digest, nodes)  # entries count where the digest was placed
     put_entries(worker_kube, a, [entry(digest, "Downloading", 100)])
     put_entries(worker_kube, b, [entry(digest, "Ready", 1000)])
     rolled({"ready": 1, "downloading": 1, "failed": 0, "downloadingPercent": 10})

@@ -358,6 +358,7 @@ def test_a_ticket_counts_the_nodes_still_joining_beside_the_asking_one(settings)
     for node, state in [(failed, EntryState.FAILED), (ready, EntryState.READY)]:
         store = NodeStore.objects.create(name=node, resource_version=1)
         StoreEntry.objects.create(store=store, node=node, digest=digest, state=state)
+        Holding.objects.create(node=node, digest=digest)  # placed there, as their targets say
     for i, node in enumerate(roles):
         node = f"{tag}-{node}"
         PluginPod.objects.create(

@@ -14,7 +14,7 @@ import requests
 from gpustack_models.local import pki
 from gpustack_models.local.cluster import free_port
 from tests.support.kubernetes import wait_default_service_account
-from tests.support.stores import entry, put_entries, store
+from tests.support.stores import entry, place, put_entries, store
 from tests.support.waiting import wait_for
 
 PATH = "/internal/v1/placement"
@@ -59,9 +59,12 @@ def client_cert(cluster, tmp_path, common_name: str, authority=None) -> tuple[st
     return tuple(str(p) for p in pki.issue(ca, common_name, client=True).write(tmp_path, common_name))
 
 
-def held(worker_kube, node, digest):
-    """Make ``node``'s store report ``digest`` Ready, as its plugin would."""
+def held(worker_kube, namespace, resolved, node):
+    """Place the ``resolved`` artifact's digest on ``node`` and make its store report it Ready, as its plugin
+    would (a node's report counts only for a digest placed there)."""
+    artifact, digest = resolved
     wait_for(lambda: store(worker_kube, node), timeout=30, message=f"the store of {node}")
+    place(worker_kube, namespace, artifact, digest, [node])
     put_entries(worker_kube, node, [entry(digest, "Ready", 4096, 4096)])
 
 
@@ -89,7 +92,7 @@ def caller(cluster, worker_api, tmp_path):
 
 def test_a_pod_mounting_a_model_prefers_the_nodes_holding_it(caller, worker_kube, nodes, namespace, resolved):
     name, digest = resolved
-    held(worker_kube, nodes[1], digest)
+    held(worker_kube, namespace, resolved, nodes[1])
 
     def nodes_preferred():
         resp = caller(review(namespace, model_pod("p", name)))
@@ -116,7 +119,7 @@ def test_a_pod_mounting_a_model_prefers_the_nodes_holding_it(caller, worker_kube
 
 def test_a_pods_own_affinity_is_kept_and_only_a_preference_is_added(caller, worker_kube, nodes, namespace, resolved):
     name, digest = resolved
-    held(worker_kube, nodes[0], digest)
+    held(worker_kube, namespace, resolved, nodes[0])
     required = {"nodeSelectorTerms": [{"matchExpressions": [{"key": "gpu", "operator": "In", "values": ["a100"]}]}]}
     own = {"weight": 50, "preference": {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["z"]}]}}
     pod = model_pod("p", name, affinity={"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": required,
@@ -250,7 +253,7 @@ def test_the_scheduler_prefers_the_node_holding_the_model_but_fit_comes_first(
     group, names = three_nodes
     name, digest = resolved
     holder = names[2]  # not the first by name: a tie would not land there by chance of order
-    held(worker_kube, holder, digest)
+    held(worker_kube, namespace, resolved, holder)
     wait_default_service_account(admin, namespace)
 
     def pod(pod_name, cpu):

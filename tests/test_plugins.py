@@ -22,6 +22,7 @@ from gpustack_models.plugin.engine.cache import read_json
 from tests.support import PLUGIN_PORT, TEST_STATE, kube_update, read_modify_write, token_http, wait_for
 from tests.support.cluster import fresh_namespace
 from tests.support.plugins import client_cert, service_client_cert
+from tests.support.stores import place
 
 STORAGE = f"/apis/{GROUP}/v1alpha1"
 OLD_PLUGIN_AUDIENCE = "gpustack-models-plugin"  # the audience of the tokens the service once showed plugins
@@ -548,6 +549,7 @@ def test_it_reads_at_most_64_plugins_live_and_skips_a_silent_one(scenario, launc
     try:
         for node, _ in nodes:
             wait_for(lambda node=node: _store(worker_kube, node), timeout=60, message="the fake nodes' stores")
+        place(worker_kube, scenario.ns, "art", scenario.digest, [n for n, _ in nodes])  # their entries count
         with FakePlugins(launcher, [a for _, a in nodes], PLUGIN_PORT) as fakes:
 
             def stored(i):  # node i has stored (i + 1) % of the content; its plugin has 0.5 % more
@@ -639,6 +641,7 @@ def test_it_shows_plugins_no_token_but_its_own_short_lived_client_certificate(sc
     launcher.register_node(node, address)
     try:
         wait_for(lambda: _store(worker_kube, node), timeout=60, message="the fake node's store")
+        place(worker_kube, scenario.ns, "art", scenario.digest, [node])  # its entry counts
         with FakePlugins(launcher, [address], PLUGIN_PORT) as fakes:
             entry = {"digest": scenario.digest, "state": "Downloading", "sizeBytes": 1000, "downloadedBytes": 10}
             _put_entry(worker_kube, node, entry)

@@ -10,7 +10,7 @@ from kubernetes import client as k8s
 from gpustack_models.kinds import GROUP
 from gpustack_models.kinds.formatting import human_bytes
 from tests.support import wait_for
-from tests.support.stores import STORAGE, entry, put_entries, store
+from tests.support.stores import STORAGE, entry, place, put_entries, store
 
 HEADER = ["NAME", "READY", "DOWNLOADING", "FAILED", "PERCENT", "BYTES", "LIVE"]
 WIDE = HEADER + ["DIGEST", "FAILURES", "REASON"]
@@ -37,6 +37,7 @@ def test_it_prints_the_progress_of_an_artifact_as_a_table(api, nodes, resolved, 
     ready, downloading, failed = nodes
     for name in nodes:
         wait_for(lambda name=name: store(worker_kube, name), timeout=30, message=f"the store of {name}")
+    place(worker_kube, namespace, artifact, digest, nodes)  # entries count where the digest was placed
     put_entries(worker_kube, ready, [entry(digest, "Ready", size, size)])
     put_entries(worker_kube, downloading, [entry(digest, "Downloading", size // 2, size)])
     put_entries(worker_kube, failed, [entry(digest, "Failed", size=size, reason="SourceUnavailable")])

@@ -45,8 +45,9 @@ BIG = {
         models.MountReference,
     )
 }  # Event series and budgets are bounded by time (each leaves when its window ends): not counted big
-ARTIFACT, ENTRY, STORE, NODE, POD = (
-    m._meta.db_table for m in (models.Artifact, models.StoreEntry, models.NodeStore, models.Node, models.PluginPod)
+ARTIFACT, ENTRY, STORE, NODE, POD, HOLDING = (
+    m._meta.db_table
+    for m in (models.Artifact, models.StoreEntry, models.NodeStore, models.Node, models.PluginPod, models.Holding)
 )
 
 
@@ -73,6 +74,7 @@ TENANTS = [
     WholeCluster(ARTIFACT, r"GROUP BY", "the tenants page counts every namespace's artifacts"),
     WholeCluster(ENTRY, r"COUNT\(DISTINCT e\.node\)", "the tenants page counts every namespace's nodes"),
     WholeCluster(STORE, r"COUNT\(DISTINCT e\.node\)", "(joined with the entries above)"),
+    WholeCluster(HOLDING, r"COUNT\(DISTINCT e\.node\)", "(the entries counted are those placed on their node)"),
 ]
 PAGINATOR = r"^SELECT COUNT\(\*\)"
 LISTS = [

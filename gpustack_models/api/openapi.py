@@ -32,7 +32,8 @@ META = "io.k8s.apimachinery.pkg.apis.meta.v1."
 PATCH_TYPES = [parser.media_type for parser in PATCH_PARSERS]
 
 PROGRESS = obj(
-    "How far an artifact's content is across the cluster, computed on request. Names no node.",
+    "How far an artifact's content is across the cluster, computed on request, over the nodes it was placed on. "
+    "Names no node.",
     apiVersion=string("worker.gpustack.ai/v1"),
     kind=string("ModelArtifactProgress"),
     metadata=Schema("object", "The artifact's name and namespace."),
@@ -47,7 +48,7 @@ PROGRESS = obj(
     live=integer("Nodes whose bytes were read live for this answer."),
     failureReasons=Schema(
         "array",
-        "Failure reasons and how many nodes have each.",
+        "Failure reasons (each one of the NodeModelStore's fixed reasons) and how many nodes have each.",
         items=obj(reason=string(), count=integer()),
     ),
     reason=string("Why there is nothing to count (unresolved artifact, claim source)."),

@@ -1,12 +1,12 @@
 """The ``progress`` subresource of a ModelArtifact: how far its content is across the cluster, now.
 
 Computed per request and never written: the artifact (read from kube-apiserver), the mirror's entries for
-its digest (every node, every namespace: counts of content cross namespaces, nothing else does), then the
-live bytes of at most ``PROGRESS_LIVE_MAX`` downloading nodes, read from their plugins in parallel
-(``GET /model/downloads`` with the service's client certificate, ``plugin_client``, each within
-``PROGRESS_LIVE_TIMEOUT``; no token is ever sent to a node). A node past the
-cap, or silent in time, contributes the bytes its store last reported and is not counted in ``live``.
-The answer names no node.
+its digest on the nodes it was placed on (``claimed``: a node's report of a digest it was never given counts
+for nothing; every namespace: counts of content cross namespaces, nothing else does), then the live bytes
+of at most ``PROGRESS_LIVE_MAX`` downloading nodes, read from their plugins in parallel (``GET
+/model/downloads`` with the service's client certificate, ``plugin_client``, each within
+``PROGRESS_LIVE_TIMEOUT``; no token is ever sent to a node). A node past the cap, or silent in time,
+contributes the bytes its store last reported and is not counted in ``live``. The answer names no node.
 """
 
 from __future__ import annotations
@@ -120,8 +120,10 @@ class Tally:
 
 def tally(digest: str, default_size: int) -> Tally:
     out = Tally()
-    rows = StoreEntry.objects.filter(digest=digest).values_list(
-        "node", "state", "size_bytes", "downloaded_bytes", "reason"
+    rows = (
+        StoreEntry.objects.claimed()
+        .filter(digest=digest)
+        .values_list("node", "state", "size_bytes", "downloaded_bytes", "reason")
     )
     for node, state, size, done, reason in rows:
         if state == EntryState.READY:

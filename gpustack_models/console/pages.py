@@ -17,7 +17,7 @@ def watermarks(store) -> dict:
 
 
 def node_store(request, store) -> dict:
-    entries = queries.with_percent(store.entries.all()).order_by("state", "digest")
+    entries = queries.with_percent(queries.with_placement(store.entries.all())).order_by("state", "digest")
     page = Paginator(entries, PER_PAGE).get_page(request.GET.get("p"))
     wanted = queries.wanted_by(e.digest for e in page)
     for entry in page:
@@ -41,7 +41,7 @@ def artifact_page(request, artifact) -> dict:
     resolution = Resolution.objects.select_related("manifest").filter(artifact=artifact).first()
     files = resolution.manifest.files if resolution else []
     prefetches = Prefetch.objects.live().filter(namespace=artifact.namespace, artifact_name=artifact.name)
-    entries = queries.with_percent(queries.live_entries().filter(digest=artifact.digest or "-"))
+    entries = queries.with_percent(queries.claimed_entries([artifact.digest or "-"]))
     numbers = queries.progress([artifact.digest]).get(artifact.digest)
     target = f"mart {artifact.name} -n {artifact.namespace}"
     return {

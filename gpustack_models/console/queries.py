@@ -9,6 +9,7 @@ from django.db.models import (
     BigIntegerField,
     Case,
     Count,
+    Exists,
     F,
     OuterRef,
     Q,
@@ -23,6 +24,7 @@ from gpustack_models.models import (
     Artifact,
     ConditionStatus,
     EntryState,
+    Holding,
     Manifest,
     NodeStore,
     PluginPod,
@@ -33,8 +35,21 @@ DOWNLOADING, READY, FAILED = EntryState.DOWNLOADING, EntryState.READY, EntryStat
 
 
 def live_entries():
-    """The entries of live stores: every entry (a store's tombstone takes its entries with it)."""
+    """The entries of live stores: every entry (a store's tombstone takes its entries with it), as the
+    nodes report them, for administrators."""
     return StoreEntry.objects.all()
+
+
+def with_placement(entries):
+    """Annotate entries with whether their digest was placed on their node (``placed``): a node reporting
+    content it was never given is shown to administrators as such, and counted nowhere."""
+    return entries.annotate(placed=Exists(Holding.objects.filter(node=OuterRef("node"), digest=OuterRef("digest"))))
+
+
+def claimed_entries(digests):
+    """The entries of ``digests`` that count in a tenant's numbers: those whose digest was placed on their
+    node."""
+    return StoreEntry.objects.claimed(digests).filter(digest__in=digests)
 
 
 def percent_expression():
@@ -106,6 +121,7 @@ def entry_failures():
 _NODES_BY_NAMESPACE = """
     SELECT a.namespace, e.state, COUNT(DISTINCT e.node)
     FROM {entry} e
+    JOIN {holding} h ON h.node = e.node AND h.digest = e.digest
     JOIN {artifact} a ON a.digest = e.digest AND NOT a.deleted
     WHERE LOWER(a.namespace) LIKE %s ESCAPE '!'
     GROUP BY a.namespace, e.state
@@ -114,9 +130,10 @@ _NODE_KEYS = {READY: "ready_nodes", DOWNLOADING: "downloading_nodes", FAILED: "f
 
 
 def nodes_by_namespace(search: str = "") -> list[tuple[str, str, int]]:
-    """(namespace, state, distinct nodes) over every namespace matching ``search``: one pass over the entries
-    joined to the artifacts by digest (a join on a column that is not a foreign key, hence written out)."""
-    sql = _NODES_BY_NAMESPACE.format(entry=StoreEntry._meta.db_table, artifact=Artifact._meta.db_table)
+    """(namespace, state, distinct nodes) over every namespace matching ``search``: one pass over the claimed
+    entries joined to the artifacts by digest (joins on columns that are not foreign keys, hence written out)."""
+    tables = {"entry": StoreEntry, "holding": Holding, "artifact": Artifact}
+    sql = _NODES_BY_NAMESPACE.format(**{key: model._meta.db_table for key, model in tables.items()})
     escaped = search.lower().replace("!", "!!").replace("%", "!%").replace("_", "!_")
     pattern = f"%{escaped}%"
     with connection.cursor() as cursor:
@@ -147,12 +164,12 @@ def tenants(search: str = "") -> list[dict]:
 
 
 def progress(digests) -> dict[str, dict]:
-    """digest -> the numbers ``progress`` gives from the mirror (live bytes from the plugins aside): ready,
-    downloading, failed, downloadingBytes, downloadingPercent, failureReasons."""
+    """digest -> the numbers ``progress`` gives from the mirror's claimed entries (live bytes from the plugins
+    aside): ready, downloading, failed, downloadingBytes, downloadingPercent, failureReasons."""
     digests = [d for d in set(digests) if d]
     if not digests:
         return {}
-    entries = live_entries().filter(digest__in=digests).order_by()
+    entries = claimed_entries(digests).order_by()
     counted = entries.values("digest").annotate(
         ready=Count("id", filter=Q(state=READY)),
         downloading=Count("id", filter=Q(state=DOWNLOADING)),

@@ -25,7 +25,7 @@ from operator import or_
 from django.db import IntegrityError, models, transaction
 from django.utils import timezone
 
-from gpustack_models.kinds import GROUP
+from gpustack_models.kinds import GROUP, nodemodelstore
 from gpustack_models.kinds.formatting import parse_duration, parse_time
 from gpustack_models.models import Artifact, Namespace, Node, NodeStore, PluginPod, Prefetch, StoreEntry
 
@@ -355,11 +355,14 @@ def purge_tombstones(cutoff: datetime) -> int:
 
 
 def _entry_values(entry: dict) -> dict:
+    """An entry's columns. ``reason`` is one of the fixed failure reasons on a ``Failed`` entry (the schema
+    admits no other; one written before it did reads ``Unknown``) and empty on any other."""
+    state = entry.get("state") or ""
     return {
-        "state": entry.get("state") or "",
+        "state": state,
         "size_bytes": entry.get("sizeBytes") or 0,
         "downloaded_bytes": entry.get("downloadedBytes") or 0,
-        "reason": entry.get("reason") or "",
+        "reason": nodemodelstore.failure_reason(entry.get("reason")) if state == nodemodelstore.FAILED else "",
         "message": entry.get("message") or "",
         "retry_time": _time(entry.get("retryTime")),
         "last_used_time": _time(entry.get("lastUsedTime")),
@@ -384,3 +387,9 @@ def entries_of(body: dict | None) -> dict[str, dict]:
     if not body:
         return {}
     return {e.get("digest"): e for e in ((body.get("status") or {}).get("models") or []) if e.get("digest")}
+
+
+def spec_digests(body: dict | None) -> set[str]:
+    """The digests of a NodeModelStore body's spec.models."""
+    models = ((body or {}).get("spec") or {}).get("models") or []
+    return {m["digest"] for m in models if isinstance(m, dict) and isinstance(m.get("digest"), str)}

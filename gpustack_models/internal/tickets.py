@@ -154,14 +154,16 @@ def peer_sources(node: str, digest: str) -> tuple[list[dict], int]:
 
 
 def _holders(node: str, digest: str) -> tuple[dict[str, list[str]], set[str], set[str]]:
-    """The other nodes by state of the digest: Ready, then (when allowed) Downloading, which counts the
+    """The other nodes by state of the digest, among those it was placed on (a node's report of a digest
+    it was never given offers it as nobody's peer): Ready, then (when allowed) Downloading, which counts the
     nodes it was placed on that report nothing of it yet (they start beside the asking node: knowing
     each other from the first ticket, they share the hub's work from the first byte); the other nodes
     that report it Ready or Failed (none of them is starting); those it is placed on."""
     states = [EntryState.READY] + ([EntryState.DOWNLOADING] if settings.PEER_DOWNLOADING_ALLOWED else [])
     by_state: dict[str, list[str]] = {state: [] for state in states}
     reported, settled = set(), set()
-    for other, state in StoreEntry.objects.filter(digest=digest).exclude(node=node).values_list("node", "state"):
+    claims = StoreEntry.objects.claimed().filter(digest=digest).exclude(node=node)
+    for other, state in claims.values_list("node", "state"):
         reported.add(other)
         if state in by_state:
             by_state[state].append(other)

@@ -131,7 +131,8 @@ _MODEL_ARTIFACT_STATUS = obj(
         sizeBytes=integer("Total size of the selected files in bytes.", int64=True, minimum=0),
     ),
     nodes=obj(
-        "Nodes holding the content, rolled up on thresholds; the progress subresource is exact.",
+        "Nodes holding the content, among those it was placed on (a node's report of content it was not given "
+        "counts for nothing), rolled up on thresholds; the progress subresource is exact.",
         ready=integer("Nodes holding the content published.", minimum=0),
         downloading=integer("Nodes downloading it.", minimum=0),
         failed=integer("Nodes waiting to retry a failed attempt.", minimum=0),

@@ -11,6 +11,11 @@ from gpustack_models.kinds.schema import Rule, array, boolean, conditions, diges
 DOWNLOADING, READY, FAILED = "Downloading", "Ready", "Failed"
 MODEL_STATES = (DOWNLOADING, READY, FAILED)
 SOURCE_HUB, SOURCE_PEER = "Hub", "Peer"
+# Why a digest failed on a node: the fixed set a status entry's ``reason`` is one of (kube-apiserver refuses
+# any other, 422). The download engine fails for the first six; ``Unknown`` is what the plugin reports for a
+# failure it cannot name (e.g. a record on disk written by another version). A node's reason reaches
+# tenants only as one of these, counted; its free-text ``message`` never does.
+UNKNOWN_REASON = "Unknown"
 FAILURE_REASONS = (
     "InvalidRequest",
     "AccessDenied",
@@ -18,7 +23,14 @@ FAILURE_REASONS = (
     "IntegrityMismatch",
     "InsufficientCapacity",
     "Canceled",
+    UNKNOWN_REASON,
 )
+
+
+def failure_reason(value) -> str:
+    """``value`` when it is one of the fixed failure reasons, else ``Unknown``."""
+    return value if value in FAILURE_REASONS else UNKNOWN_REASON
+
 
 # The bounds of the node's limits in spec (the service keeps the Node's annotations within them).
 MAX_DOWNLOAD_CONCURRENCY, MAX_UPLOAD_CONNECTIONS, MAX_BYTES_PER_SECOND = 256, 1024, 2**63 - 1
@@ -96,8 +108,8 @@ _NODE_MODEL_STORE_STATUS = obj(
             state=string("Downloading, Ready or Failed.", enum=MODEL_STATES),
             sizeBytes=integer("Total size of the content.", int64=True, minimum=0),
             downloadedBytes=integer("Bytes downloaded and verified so far.", int64=True, minimum=0),
-            reason=string("Why it failed: " + ", ".join(FAILURE_REASONS) + ".", max_length=64),
-            message=string("Details of the failure.", max_length=4096),
+            reason=string("Why it failed: " + ", ".join(FAILURE_REASONS) + ".", enum=FAILURE_REASONS),
+            message=string("Details of the failure, for administrators only.", max_length=4096),
             retryTime=timestamp("Earliest next attempt after a failure."),
             lastUsedTime=timestamp("When the content was last used."),
             source=string("Where the bytes came from.", enum=(SOURCE_HUB, SOURCE_PEER)),

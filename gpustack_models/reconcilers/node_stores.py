@@ -231,11 +231,13 @@ def reconcile_node_store(node: str) -> str:
 
 @reacts_to(mirror.STORES)
 def reconcile_and_roll_up(before: dict | None, after: dict | None, namespace: str, name: str) -> None:
-    """A store gone or whose spec changed is reconciled; each digest whose entries changed is rolled up."""
+    """A store gone or whose spec changed is reconciled; each digest whose entry changed is rolled up, and
+    each the node reports that entered or left its spec.models (its entry starts or stops counting)."""
     if after is None or (before or {}).get("spec") != after.get("spec"):
         enqueue(RECONCILE_NODE_STORE, name)
     old, new = mirror.entries_of(before), mirror.entries_of(after)
-    for digest in sorted(d for d in set(old) | set(new) if old.get(d) != new.get(d)):
+    placed = mirror.spec_digests(before) ^ mirror.spec_digests(after)
+    for digest in sorted(d for d in set(old) | set(new) if old.get(d) != new.get(d) or d in placed):
         enqueue(ROLLUP_DIGEST, digest)
 
 

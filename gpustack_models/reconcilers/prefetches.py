@@ -82,7 +82,9 @@ class PrefetchState:
         state._read_nodes(targets)
         if state.digest:
             state.counts = digest_counts(state.digest, state.nodes)
-            failed = StoreEntry.objects.filter(digest=state.digest, node__in=state.nodes, state=EntryState.FAILED)
+            failed = StoreEntry.objects.claimed().filter(
+                digest=state.digest, node__in=state.nodes, state=EntryState.FAILED
+            )
             state.problems.update(failed.values_list("reason", flat=True))
         return state
 

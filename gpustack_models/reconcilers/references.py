@@ -84,7 +84,7 @@ def _artifacts_of(targets: list[PrefetchTarget]) -> dict[tuple[str, str], Artifa
 
 def _last_used(node: str) -> dict[str, datetime | None]:
     """Ready digests of ``node`` and when each was last used."""
-    rows = StoreEntry.objects.filter(node=node, state=EntryState.READY)
+    rows = StoreEntry.objects.claimed().filter(node=node, state=EntryState.READY)
     return dict(rows.values_list("digest", "last_used_time"))
 
 

@@ -19,8 +19,8 @@ _COUNTED_AS = {EntryState.READY: "ready", EntryState.DOWNLOADING: "downloading",
 
 
 def digest_counts(digest: str, nodes: list[str] | None = None) -> dict:
-    """Counts over the entries of ``digest`` (optionally on some nodes only)."""
-    entries = StoreEntry.objects.filter(digest=digest)
+    """Counts over the entries of ``digest`` (optionally on some nodes only) on the nodes it was placed on."""
+    entries = StoreEntry.objects.claimed().filter(digest=digest)
     if nodes is not None:
         entries = entries.filter(node__in=nodes)
     out = {"ready": 0, "downloading": 0, "failed": 0}
@@ -37,7 +37,7 @@ def digest_counts(digest: str, nodes: list[str] | None = None) -> dict:
 
 
 def failure_reasons(digest: str) -> Counter:
-    failed = StoreEntry.objects.filter(digest=digest, state=EntryState.FAILED)
+    failed = StoreEntry.objects.claimed().filter(digest=digest, state=EntryState.FAILED)
     return Counter(failed.values_list("reason", flat=True))
 
 

@@ -69,7 +69,8 @@ def holders(namespace: str, artifacts: list[str]) -> list[list[str]]:
         if not digest:
             continue
         nodes = list(
-            StoreEntry.objects.filter(digest=digest, state=EntryState.READY)
+            StoreEntry.objects.claimed()
+            .filter(digest=digest, state=EntryState.READY)
             .order_by("node")
             .values_list("node", flat=True)[:MAX_NODES]
         )

@@ -14,7 +14,7 @@ import django
 
 django.setup()
 
-from gpustack_models.models import NodeStore, PluginPod, StoreEntry  # noqa: E402
+from gpustack_models.models import Holding, NodeStore, PluginPod, StoreEntry  # noqa: E402
 
 FAR_FUTURE_RV = 10**15  # newer than anything a relist could prune
 
@@ -37,6 +37,7 @@ def fill(prefix, digest, nodes, holding, downloading, addresses):
             )
         )
     StoreEntry.objects.bulk_create(entries, batch_size=2000)
+    Holding.objects.bulk_create([Holding(node=e.node, digest=digest) for e in entries], batch_size=2000)
     PluginPod.objects.bulk_create(
         [
             PluginPod(
@@ -56,6 +57,7 @@ def fill(prefix, digest, nodes, holding, downloading, addresses):
 
 def clear(prefix):
     StoreEntry.objects.filter(node__startswith=prefix).delete()
+    Holding.objects.filter(node__startswith=prefix).delete()
     NodeStore.objects.filter(name__startswith=prefix).delete()
     PluginPod.objects.filter(name__startswith=prefix).delete()
 

@@ -16,7 +16,7 @@ STATES = ("Ready", "Ready", "Ready", "Downloading", "Failed")
 
 
 def fill(prefix: str, nodes: int, tenants: int, per_tenant: int) -> None:
-    from gpustack_models.models import Artifact, Manifest, NodeStore, PluginPod, StoreEntry
+    from gpustack_models.models import Artifact, Holding, Manifest, NodeStore, PluginPod, StoreEntry
 
     rv = {"resource_version": FAR_FUTURE_RV}
     names = [f"{prefix}-n{i:05d}" for i in range(nodes)]
@@ -52,13 +52,15 @@ def fill(prefix: str, nodes: int, tenants: int, per_tenant: int) -> None:
                            reason="SourceUnavailable" if state == "Failed" else "")
             )  # fmt: skip
     StoreEntry.objects.bulk_create(entries, batch_size=5000)
+    Holding.objects.bulk_create([Holding(node=e.node, digest=e.digest) for e in entries], batch_size=5000)
 
 
 def clear(prefix: str) -> None:
-    from gpustack_models.models import Artifact, Manifest, NodeStore, PluginPod, StoreEntry
+    from gpustack_models.models import Artifact, Holding, Manifest, NodeStore, PluginPod, StoreEntry
 
     digests = list(Artifact.objects.filter(namespace__startswith=prefix).values_list("digest", flat=True))
     StoreEntry.objects.filter(node__startswith=prefix).delete()
+    Holding.objects.filter(node__startswith=prefix).delete()
     Artifact.objects.filter(namespace__startswith=prefix).delete()
     Manifest.objects.filter(digest__in=digests).delete()
     PluginPod.objects.filter(namespace=prefix).delete()

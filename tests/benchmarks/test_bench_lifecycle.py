@@ -70,6 +70,10 @@ def fill(prefix: str, nodes: int, per_node: int) -> list[str]:
          for i, n in enumerate(names)],
         batch_size=2000,
     )  # fmt: skip
+    # The prefetched digests are placed where their entries are (an entry counts only there).
+    Holding.objects.bulk_create(
+        [Holding(node=names[i % nodes], digest=d) for i, d in enumerate(digests)], batch_size=2000
+    )
     return names
 
 

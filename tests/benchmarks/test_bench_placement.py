@@ -7,7 +7,7 @@ import time
 import uuid
 
 from tests.support.kubernetes import wait_default_service_account
-from tests.support.stores import entry, put_entries, store
+from tests.support.stores import entry, place, put_entries, store
 from tests.support.waiting import wait_for
 from tests.test_placement import model_pod
 
@@ -34,6 +34,7 @@ def test_pod_create_with_and_without_the_placement_webhook(
     admin = launcher.admin
     name, digest = resolved
     wait_for(lambda: store(worker_kube, nodes[0]), timeout=30, message="the store")
+    place(worker_kube, namespace, name, digest, [nodes[0]])
     put_entries(worker_kube, nodes[0], [entry(digest, "Ready", 4096, 4096)])
     wait_default_service_account(admin, namespace)
     count = 200 if bench_scale == "full" else 5

@@ -80,6 +80,16 @@ def prefetch(worker_kube, namespace, name, artifact, node_names):
     )
 
 
+def place(worker_kube, namespace, artifact, digest, node_names, name=None):
+    """Prefetch ``artifact`` onto ``node_names`` and wait until each node's spec.models lists ``digest``: a
+    node's entries of a digest count only where the digest was placed."""
+    prefetch(worker_kube, namespace, name or f"place-{uuid.uuid4().hex[:6]}", artifact, node_names)
+    for node in node_names:
+        wait_for(
+            lambda node=node: digest in digests(store(worker_kube, node)), timeout=30, message=f"{node} to want it"
+        )
+
+
 def put_entries(worker_kube, node, entries):
     return kube_update(
         worker_kube, f"{STORAGE}/nodemodelstores/{node}/status", lambda obj: dict(obj, status={"models": entries})

@@ -67,13 +67,16 @@ class Entry:
     collect_time: float | None = None  # epoch seconds: when the node removes it unless referenced again
 
     def status(self) -> dict:
-        """The status item: camelCase keys, RFC 3339 times, absent fields left out."""
+        """The status item: camelCase keys, RFC 3339 times, absent fields left out. A ``Failed`` item's
+        reason is one of the kind's fixed reasons (``Unknown`` for any other: kube-apiserver would refuse
+        the whole status write for it); any other item has none."""
+        failed = self.state == FAILED
         out = {
             "digest": self.digest,
             "state": self.state,
             "sizeBytes": self.size_bytes,
             "downloadedBytes": self.downloaded_bytes,
-            "reason": self.reason,
+            "reason": nodemodelstore.failure_reason(self.reason) if failed else None,
             "message": self.message,
             "retryTime": rfc3339(self.retry_time),
             "lastUsedTime": rfc3339(self.last_used_time),

@@ -68,8 +68,9 @@ def test_a_held_model_has_a_state_a_source_and_a_failure_reason_from_the_shared_
     assert MODEL_STATES == ("Downloading", "Ready", "Failed")
     assert at("status.models[].state")["enum"] == list(MODEL_STATES)
     assert at("status.models[].source")["enum"] == [SOURCE_HUB, SOURCE_PEER] == ["Hub", "Peer"]
-    reason = at("status.models[].reason")["description"]
-    assert reason == "Why it failed: " + ", ".join(FAILURE_REASONS) + "."
+    reason = at("status.models[].reason")
+    assert reason["description"] == "Why it failed: " + ", ".join(FAILURE_REASONS) + "."
+    assert reason["enum"] == list(FAILURE_REASONS), "a node's reason must be one of the fixed set"
     assert "InsufficientCapacity" in FAILURE_REASONS and "Canceled" in FAILURE_REASONS
 
 

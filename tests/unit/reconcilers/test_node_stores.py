@@ -38,3 +38,25 @@ def test_the_worker_takes_its_defaults_from_its_settings(settings):
     spec = store_spec(bad, [])
     assert spec["upload"] == {"connections": 16, "bytesPerSecond": 250_000}
     assert spec["download"]["concurrency"] == 8  # above the spec's maximum: the setting stands
+
+
+def test_a_digest_the_node_reports_is_rolled_up_again_when_it_enters_or_leaves_spec_models(monkeypatch):
+    """Its entry starts or stops counting then, although the entry itself did not change."""
+    from gpustack_models.reconcilers import node_stores
+    from gpustack_models.reconcilers.task_names import ROLLUP_DIGEST
+
+    reported, unreported = "sha256:" + "a" * 64, "sha256:" + "b" * 64
+    sent = []
+    monkeypatch.setattr(node_stores, "enqueue", lambda name, *args: sent.append((name, *args)))
+
+    def store(models):
+        entries = [{"digest": reported, "state": "Ready"}]
+        return {"spec": {"models": [{"digest": d} for d in models]}, "status": {"models": entries}}
+
+    for before, after in ((store([]), store([reported, unreported])), (store([reported]), store([]))):
+        sent.clear()
+        node_stores.reconcile_and_roll_up(before, after, "", "node-1")
+        assert [s for s in sent if s[0] == ROLLUP_DIGEST] == [(ROLLUP_DIGEST, reported)]
+    sent.clear()
+    node_stores.reconcile_and_roll_up(store([reported]), store([reported]), "", "node-1")
+    assert sent == []

@@ -199,6 +199,17 @@ def test_an_entry_shows_a_failure_only_while_failed():
     }
 
 
+@pytest.mark.parametrize("reason", ["DiskOnFire", "", None, "sourceunavailable", "SourceUnavailable: HTTP 503"])
+def test_a_failed_entry_reports_a_reason_outside_the_fixed_set_as_unknown(reason):
+    """A record on disk may carry any text; kube-apiserver refuses a status whose reason is not one of the
+    kind's, so the plugin never sends one."""
+    item = full_item()
+    item.reason = reason
+    assert entry_of(item).status()["reason"] == "Unknown"
+    item.reason = "IntegrityMismatch"
+    assert entry_of(item).status()["reason"] == "IntegrityMismatch"
+
+
 def test_an_entry_of_a_running_download_shows_its_bytes_and_source():
     item = full_item()
     running = SimpleNamespace(downloaded_bytes=999, source_bytes={"hub": 10, "node-b": 5})
