@@ -400,12 +400,13 @@ def test_it_mounts_with_the_mounter_apart_from_the_node_role(scenario, hub, core
     uid = make_pod(core, namespace, plugin.node)
     kubelet = Kubelet(plugin)
     target = target_in(targets, uid)
+    volume_id = volume_handle(uid, "model")
     hub.faults.throttle(scenario.weights, 600_000)
     messages = []
 
     def downloading():
         try:
-            kubelet.publish("csi-vol-1", target, pod_context(namespace, uid=uid))
+            kubelet.publish(volume_id, target, pod_context(namespace, uid=uid))
         except grpc.RpcError as error:
             assert error.code() == grpc.StatusCode.UNAVAILABLE, error.details()
             messages.append(error.details())
@@ -417,7 +418,7 @@ def test_it_mounts_with_the_mounter_apart_from_the_node_role(scenario, hub, core
     ready = scenario.wait_state(plugin.node, "Ready", timeout=90)
     wait_for(lambda: time.time() >= epoch(ready["lastUsedTime"]) + 1, timeout=5, interval=0.05,
              message="a second past the last use")  # fmt: skip
-    kubelet.publish("csi-vol-1", target, pod_context(namespace, uid=uid))
+    kubelet.publish(volume_id, target, pod_context(namespace, uid=uid))
     assert is_mount_point(target) and (target / "config.json").read_bytes() == scenario.files["config.json"]
     assert json.loads((mounts / "mounted-digests").read_text()) == [scenario.digest]
     assert len(list(mounts.glob("*.json"))) == 1 and not (plugin.cache / "mounts").exists()
@@ -426,6 +427,6 @@ def test_it_mounts_with_the_mounter_apart_from_the_node_role(scenario, hub, core
         timeout=15,
         message="the node role to count the mount as a use",
     )
-    kubelet.unpublish("csi-vol-1", target)
+    kubelet.unpublish(volume_id, target)
     assert not is_mount_point(target)
     assert json.loads((mounts / "mounted-digests").read_text()) == []
