@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import datetime
 import logging
-import os
 import shutil
 import ssl
 import tempfile
@@ -33,6 +32,8 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, ed448, ed25519
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+from gpustack_models.private_files import write_private
 
 log = logging.getLogger(__name__)
 
@@ -51,14 +52,12 @@ def common_name(value: str) -> x509.Name:
         return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, value, _validate=False)])
 
 
-def client_certificate(ca_cert, ca_key, public_key, name: str, seconds: int, now=None) -> x509.Certificate:
-    """A certificate of the CA (``ca_cert``, ``ca_key``) for ``public_key``, subject CN ``name``, for
-    ``seconds`` (not past the CA's own end): TLS client authentication only, not a CA."""
-    now = now or datetime.datetime.now(datetime.UTC)
-    end = min(now + datetime.timedelta(seconds=seconds), ca_cert.not_valid_after_utc)
-    usage = x509.KeyUsage(
+def key_usage(encipherment: bool) -> x509.KeyUsage:
+    """The key usage of a leaf certificate of the plugin CA: signatures, and key encipherment only when
+    asked (an RSA serving key, for clients exchanging keys the old way); never certificate signing."""
+    return x509.KeyUsage(
         digital_signature=True,
-        key_encipherment=False,
+        key_encipherment=encipherment,
         content_commitment=False,
         data_encipherment=False,
         key_agreement=False,
@@ -67,6 +66,14 @@ def client_certificate(ca_cert, ca_key, public_key, name: str, seconds: int, now
         encipher_only=False,
         decipher_only=False,
     )
+
+
+def client_certificate(ca_cert, ca_key, public_key, name: str, seconds: int, now=None) -> x509.Certificate:
+    """A certificate of the CA (``ca_cert``, ``ca_key``) for ``public_key``, subject CN ``name``, for
+    ``seconds`` (not past the CA's own end): TLS client authentication only, not a CA."""
+    now = now or datetime.datetime.now(datetime.UTC)
+    end = min(now + datetime.timedelta(seconds=seconds), ca_cert.not_valid_after_utc)
+    usage = key_usage(encipherment=False)
     builder = (
         x509.CertificateBuilder()
         .subject_name(common_name(name))
@@ -93,18 +100,6 @@ def matching_certificate(certs: list[x509.Certificate], key) -> x509.Certificate
     """The certificate of ``certs`` (a CA bundle, several during a rotation) whose public key is ``key``'s."""
     own = spki(key.public_key())
     return next((cert for cert in certs if spki(cert.public_key()) == own), None)
-
-
-def write_private(path: Path, data: bytes) -> None:
-    """``data`` into ``path``, mode 0600 from the start, replacing it in one rename."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    try:
-        os.fchmod(fd, 0o600)
-        os.write(fd, data)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
 
 
 class ServiceClient:

@@ -24,7 +24,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, ed448, ed25519, rsa
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from gpustack_models.api.plugin_client import PLUGIN_PREFIX, client_certificate, matching_certificate
+from gpustack_models.api.plugin_client import PLUGIN_PREFIX, client_certificate, key_usage, matching_certificate
 from gpustack_models.kube.errors import BadRequest, Conflict, ServiceUnavailable
 
 RSA_BITS = (2048, 4096)  # the sizes of RSA keys signed, inclusive
@@ -116,7 +116,7 @@ class Authority:
             .not_valid_before(max(now - BACKDATE, self.cert.not_valid_before_utc))
             .not_valid_after(end)
             .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-            .add_extension(_key_usage(public_key), critical=True)
+            .add_extension(key_usage(isinstance(public_key, rsa.RSAPublicKey)), critical=True)
             .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
             .add_extension(subject_alternative_names(addresses), critical=False)
             .add_extension(x509.SubjectKeyIdentifier.from_public_key(public_key), critical=False)
@@ -134,20 +134,6 @@ class Authority:
 def subject_alternative_names(addresses: list[str]) -> x509.SubjectAlternativeName:
     """``IP:`` names of ``addresses``, nothing else."""
     return x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address(a)) for a in addresses])
-
-
-def _key_usage(public_key) -> x509.KeyUsage:
-    return x509.KeyUsage(
-        digital_signature=True,
-        key_encipherment=isinstance(public_key, rsa.RSAPublicKey),  # RSA key exchange, for older clients
-        content_commitment=False,
-        data_encipherment=False,
-        key_agreement=False,
-        key_cert_sign=False,
-        crl_sign=False,
-        encipher_only=False,
-        decipher_only=False,
-    )
 
 
 def load_authority(cert_file: str, key_file: str) -> Authority:

@@ -31,6 +31,8 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
+from gpustack_models.private_files import write_private
+
 log = logging.getLogger(__name__)
 
 PATH = "/internal/v1/plugin-certificates"
@@ -52,19 +54,6 @@ def signing_request(key, node: str) -> str:
     name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, node[:64])])
     csr = x509.CertificateSigningRequestBuilder().subject_name(name).sign(key, hashes.SHA256())
     return csr.public_bytes(serialization.Encoding.PEM).decode()
-
-
-def write_private(path: Path, data: bytes) -> None:
-    """``data`` into ``path``, mode 0600 from the start, replacing it in one rename."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    try:
-        os.fchmod(fd, 0o600)
-        os.write(fd, data)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
 
 
 class ServingCertificate:
