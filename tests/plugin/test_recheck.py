@@ -22,7 +22,7 @@ from gpustack_models.plugin.peers.swarm import Board, SwarmSettings, segment_siz
 from gpustack_models.sources.manifest import ManifestFile
 from tests.plugin import test_swarm
 from tests.plugin.conftest import FAST, KiB, MiB, random_bytes, tree_files
-from tests.plugin.test_swarm import FILES, TOKEN, engine_with_peers, served, with_peers
+from tests.plugin.test_swarm import FILES, ME, engine_with_peers, served, with_peers
 
 # The peers' fixtures: their CA and certificate, fake hubs serving the peer endpoints, the model on the hub.
 pki_files, peers, origin = test_swarm.pki_files, test_swarm.peers, test_swarm.origin
@@ -40,12 +40,12 @@ def test_only_the_peer_whose_bytes_differ_is_banned_and_the_honest_ones_keep_ser
 ):
     liar, honest_a, honest_b = peers(3)
     for hub in (liar, honest_a, honest_b):
-        hub.serve_peer(origin.hex, FILES, token=TOKEN)
+        hub.serve_peer(origin.hex, FILES, client=ME)
         hub.faults.throttle("/peer/v1/", 1 * MiB)
     liar.faults.corrupt(BAD, times=None)
     # One request per peer at a time, each at 1 MiB/s: the bad file fails while later files still wait for
     # their segments.
-    engine = engine_with_peers(make_engine, pki_files[0], peer_connections=1)
+    engine = engine_with_peers(make_engine, pki_files, peer_connections=1)
 
     engine.ensure(with_peers(origin, [liar, honest_a, honest_b], names=["liar", "honest-a", "honest-b"]))
     entry = engine.wait(origin.digest, timeout=60)
@@ -64,15 +64,15 @@ def test_only_the_peer_whose_bytes_differ_is_banned_and_the_honest_ones_keep_ser
 
 def test_the_hub_is_the_second_source_for_ranges_no_other_peer_holds(fakehub, origin, peers, pki_files, make_engine):
     liar, honest = peers(2)
-    liar.serve_peer(origin.hex, FILES, token=TOKEN)
+    liar.serve_peer(origin.hex, FILES, client=ME)
     liar.faults.corrupt(BAD, times=None)
     liar.faults.throttle("/peer/v1/", 1 * MiB)
     # The honest peer holds the bad file from its third MiB on: the liar alone holds the first two.
     have = {path: [(0, len(data))] for path, data in FILES.items()}
     have[BAD] = [(2 * MiB, len(FILES[BAD]))]
-    honest.serve_peer(origin.hex, FILES, token=TOKEN, have=have, state="Downloading")
+    honest.serve_peer(origin.hex, FILES, client=ME, have=have, state="Downloading")
     listed = (PeerSource("liar", liar.url, "Ready"), PeerSource("honest", honest.url, "Downloading"))
-    engine = engine_with_peers(make_engine, pki_files[0], peer_poll=0.05)
+    engine = engine_with_peers(make_engine, pki_files, peer_poll=0.05)
 
     engine.ensure(dataclasses.replace(origin, peers=listed))
     entry = engine.wait(origin.digest, timeout=60)
@@ -89,10 +89,10 @@ def test_the_hub_is_the_second_source_for_ranges_no_other_peer_holds(fakehub, or
 def test_peers_outvote_the_liar_when_the_hub_serves_nothing(fakehub, origin, peers, pki_files, make_engine):
     liar, honest_a, honest_b = peers(3)
     for hub in (liar, honest_a, honest_b):
-        hub.serve_peer(origin.hex, FILES, token=TOKEN)
+        hub.serve_peer(origin.hex, FILES, client=ME)
     liar.faults.corrupt(BAD, times=None)
     fakehub.faults.fail(re.compile("/resolve/"), 503, times=None)  # the hub serves no file byte
-    engine = engine_with_peers(make_engine, pki_files[0], peer_connections=2)
+    engine = engine_with_peers(make_engine, pki_files, peer_connections=2)
 
     engine.ensure(with_peers(origin, [liar, honest_a, honest_b], names=["liar", "honest-a", "honest-b"]))
     entry = engine.wait(origin.digest, timeout=60)
@@ -112,10 +112,10 @@ def test_two_peers_that_disagree_without_a_hub_fall_back_to_banning_both(
 ):
     liar, honest = peers(2)
     for hub in (liar, honest):
-        hub.serve_peer(origin.hex, FILES, token=TOKEN)
+        hub.serve_peer(origin.hex, FILES, client=ME)
     liar.faults.corrupt(BAD, times=None)
     fakehub.faults.fail(re.compile("/resolve/"), 503, times=None)
-    engine = engine_with_peers(make_engine, pki_files[0], peer_connections=2)
+    engine = engine_with_peers(make_engine, pki_files, peer_connections=2)
 
     engine.ensure(with_peers(origin, [liar, honest], names=["liar", "honest"]))
     entry = engine.wait(origin.digest, timeout=60)
