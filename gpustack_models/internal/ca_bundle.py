@@ -18,7 +18,6 @@ manager), and an unchanged ConfigMap is not written again.
 from __future__ import annotations
 
 import logging
-import os
 import threading
 
 from cryptography import x509
@@ -26,6 +25,7 @@ from cryptography.hazmat.primitives import serialization
 from django.conf import settings
 
 from gpustack_models import kube
+from gpustack_models.file_stamps import file_stamps
 
 log = logging.getLogger(__name__)
 
@@ -92,19 +92,9 @@ class Publisher:
         self.stopping = threading.Event()
         self._published: tuple | None = None  # the files' stamps when last published
 
-    def _stamps(self) -> tuple:
-        stamps = []
-        for path in self.files:
-            try:
-                info = os.stat(path)
-                stamps.append((info.st_ino, info.st_mtime_ns, info.st_size))
-            except OSError:
-                stamps.append(None)
-        return tuple(stamps)
-
     def once(self) -> str | None:
         """Publish if the files changed since the last success; what ``publish`` said, ``None`` otherwise."""
-        stamps = self._stamps()
+        stamps = file_stamps(*self.files)
         if stamps == self._published:
             return None
         try:

@@ -30,7 +30,6 @@ token's node (``system:gpustack-models-plugin:<node>``) and may only authenticat
 from __future__ import annotations
 
 import logging
-import os
 import threading
 
 from cryptography.hazmat.primitives import serialization
@@ -41,6 +40,7 @@ from gpustack_models import kube
 from gpustack_models.api.authentication import TokenReviewAuthentication
 from gpustack_models.api.parsers import JSONParser
 from gpustack_models.api.views import KubeAPIView
+from gpustack_models.file_stamps import file_stamps
 from gpustack_models.internal.signing import (
     Authority,
     SigningRequestError,
@@ -71,20 +71,9 @@ class _AuthorityCache:
         self._stamp: tuple | None = None
         self._authority: Authority | None = None
 
-    @staticmethod
-    def _stamp_of(*paths: str) -> tuple:
-        stamps = []
-        for path in paths:
-            try:
-                st = os.stat(path)
-                stamps.append((path, st.st_mtime_ns, st.st_size, st.st_ino))
-            except (OSError, ValueError):
-                stamps.append((path, None))
-        return tuple(stamps)
-
     def get(self) -> Authority:
         cert_file, key_file = settings.PLUGIN_CA_FILE, settings.PLUGIN_CA_KEY_FILE
-        stamp = self._stamp_of(cert_file, key_file)
+        stamp = (cert_file, key_file, file_stamps(cert_file, key_file))
         with self._lock:
             if stamp != self._stamp or self._authority is None:
                 self._authority, self._stamp = None, None

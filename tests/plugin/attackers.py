@@ -147,13 +147,19 @@ class Attack:
         return sum(not closed_by_server(sock) for sock in self.idle + self.hellos)
 
 
-def timed_get(host: str, port: int, path: str, context: ssl.SSLContext, timeout: float = 3.0):
-    """``(status, body, seconds)`` of one GET on a new connection (TLS handshake included); the
-    exception's text instead of the status when it fails."""
+def timed_get(
+    host: str, port: int, path: str, context: ssl.SSLContext | None, timeout: float = 3.0, method: str = "GET"
+):
+    """``(status, body, seconds)`` of one request (GET by default) on a new connection, over TLS with
+    ``context`` (the handshake included) or plain HTTP without; the exception's text instead of the status
+    when it fails."""
     started = time.monotonic()
-    conn = http.client.HTTPSConnection(host, port, context=context, timeout=timeout)
+    if context is None:
+        conn = http.client.HTTPConnection(host, port, timeout=timeout)
+    else:
+        conn = http.client.HTTPSConnection(host, port, context=context, timeout=timeout)
     try:
-        conn.request("GET", path)
+        conn.request(method, path)
         resp = conn.getresponse()
         return resp.status, resp.read(), time.monotonic() - started
     except OSError as exc:

@@ -70,6 +70,7 @@ import threading
 from collections.abc import Iterable
 from urllib.parse import quote
 
+from gpustack_models.file_stamps import file_stamps
 from gpustack_models.plugin.engine.ticket import digest_hex
 
 PREFIX = "/peer/v1/trees/"
@@ -109,14 +110,11 @@ class ClientCertificate:
         self._context: ssl.SSLContext | None = None
 
     def _stamp(self) -> tuple:
-        stamps = []
-        for path in (self.cert_file, self.key_file):
-            try:
-                info = os.stat(path)
-            except OSError as exc:
-                raise ClientCertificateUnavailable(f"no client certificate at {path}: {exc.strerror}") from None
-            stamps.append((info.st_ino, info.st_mtime_ns, info.st_size))
-        return tuple(stamps)
+        stamps = file_stamps(self.cert_file, self.key_file)
+        for path, stamp in zip((self.cert_file, self.key_file), stamps):
+            if stamp is None:
+                raise ClientCertificateUnavailable(f"no client certificate at {path}: missing or unreadable")
+        return stamps
 
     def __call__(self) -> ssl.SSLContext:
         stamp = self._stamp()

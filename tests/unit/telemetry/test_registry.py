@@ -11,7 +11,7 @@ import pytest
 from gpustack_models.guarded_http import ConnectionLimits
 from gpustack_models.local.ports import free_port
 from gpustack_models.telemetry.registry import metrics_app, serve
-from tests.plugin.attackers import SlowClient
+from tests.plugin.attackers import SlowClient, timed_get
 from tests.support.waiting import wait_for
 
 
@@ -59,18 +59,8 @@ def served():
 
 
 def scrape(port: int, method: str = "GET", path: str = "/metrics", timeout: float = 3.0):
-    """``(status, body, seconds)`` of one request on a new connection; the error's text for the status when
-    it fails."""
-    started = time.monotonic()
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
-    try:
-        conn.request(method, path)
-        resp = conn.getresponse()
-        return resp.status, resp.read(), time.monotonic() - started
-    except OSError as exc:
-        return f"{type(exc).__name__}: {exc}", b"", time.monotonic() - started
-    finally:
-        conn.close()
+    """``(status, body, seconds)`` of one plain-HTTP request on a new connection (``attackers.timed_get``)."""
+    return timed_get("127.0.0.1", port, path, None, timeout=timeout, method=method)
 
 
 def lateness(server) -> float:

@@ -116,13 +116,19 @@ def test_it_hashes_resumed_bytes_from_disk_before_the_ones_just_written(tmp_path
     f.close(sync=False)
 
 
-def test_a_bad_file_is_hashed_no_further_until_its_bytes_are_replaced_and_it_is_hashed_again(tmp_path):
+def failed_once(tmp_path):
+    """A file written whole with one byte flipped (at 5000), which failed its hash at the frontier."""
     f, counts = progress(tmp_path, DATA), Counts()
     frontier = counts.frontier()
     bad = bytearray(DATA)
     bad[5000] ^= 1
     with pytest.raises(DownloadFailed):
         frontier.record(f, 0, len(DATA), write(f, bytes(bad), 0, len(DATA)))
+    return f, counts, frontier
+
+
+def test_a_bad_file_is_hashed_no_further_until_its_bytes_are_replaced_and_it_is_hashed_again(tmp_path):
+    f, counts, frontier = failed_once(tmp_path)
     frontier.advance(f)  # another thread at the frontier (a checkpoint): no second failure
     assert f.bad and not f.complete
 
@@ -134,12 +140,7 @@ def test_a_bad_file_is_hashed_no_further_until_its_bytes_are_replaced_and_it_is_
 
 
 def test_a_file_hashed_again_with_a_bad_byte_left_stays_bad(tmp_path):
-    f, counts = progress(tmp_path, DATA), Counts()
-    frontier = counts.frontier()
-    bad = bytearray(DATA)
-    bad[5000] ^= 1
-    with pytest.raises(DownloadFailed):
-        frontier.record(f, 0, len(DATA), write(f, bytes(bad), 0, len(DATA)))
+    f, counts, frontier = failed_once(tmp_path)
 
     with pytest.raises(DownloadFailed) as failed:
         frontier.rehash(f)
