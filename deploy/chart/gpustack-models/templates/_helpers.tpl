@@ -172,3 +172,64 @@ livenessProbe:
   timeoutSeconds: 5
   failureThreshold: 6
 {{- end }}
+
+{{/*
+The Pod spec of a hook (the CRD upgrade, the uninstall, helm test): the image as its non-root user with the
+restricted security context, scheduled by the hooks block. Takes (dict "root" $ "serviceAccount" name
+"name" container-name "command" list "restartPolicy" policy).
+*/}}
+{{- define "gpustack-models.hookPodSpec" -}}
+{{- $hooks := .root.Values.hooks -}}
+restartPolicy: {{ .restartPolicy | default "Never" }}
+serviceAccountName: {{ .serviceAccount }}
+automountServiceAccountToken: true
+securityContext: {runAsNonRoot: true, runAsUser: 10001, runAsGroup: 10001, fsGroup: 10001, seccompProfile: {type: RuntimeDefault}}
+{{- if $hooks.hostNetwork }}
+hostNetwork: true
+dnsPolicy: ClusterFirstWithHostNet
+{{- end }}
+{{- with $hooks.priorityClassName }}
+priorityClassName: {{ . }}
+{{- end }}
+{{- with .root.Values.imagePullSecrets }}
+imagePullSecrets: {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with $hooks.nodeSelector }}
+nodeSelector: {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with $hooks.tolerations }}
+tolerations: {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with $hooks.affinity }}
+affinity: {{- toYaml . | nindent 2 }}
+{{- end }}
+containers:
+  - name: {{ .name }}
+    image: {{ include "gpustack-models.image" .root }}
+    imagePullPolicy: {{ .root.Values.image.pullPolicy }}
+    command: {{- toJson .command | nindent 6 }}
+    env:
+      # A hook signs nothing with Django's key: one of its own, never the service's.
+      - name: SECRET_KEY
+        valueFrom: {fieldRef: {fieldPath: metadata.uid}}
+      - name: GPUSTACK_NAMESPACE
+        valueFrom: {fieldRef: {fieldPath: metadata.namespace}}
+      - {name: GPUSTACK_DATA_DIR, value: /tmp}
+      {{- range $name, $value := $hooks.env }}
+      - {name: {{ $name }}, value: {{ $value | quote }}}
+      {{- end }}
+    resources: {{- toYaml $hooks.resources | nindent 6 }}
+    securityContext:
+      {{- include "gpustack-models.restricted" .root | nindent 6 }}
+    volumeMounts:
+      - {name: tmp, mountPath: /tmp}
+volumes:
+  - {name: tmp, emptyDir: {medium: Memory}}
+{{- end }}
+
+{{/* The annotations of a hook object: its events, weight (order) and deletion once it succeeded. */}}
+{{- define "gpustack-models.hook" -}}
+helm.sh/hook: {{ .events }}
+helm.sh/hook-weight: {{ .weight | quote }}
+helm.sh/hook-delete-policy: before-hook-creation,hook-succeeded
+{{- end }}
