@@ -55,8 +55,7 @@ def identity(client: kube.Kube, token: str) -> kube.Kube:
     configuration.host = base.host
     configuration.verify_ssl = base.verify_ssl
     configuration.ssl_ca_cert = base.ssl_ca_cert
-    configuration.api_key = {"authorization": token}
-    configuration.api_key_prefix = {"authorization": "Bearer"}
+    configuration.api_key = {"BearerToken": f"Bearer {token}"}
     return kube.Kube(configuration, pool_size=1)
 
 
