@@ -391,6 +391,11 @@ PLUGIN_KUBELET_DIR = env_abs_path("GPUSTACK_PLUGIN_KUBELET_DIR")
 # Where the CSI driver keeps its mount records and tells the node role which digests are mounted (default:
 # $GPUSTACK_PLUGIN_CACHE_DIR/mounts). With runplugin --role mounter|node, a directory only the mounter writes.
 PLUGIN_MOUNTS_DIR = env_abs_path("GPUSTACK_PLUGIN_MOUNTS_DIR")
+# The mounter's own Pod annotations (a downwardAPI volume's file). When the uninstall hook has marked the Pod
+# (worker.gpustack.ai/uninstalling: "true"), a stopped mounter keeps serving NodeUnpublish until its node has
+# no publication left, then exits; and deletes the node's cache first when GPUSTACK_PLUGIN_PURGE_ON_UNINSTALL.
+PLUGIN_POD_ANNOTATIONS_FILE = env_abs_path("GPUSTACK_PLUGIN_POD_ANNOTATIONS_FILE")
+PLUGIN_PURGE_ON_UNINSTALL = env_bool("GPUSTACK_PLUGIN_PURGE_ON_UNINSTALL", False)
 # Peers: the CA other plugins' certificates (serving and client) are checked against, and the node-wide upload
 # limits used until its store's spec.upload says otherwise (the service's GPUSTACK_UPLOAD_* and the Node's
 # annotations). A plugin presents its own client certificate (from the API, with its serving one) to its peers.

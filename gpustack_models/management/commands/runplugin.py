@@ -68,6 +68,8 @@ def mounter_settings(node: str, csi_socket: str) -> MounterSettings:
         csi_socket=csi_socket,
         registration_dir=settings.PLUGIN_REGISTRATION_DIR,
         kubelet_dir=settings.PLUGIN_KUBELET_DIR,
+        annotations_file=settings.PLUGIN_POD_ANNOTATIONS_FILE,
+        purge_on_uninstall=settings.PLUGIN_PURGE_ON_UNINSTALL,
     )
 
 

@@ -83,7 +83,7 @@ class MountClient:
             return self.session.post(
                 f"{self.url}{path}", json=body, headers=self.headers(), verify=self.ca_file, timeout=TIMEOUT_SECONDS
             )
-        except requests.RequestException as exc:
+        except (requests.RequestException, OSError) as exc:  # OSError: its CA file unreadable (an uninstall)
             raise CsiError(grpc.StatusCode.UNAVAILABLE, f"the API is unreachable: {exc}") from None
 
     def mount(self, volume_id: str, pod: Pod, artifact: str, expected_digest: str | None) -> MountGrant:

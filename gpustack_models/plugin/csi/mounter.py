@@ -18,6 +18,7 @@ from gpustack_models.plugin.csi.driver import Driver, IdentityService, NodeServi
 from gpustack_models.plugin.csi.mount_client import MountClient
 from gpustack_models.plugin.csi.registration import CsiServers
 from gpustack_models.plugin.csi.shared_files import SharedEngine
+from gpustack_models.plugin.csi.uninstalling import drain, purge, uninstalling
 
 log = logging.getLogger(__name__)
 
@@ -34,6 +35,8 @@ class MounterSettings:
     csi_socket: str
     registration_dir: str = ""  # the kubelet's plugins_registry ("": do not register)
     kubelet_dir: str = ""  # target paths must be under its pods/ ("": not checked)
+    annotations_file: str = ""  # its Pod's annotations (downwardAPI): marked as uninstalling, it drains first
+    purge_on_uninstall: bool = False  # after a drain, delete the node's cache and mount records
 
 
 class Mounter:
@@ -57,5 +60,13 @@ class Mounter:
                 self.driver.retry_releases()
             except Exception as exc:
                 log.warning("retrying releases: %s", exc)
+        if uninstalling(settings.annotations_file):
+            self.drain()
         servers.stop()  # the mounts stay: Pods keep their models while the mounter restarts
         log.info("mounter for node %s stopped", settings.node)
+
+    def drain(self) -> None:
+        """The release is being uninstalled: unmount what the kubelet asks until nothing is published."""
+        drain(self.driver.table.digests)
+        if self.settings.purge_on_uninstall:
+            purge(self.settings.cache_dir, self.settings.mounts_dir)
