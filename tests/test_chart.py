@@ -237,6 +237,8 @@ def kubectl(lc: LocalCluster, *args: str, check: bool = True, input: str | None 
 def test_every_rendered_object_passes_a_server_side_dry_run(helm, chart_cluster):
     kubectl(chart_cluster, "apply", "--server-side", "-f", str(CHART / "crds"))
     kubectl(chart_cluster, "create", "namespace", NS, check=False)
+    # The test hook's Pod needs its ServiceAccount to exist (a dry run creates none).
+    kubectl(chart_cluster, "create", "serviceaccount", "gpustack-models-test", "-n", NS, check=False)
     text = template(helm)
     out = kubectl(chart_cluster, "apply", "--dry-run=server", "-f", "-", input=text).stdout
     applied = [line for line in out.splitlines() if line.strip()]
@@ -253,6 +255,7 @@ def test_the_cert_manager_render_passes_a_server_side_dry_run_with_cert_managers
     kubectl(chart_cluster, "apply", "--server-side", "-f", crds)
     kubectl(chart_cluster, "wait", "--for=condition=Established", "crd", "--all", "--timeout=60s")
     kubectl(chart_cluster, "create", "namespace", NS, check=False)
+    kubectl(chart_cluster, "create", "serviceaccount", "gpustack-models-test", "-n", NS, check=False)
     text = run_helm(
         helm, "template", RELEASE, str(CHART), "--namespace", NS, "--set", "certManager.enabled=true"
     ).stdout
@@ -307,7 +310,9 @@ def tenant_answers(lc: LocalCluster, who: list[str], checks) -> list[tuple]:
 
 def test_install_upgrade_and_uninstall(helm, chart_cluster):
     lc = chart_cluster
-    run_helm(helm, "install", RELEASE, str(CHART), "--namespace", NS, "--create-namespace", lc=lc)
+    # --no-hooks: no node runs the hooks' Pods on this control plane (tests/test_hooks.py runs their commands;
+    # tests/test_chart_hooks.py renders them).
+    run_helm(helm, "install", RELEASE, str(CHART), "--namespace", NS, "--create-namespace", "--no-hooks", lc=lc)
     manifest = run_helm(helm, "get", "manifest", RELEASE, "--namespace", NS, lc=lc).stdout
     objects = [o for o in yaml.load_all(manifest, Loader=LOADER) if o]
     installed = {(o["kind"], o["metadata"]["name"], o["metadata"].get("namespace", NS)) for o in objects}
@@ -349,7 +354,7 @@ def test_install_upgrade_and_uninstall(helm, chart_cluster):
     store = {**STORES, "metadata": {"name": "chart-node"}, "spec": {"models": []}}
     kubectl(lc, "create", f"--as={worker}", "-f", "-", input=json.dumps(store))
 
-    run_helm(helm, "upgrade", RELEASE, str(CHART), "--namespace", NS, "--set", "api.replicas=3", lc=lc)
+    run_helm(helm, "upgrade", RELEASE, str(CHART), "--namespace", NS, "--set", "api.replicas=3", "--no-hooks", lc=lc)
     found = listing(lc, "secret", "configmap", "apiservice.v1.apiregistration.k8s.io", "deployment.v1.apps")
     assert found[("ConfigMap", "gpustack-models-ca", NS)]["data"] == cas
     assert found[("Secret", "gpustack-models-api-serving", NS)]["data"] == serving
@@ -358,7 +363,7 @@ def test_install_upgrade_and_uninstall(helm, chart_cluster):
     assert found[("APIService", "v1.worker.gpustack.ai", NS)]["spec"]["caBundle"] == serving["ca.crt"]
     assert found[("Deployment", "gpustack-models-api", NS)]["spec"]["replicas"] == 3
 
-    run_helm(helm, "uninstall", RELEASE, "--namespace", NS, "--wait", "--timeout", "120s", lc=lc)
+    run_helm(helm, "uninstall", RELEASE, "--namespace", NS, "--wait", "--timeout", "120s", "--no-hooks", lc=lc)
 
     def left():
         return installed & set(listing(lc, *resources))
