@@ -77,7 +77,7 @@ def test_the_hooks_rbac_is_least_privilege(helm):
             "resources": ["customresourcedefinitions"],
             "resourceNames": [
                 f"{p}.worker.gpustack.ai" for p in ("modelartifacts", "nodemodelstores", "modelprefetches")
-            ],  # noqa: E501
+            ],
             "verbs": ["get", "create", "patch"],
         }
     ]
