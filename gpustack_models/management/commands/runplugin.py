@@ -70,6 +70,7 @@ def mounter_settings(node: str, csi_socket: str) -> MounterSettings:
         kubelet_dir=settings.PLUGIN_KUBELET_DIR,
         annotations_file=settings.PLUGIN_POD_ANNOTATIONS_FILE,
         purge_on_uninstall=settings.PLUGIN_PURGE_ON_UNINSTALL,
+        state_dir=str(settings.DATA_DIR / "plugin"),
     )
 
 

@@ -36,7 +36,8 @@ class MounterSettings:
     registration_dir: str = ""  # the kubelet's plugins_registry ("": do not register)
     kubelet_dir: str = ""  # target paths must be under its pods/ ("": not checked)
     annotations_file: str = ""  # its Pod's annotations (downwardAPI): marked as uninstalling, it drains first
-    purge_on_uninstall: bool = False  # after a drain, delete the node's cache and mount records
+    purge_on_uninstall: bool = False  # after a drain, delete the node's cache, mount records and plugin state
+    state_dir: str = ""  # the node role's state (its certificates), purged with the cache
 
 
 class Mounter:
@@ -69,4 +70,4 @@ class Mounter:
         """The release is being uninstalled: unmount what the kubelet asks until nothing is published."""
         drain(self.driver.table.digests)
         if self.settings.purge_on_uninstall:
-            purge(self.settings.cache_dir, self.settings.mounts_dir)
+            purge(self.settings.cache_dir, self.settings.mounts_dir, self.settings.state_dir)

@@ -51,6 +51,9 @@ class Node:
         table = MountTable(str(self.mounts), engine.cache.tree)
         table.add(Mounted("vol-1", str(self.target), DIGEST, "art", "team", "consumer", UID))
         (root / "kubeconfig").write_text(KUBECONFIG)
+        self.state = root / "plugin" / "n1" / "serving-tls"  # the node role's state
+        self.state.mkdir(parents=True)
+        (self.state / "tls.crt").write_text("x")
         self.lines: list[str] = []
 
     def mounted(self) -> bool:
@@ -124,6 +127,7 @@ def test_a_marked_mounter_serves_until_the_last_unpublish_then_purges_and_exits(
     assert not node.mounted() and not node.target.exists()
     assert node.said("uninstalling: no publication left")
     assert list(node.cache.iterdir()) == [], "the cache is purged"
+    assert list((node.root / "plugin").iterdir()) == [], "and the plugin's state"
 
 
 def test_an_unmarked_mounter_exits_at_once_and_leaves_the_mount(node):
@@ -133,4 +137,4 @@ def test_an_unmarked_mounter_exits_at_once_and_leaves_the_mount(node):
     assert proc.wait(timeout=15) == 0, "".join(node.lines)
     assert node.mounted(), "the mount stays for the next mounter (a rolling update)"
     assert not node.said("uninstalling")
-    assert (node.cache / "models").is_dir()
+    assert (node.cache / "models").is_dir() and node.state.is_dir()
