@@ -76,9 +76,8 @@ def reconcile_placement_labels(node: str) -> str:
     desired = desired_labels([node]).get(node, {})
     if placement_labels(row.labels) == desired:
         return "unchanged"
-    body = {"apiVersion": "v1", "kind": "Node", "metadata": {"name": node, "uid": row.uid, "labels": desired}}
     try:
-        kube.default().apply(f"/api/v1/nodes/{node}", body, field_manager=FIELD_MANAGER)
+        _write(node, row.uid, desired)
     except (kube.NotFound, kube.Conflict, kube.Invalid):
         return "gone"  # deleted (or recreated: its event brings a reconcile of the new one)
     except kube.Forbidden:
@@ -89,6 +88,19 @@ def reconcile_placement_labels(node: str) -> str:
         return "forbidden"
     log.info("node %s: %d placement labels", node, len(desired))
     return "applied"
+
+
+def _write(node: str, uid: str, desired: dict[str, str]) -> None:
+    """Apply ``desired`` as the Node's placement labels; those of the prefix another writer set (which the
+    apply does not own, so does not remove) are then removed by a merge patch."""
+    client, path = kube.default(), f"/api/v1/nodes/{node}"
+    body = {"apiVersion": "v1", "kind": "Node", "metadata": {"name": node, "uid": uid, "labels": desired}}
+    applied = client.apply(path, body, field_manager=FIELD_MANAGER)
+    foreign = set(placement_labels((applied.get("metadata") or {}).get("labels"))) - set(desired)
+    if foreign:
+        removal = {"metadata": {"uid": uid, "labels": dict.fromkeys(sorted(foreign))}}
+        query = {"fieldManager": FIELD_MANAGER}
+        client.json("PATCH", path, body=removal, query=query, content_type="application/merge-patch+json")
 
 
 def out_of_date() -> list[str]:
