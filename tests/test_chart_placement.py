@@ -70,3 +70,9 @@ def test_an_unknown_mode_is_refused_by_the_schema(helm, value):
                     check=False)  # fmt: skip
     assert proc.returncode != 0
     assert "placement.mode" in proc.stderr or "placement/mode" in proc.stderr, proc.stderr
+
+
+def test_lint_strict_passes_in_the_node_labels_mode(helm):
+    for values in (NODE_LABELS, ["--set", "placement.cleanUpNodeLabels=true"]):
+        out = run_helm(helm, "lint", "--strict", str(CHART), *values)
+        assert "1 chart(s) linted, 0 chart(s) failed" in out.stdout, out.stdout
