@@ -35,7 +35,7 @@ run: venv controlplane
 	$(PY) manage.py runlocal
 
 # Lint, format, the imports' contracts (pyproject.toml), the Dockerfile, and nothing generated out of date
-# (migrations, deploy/).
+# (migrations, deploy/, the chart's values table docs/values.md).
 lint: venv
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
@@ -43,6 +43,7 @@ lint: venv
 	$(VENV)/bin/hadolint Dockerfile
 	$(PY) manage.py makemigrations --check --dry-run
 	$(PY) manage.py writemanifests --check
+	$(PY) manage.py chartvalues --check
 
 # The fast tests of pure functions: no control plane, no database server, seconds.
 unit: venv
@@ -71,6 +72,7 @@ fuzz: venv controlplane
 
 manifests: venv
 	$(PY) manage.py writemanifests
+	$(PY) manage.py chartvalues
 
 clean:
 	rm -rf .local

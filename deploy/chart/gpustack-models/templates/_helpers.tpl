@@ -208,7 +208,7 @@ app.kubernetes.io/name), component, and optionally labels and annotations (the c
 {{- $own := include "gpustack-models.labels" .root | fromYaml }}
 {{- $_ := set $own "app.kubernetes.io/name" .name }}
 {{- $_ := set $own "app.kubernetes.io/component" .component }}
-{{- $own = merge $own (.labels | default dict) (.values.podLabels | default dict) }}
+{{- $own = merge $own (.labels | default dict) (.values.podLabels | default dict) -}}
 labels: {{- toYaml $own | nindent 2 }}
 {{- with merge (.annotations | default dict) (.values.podAnnotations | default dict) }}
 annotations: {{- toYaml . | nindent 2 }}
