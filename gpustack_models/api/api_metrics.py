@@ -45,6 +45,9 @@ AUTH_CACHE = Counter(
 PLACEMENT = Counter(
     "gpustack_models_placement_webhook_calls_total", "Placement webhook reviews answered, by outcome.", ["outcome"]
 )
+PLACEMENT_OUTCOMES = ("patched", "unchanged", "error")
+for _outcome in PLACEMENT_OUTCOMES:  # series from the start (at 0), before the first review
+    PLACEMENT.labels(_outcome)
 
 SUBRESOURCES = frozenset({"status", "progress"})
 HTTP_METHODS = frozenset({"get", "head", "post", "put", "patch", "delete", "options"})

@@ -63,7 +63,10 @@ def test_it_reads_rules_nested_panels_and_label_values_variables():
     assert rule_exprs([{"kind": "ConfigMap"}, rule]) == [("rule A", "a > 1")]
     dashboard = {
         "panels": [
-            {"title": "row", "panels": [{"title": "inner", "targets": [{"refId": "A", "expr": "rate(b[$__rate_interval])"}]}]},
+            {
+                "title": "row",
+                "panels": [{"title": "inner", "targets": [{"refId": "A", "expr": "rate(b[$__rate_interval])"}]}],
+            },
             {"title": "text"},
         ],
         "templating": {
@@ -92,7 +95,7 @@ def test_a_scrape_names_its_samples_a_histogram_by_bucket_sum_and_count_and_no_e
 def test_it_reports_a_made_up_name_a_family_without_series_and_a_metric_of_the_wrong_role():
     scraped = {"celery": sample_names(SCRAPE), "api": set(), "informers": set(), "beat": set()}
     exprs = [
-        ("rule Good", 'histogram_quantile(0.9, sum by (le) (rate(gpustack_models_mirror_lag_seconds_bucket[5m])))'),
+        ("rule Good", "histogram_quantile(0.9, sum by (le) (rate(gpustack_models_mirror_lag_seconds_bucket[5m])))"),
         ("rule Good too", 'sum(rate(gpustack_models_tasks_total{outcome="failure"}[5m]))'),
         ("rule Typo", "sum(rate(gpustack_models_taks_total[5m]))"),
         ("rule Histogram named bare", "gpustack_models_mirror_lag_seconds > 1"),
