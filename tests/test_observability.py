@@ -149,6 +149,15 @@ def test_the_rule_monitor_and_dashboard_pass_a_server_side_dry_run_and_a_bad_rul
     assert len(applied) == len(objects) and all("(server dry run)" in line for line in applied), out
     assert any(line.startswith("prometheusrule.monitoring.coreos.com/gpustack-models") for line in applied), out
     assert any(line.startswith("servicemonitor.monitoring.coreos.com/gpustack-models") for line in applied), out
+    # A group whose alerts are all off is left out (the CRD wants rules in every group).
+    off = ("downloadFailures", "cacheAboveHighWatermark")
+    fewer = one(
+        render(helm, *(f"--set=metrics.prometheusRule.alerts.{a}.enabled=false" for a in off)),
+        "PrometheusRule",
+        "gpustack-models",
+    )
+    assert [g["name"] for g in fewer["spec"]["groups"]] == ["gpustack-models.api", "gpustack-models.control"]
+    kubectl(chart_cluster, "apply", "--dry-run=server", "-f", "-", input=yaml.safe_dump(fewer))
     # The CRD's schema is checked, not merely the kind: a rule with a malformed `for` is refused, naming it.
     bad = copy.deepcopy(one(objects, "PrometheusRule", "gpustack-models"))
     bad["spec"]["groups"][0]["rules"][0]["for"] = "soon"
