@@ -207,16 +207,30 @@ def context_dir() -> Path:
 
 
 def build_context(repo: Path, dest: Path) -> Path:
-    """What a fresh clone of ``repo`` holds, in ``dest`` afresh: the tracked files only, as the working tree has
-    them (edits not yet committed included, deleted files left out). buildah's layer cache compares the content
-    a step copies, not where it lies nor its times, so a new copy reuses the layers of the last build."""
+    """What a fresh clone of ``repo`` holds, in ``dest``: the tracked files only, as the working tree has them
+    (edits not yet committed included, deleted files left out). Brought up to date in place (a file is copied
+    again when its size or time differs; what is no longer tracked goes). buildah's layer cache compares the
+    content a step copies, not where it lies nor its times, so the copy reuses the layers of the last build."""
     listed = subprocess.run(["git", "-C", str(repo), "ls-files", "-z"], check=True, capture_output=True).stdout
-    shutil.rmtree(dest, ignore_errors=True)
+    wanted = set()
     for name in filter(None, listed.decode().split("\0")):
         source, target = repo / name, dest / name
-        if source.is_symlink() or source.is_file():
+        if not (source.is_symlink() or source.is_file()):
+            continue  # deleted in the working tree, or a submodule
+        wanted.add(target)
+        here, there = source.lstat(), target.lstat() if target.is_symlink() or target.exists() else None
+        if there is None or (here.st_size, here.st_mtime_ns, here.st_mode) != (
+            there.st_size, there.st_mtime_ns, there.st_mode
+        ):  # fmt: skip
             target.parent.mkdir(parents=True, exist_ok=True)
+            target.unlink(missing_ok=True)
             shutil.copy2(source, target, follow_symlinks=False)
+    for path in sorted(dest.rglob("*"), reverse=True):  # children before their directory
+        if path.is_dir() and not path.is_symlink():
+            if not any(path.iterdir()):
+                path.rmdir()
+        elif path not in wanted:
+            path.unlink()
     return dest
 
 
