@@ -38,7 +38,7 @@ _LINES = {
         "{{- end }}",
     ],
     f"{CA_INJECTION}: x": [
-        "{{- if .Values.certManager.enabled }}",
+        '{{- if include "gpustack-models.caInjected" . }}',
         "cert-manager.io/inject-ca-from: {{ .Release.Namespace }}/gpustack-models-api-serving",
         "{{- else }}",
         "gpustack.ai/ca-generated-by: helm",
