@@ -8,15 +8,16 @@ PYTEST_ARGS ?=
 
 venv: $(VENV)/.installed protos
 
-$(VENV)/.installed: requirements.txt requirements-dev.txt
+$(VENV)/.installed: requirements.txt requirements-dev.txt deploy/protos/requirements.txt
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --disable-pip-version-check -q -r requirements-dev.txt
-	@cat requirements.txt requirements-dev.txt > $@
+	@cat requirements.txt requirements-dev.txt deploy/protos/requirements.txt > $@
 
-# The CSI and kubelet plugin-registration gRPC stubs, generated from the protos of the modules
-# deploy/controlplane/go.mod pins (not committed; skipped while the protos' sums are unchanged).
+# The CSI and kubelet plugin-registration gRPC stubs, compiled from the protos committed in deploy/protos/
+# (the stubs are not committed; skipped while the protos' sums are unchanged). The image's build stage runs
+# the same script.
 protos: $(VENV)/.installed
-	@deploy/controlplane/protos.sh $(PY)
+	@deploy/protos/protos.sh $(PY)
 
 # Builds (or reuses) etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kubelet and kubectl in a
 # cache outside the repo.
@@ -34,8 +35,9 @@ helm:
 run: venv controlplane
 	$(PY) manage.py runlocal
 
-# Lint, format, the imports' contracts (pyproject.toml), the Dockerfile, and nothing generated out of date
-# (migrations, deploy/).
+# Lint, format, the imports' contracts (pyproject.toml), the Dockerfile, nothing generated out of date
+# (migrations, deploy/, the chart's values table docs/values.md), and the committed protos those of the modules
+# deploy/controlplane/go.mod pins.
 lint: venv
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
@@ -43,6 +45,8 @@ lint: venv
 	$(VENV)/bin/hadolint Dockerfile
 	$(PY) manage.py makemigrations --check --dry-run
 	$(PY) manage.py writemanifests --check
+	$(PY) manage.py chartvalues --check
+	$(PY) deploy/protos/check.py
 
 # The fast tests of pure functions: no control plane, no database server, seconds.
 unit: venv
@@ -71,6 +75,7 @@ fuzz: venv controlplane
 
 manifests: venv
 	$(PY) manage.py writemanifests
+	$(PY) manage.py chartvalues
 
 clean:
 	rm -rf .local

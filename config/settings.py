@@ -281,6 +281,24 @@ API_THREADS = env_int("GPUSTACK_API_THREADS", 64, minimum=1)
 # Who calls the placement webhook: the user kube-apiserver's admission configuration authenticates as
 # (a client certificate of the cluster's client CA); RBAC lets exactly this user post to it.
 PLACEMENT_CALLER = env_str("GPUSTACK_PLACEMENT_CALLER", "kube-apiserver-admission")
+# How the placement webhook learns where a Pod's models are. clientCertificate (the default): kube-apiserver
+# authenticates with the client certificate of its AdmissionConfiguration (GPUSTACK_PLACEMENT_CALLER) and
+# the webhook names the nodes holding each artifact, from the mirror. nodeLabels, for control planes whose
+# webhook client credentials cannot be set (EKS, GKE, AKS): the Celery worker labels each Node with one
+# label per artifact it holds Ready (gpustack_models.kinds.placement_labels) and the webhook, open to any
+# caller, answers with a pure function of the request (prefer nodes with those labels), reading nothing.
+# Trade-off: whoever may read Nodes can test whether a guessed namespace/name is held on a node; a Node
+# carries one label per artifact it holds; placement follows a label write. Any other mode removes the
+# labels the worker wrote (while it may still patch Nodes).
+PLACEMENT_MODES = ("clientCertificate", "nodeLabels")
+PLACEMENT_MODE = env_str("GPUSTACK_PLACEMENT_MODE", "clientCertificate")
+if PLACEMENT_MODE not in PLACEMENT_MODES:
+    raise ImproperlyConfigured(
+        f"GPUSTACK_PLACEMENT_MODE={PLACEMENT_MODE!r}: expected one of {', '.join(PLACEMENT_MODES)}"
+    )
+# How often (seconds) Celery beat compares every Node's placement labels with what it holds, and fixes
+# those that differ (a safety net for lost events; in a mode other than nodeLabels, it removes them).
+PLACEMENT_LABELS_RESYNC_SECONDS = env_float("GPUSTACK_PLACEMENT_LABELS_RESYNC_SECONDS", 60.0, minimum=0.5)
 TLS_CERT_FILE = env_str("GPUSTACK_TLS_CERT_FILE", str(DATA_DIR / "api-pki" / "serving.crt"))
 TLS_KEY_FILE = env_str("GPUSTACK_TLS_KEY_FILE", str(DATA_DIR / "api-pki" / "serving.key"))
 
@@ -471,6 +489,10 @@ CELERY_BEAT_SCHEDULE = {
         "schedule": SECRET_CHECK_INTERVAL_SECONDS,
     },
     "resync-node-stores-every-1m": {"task": "gpustack_models.resync_node_stores", "schedule": 60.0},
+    "resync-placement-labels": {
+        "task": "gpustack_models.resync_placement_labels",
+        "schedule": PLACEMENT_LABELS_RESYNC_SECONDS,
+    },
     "purge-tombstones-every-10m": {"task": "gpustack_models.purge_tombstones", "schedule": 600.0},
 }
 CELERY_BEAT_SCHEDULE_FILENAME = str(DATA_DIR / "celery" / "beat-schedule")

@@ -22,6 +22,14 @@ LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 CERT_MANAGER = ("--set", "certManager.enabled=true", "--set", "metrics.serviceMonitor.enabled=true")
 SCRAPER = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}
 STAFF = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "ingress"}}}
+# Certificates from Secrets the operator made (the chart renders nothing for them): they hold keys too.
+OPERATOR_CA = "-----BEGIN CERTIFICATE-----\nMA==\n-----END CERTIFICATE-----\n"  # rendered into caBundle only
+EXISTING_SERVING = (
+    *("--set", "certificates.apiServing.existingSecret=operator-serving"),
+    *("--set", f"certificates.apiServing.caBundle={OPERATOR_CA}"),
+)
+EXISTING_PLUGIN_CA = ("--set", "certificates.pluginCA.existingSecret=operator-ca")
+EXISTING = EXISTING_SERVING + EXISTING_PLUGIN_CA
 PEERS = ("--set-json", f"metrics.from={json.dumps([SCRAPER])}", "--set-json", f"console.from={json.dumps([STAFF])}")
 
 
@@ -37,23 +45,27 @@ def one(objects, kind: str, name: str) -> dict:
 
 
 def test_only_the_api_pods_reference_a_secret_holding_a_key_and_the_plugin_references_no_secret(helm):
-    expected = {
-        (): {"gpustack-models-api-serving", "gpustack-models-plugin-ca"},
-        CERT_MANAGER: {"gpustack-models-api-serving", "gpustack-models-plugin-ca", "gpustack-models-api-ca"},
+    serving, plugin_ca = "gpustack-models-api-serving", "gpustack-models-plugin-ca"
+    operator = {"operator-serving", "operator-ca"}
+    expected = {  # the values: the Secrets holding keys, and those of them the operator made (not rendered)
+        (): ({serving, plugin_ca}, set()),
+        CERT_MANAGER: ({serving, plugin_ca, "gpustack-models-api-ca"}, set()),
+        EXISTING: (operator, operator),
+        CERT_MANAGER + EXISTING: (operator, operator),
+        EXISTING_SERVING: ({"operator-serving", plugin_ca}, {"operator-serving"}),
+        CERT_MANAGER + EXISTING_PLUGIN_CA: ({serving, "gpustack-models-api-ca", "operator-ca"}, {"operator-ca"}),
     }
-    for values, keys in expected.items():
+    for values, (keys, made_by_the_operator) in expected.items():
         objects = render(helm, *values, "--set-json", 'imagePullSecrets=[{"name": "registry"}]')
-        assert key_bearing(objects) == keys, values
+        assert key_bearing(objects) | made_by_the_operator == keys, values
         specs = pod_specs(list(objects))
         owners = {owner for owner, _ in specs}
         assert {"Deployment/gpustack-models-api", "DaemonSet/gpustack-models-plugin"} <= owners, owners
         assert {"Deployment/gpustack-models-console", "Job/gpustack-models-migrate-1"} <= owners, owners
         reading = {owner: referenced_secrets(spec) & keys for owner, spec in specs}
         # The API signs the plugins' certificates and serves TLS: it references both keys, and only it does.
-        assert reading.pop("Deployment/gpustack-models-api") >= {
-            "gpustack-models-api-serving",
-            "gpustack-models-plugin-ca",
-        }
+        # (cert-manager's API CA Secret backs its Issuer only.)
+        assert reading.pop("Deployment/gpustack-models-api") == keys - {"gpustack-models-api-ca"}, values
         assert {owner: names for owner, names in reading.items() if names} == {}, values
         (plugin,) = [spec for owner, spec in specs if owner == "DaemonSet/gpustack-models-plugin"]
         assert referenced_secrets(plugin) == set(), values

@@ -102,7 +102,8 @@ def values(real_node, cluster, worker_api, port: int, peer_port: int) -> dict:
     return {
         "image": {"repository": repository, "tag": tag, "pullPolicy": "Never"},
         "plugin": {
-            "nodeSelector": {"kubernetes.io/hostname": real_node.name},
+            # The node, not the default's GPU feature discovery label (null drops a default key).
+            "nodeSelector": {"kubernetes.io/hostname": real_node.name, "nvidia.com/gpu.present": None},
             "tolerations": [real_node.toleration],
             "kubeletDir": str(real_node.root_dir),
             "cacheDir": str(real_node.dir / "chart-plugin"),

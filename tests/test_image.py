@@ -5,11 +5,15 @@ smoke-tested: Django's deployment checks with production settings, every role's 
 from __future__ import annotations
 
 import secrets
+import subprocess
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from tests.support.image_build import IMAGE, UNWANTED
+from tests.support.image_build import IMAGE, UNWANTED, context_dir
+from tests.support.paths import REPO
+
+STUBS = "gpustack_models/plugin/csi/generated"  # what `make protos` generates in a checkout, never tracked
 
 PRODUCTION = {
     "SECRET_KEY": secrets.token_urlsafe(50),
@@ -79,3 +83,22 @@ def test_the_deployment_checks_pass_with_production_settings(buildah):
     assert checked.returncode == 0, checked.stdout + checked.stderr
     assert loaded.returncode == 0, loaded.stderr[-3000:]
     assert refused.returncode != 0 and "SECRET_KEY is required" in refused.stderr
+
+
+def test_the_image_builds_from_a_fresh_clone_and_compiles_its_own_stubs(buildah):
+    """The build's context is the checkout's tracked files alone, as a fresh clone: no gRPC stubs a checkout
+    generated. The image compiles them in its build stage, imports them, and carries no grpcio-tools."""
+    listed = subprocess.run(["git", "-C", str(REPO), "ls-files", "-z"], check=True, capture_output=True).stdout
+    tracked = set(filter(None, listed.decode().split("\0")))
+    context = context_dir()
+    copied = {str(path.relative_to(context)) for path in context.rglob("*") if not path.is_dir()}
+    assert "Dockerfile" in copied and not copied - tracked, sorted(copied - tracked)[:20]
+    assert not (context / STUBS).exists() and not any(name.startswith(f"{STUBS}/") for name in tracked)
+    probe = (
+        "import importlib.util, os, shutil\n"
+        "from gpustack_models.plugin.csi.generated import csi_pb2_grpc, pluginregistration_pb2_grpc\n"
+        "print(importlib.util.find_spec('grpc_tools'), shutil.which('protoc'), os.path.exists('/opt/protoc'))"
+    )
+    ran = buildah.run(IMAGE, ["python", "-c", probe], {})
+    assert ran.returncode == 0, ran.stderr[-3000:]
+    assert ran.stdout.split() == ["None", "None", "False"], ran.stdout

@@ -71,6 +71,9 @@ def test_it_defaults_to_sqlite_and_a_file_broker():
         ("GPUSTACK_CONSOLE_TRUSTED_PROXIES", "10.0.0.0/8, ingress", "'ingress' is not an IP address"),
         ("GPUSTACK_CONSOLE_LOGIN_FAILURES", "0", "GPUSTACK_CONSOLE_LOGIN_FAILURES=0: must be at least 1"),
         ("GPUSTACK_METRICS_MAX_CONNECTIONS", "0", "GPUSTACK_METRICS_MAX_CONNECTIONS=0: must be at least 1"),
+        # A mistyped placement mode would silently be neither: refused.
+        ("GPUSTACK_PLACEMENT_MODE", "labels", "expected one of clientCertificate, nodeLabels"),
+        ("GPUSTACK_PLACEMENT_LABELS_RESYNC_SECONDS", "0", "GPUSTACK_PLACEMENT_LABELS_RESYNC_SECONDS=0"),
     ],
 )
 def test_it_refuses_a_malformed_variable_at_start(name, value, complaint):

@@ -13,7 +13,8 @@ namespace):
 - ``gpustack_models_api_auth_cache_requests_total{cache, result}``: TokenReview and SubjectAccessReview
   answers found in their caches (``hit``) or asked of kube-apiserver (``miss``);
 - ``gpustack_models_placement_webhook_calls_total{outcome}``: placement reviews answered ``patched``
-  (node affinity added), ``unchanged`` or ``error`` (admitted unchanged, the placement failed).
+  (node affinity added), ``unchanged`` or ``error`` (admitted unchanged, the placement failed);
+  each outcome is a series from the start.
 
 ``/metrics`` is served on the API's HTTPS port, as kube components serve theirs: the caller must be
 authenticated and allowed ``get`` on the non-resource URL ``/metrics`` (a SubjectAccessReview).
@@ -45,6 +46,9 @@ AUTH_CACHE = Counter(
 PLACEMENT = Counter(
     "gpustack_models_placement_webhook_calls_total", "Placement webhook reviews answered, by outcome.", ["outcome"]
 )
+PLACEMENT_OUTCOMES = ("patched", "unchanged", "error")
+for _outcome in PLACEMENT_OUTCOMES:  # series from the start (at 0), before the first review
+    PLACEMENT.labels(_outcome)
 
 SUBRESOURCES = frozenset({"status", "progress"})
 HTTP_METHODS = frozenset({"get", "head", "post", "put", "patch", "delete", "options"})

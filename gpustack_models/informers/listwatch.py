@@ -74,6 +74,9 @@ class Informer(WatchHandler):
     def __post_init__(self):
         if self.sink is None:
             self.sink = default_sink()
+        # Its relists and watch restarts are series from the start (at 0), so a rate over them reads 0, not nothing.
+        roles.INFORMER_RELISTS.labels(self.resource)
+        roles.INFORMER_WATCH_RESTARTS.labels(self.resource)
 
     @property
     def kube(self) -> kube.Kube:

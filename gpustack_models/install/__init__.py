@@ -17,7 +17,7 @@ from gpustack_models.install.common import render
 from gpustack_models.install.csi import csi_driver_objects
 from gpustack_models.install.policies import policy_objects
 from gpustack_models.install.rbac import namespace_objects, rbac_objects
-from gpustack_models.install.webhooks import caller_objects, placement_webhook, webhook_objects
+from gpustack_models.install.webhooks import caller_objects, label_writer_objects, placement_webhook, webhook_objects
 from gpustack_models.kinds.crd import crd_files
 
 DEPLOY_DIR = Path(__file__).resolve().parents[2] / "deploy"
@@ -29,6 +29,8 @@ def manifest_files() -> dict[Path, str]:
         DEPLOY_DIR / "service" / "rbac.yaml": render(rbac_objects()),
         DEPLOY_DIR / "service" / "admission-policies.yaml": render(policy_objects()),
         DEPLOY_DIR / "service" / "placement-webhook.yaml": render(webhook_objects()),
+        # Applied instead of the caller's right above where the API runs with GPUSTACK_PLACEMENT_MODE=nodeLabels.
+        DEPLOY_DIR / "service" / "placement-labels.yaml": render(label_writer_objects()),
         DEPLOY_DIR / "csi" / "csidriver.yaml": render(csi_driver_objects()),
     }
 
@@ -47,6 +49,7 @@ __all__ = [
     "caller_objects",
     "csi_driver_objects",
     "deploy_files",
+    "label_writer_objects",
     "manifest_files",
     "namespace_objects",
     "placement_webhook",

@@ -18,7 +18,7 @@ from gpustack_models.install.common import render
 from gpustack_models.install.csi import csi_driver_objects
 from gpustack_models.install.policies import policy_objects
 from gpustack_models.install.rbac import rbac_objects, service_accounts
-from gpustack_models.install.webhooks import caller_objects, placement_webhook
+from gpustack_models.install.webhooks import caller_objects, label_writer_objects, placement_webhook
 from gpustack_models.kinds.crd import crd_files
 
 CHART_DIR = Path(__file__).resolve().parents[2] / "deploy" / "chart" / "gpustack-models"
@@ -38,7 +38,7 @@ _LINES = {
         "{{- end }}",
     ],
     f"{CA_INJECTION}: x": [
-        "{{- if .Values.certManager.enabled }}",
+        '{{- if include "gpustack-models.caInjected" . }}',
         "cert-manager.io/inject-ca-from: {{ .Release.Namespace }}/gpustack-models-api-serving",
         "{{- else }}",
         "gpustack.ai/ca-generated-by: helm",
@@ -90,4 +90,10 @@ def chart_files() -> dict[Path, str]:
         }
         for name, objects in generated.items():
             files[CHART_DIR / "templates" / "generated" / name] = templated(objects)
+        # The Node right of the node-labels placement mode: rendered in that mode, or to remove its labels.
+        labels = templated(label_writer_objects()).split("\n", 1)
+        condition = '{{- if or (eq (.Values.placement).mode "nodeLabels") (.Values.placement).cleanUpNodeLabels }}\n'
+        files[CHART_DIR / "templates" / "generated" / "placement-labels.yaml"] = (
+            labels[0] + "\n" + condition + labels[1] + "{{- end }}\n"
+        )
     return files

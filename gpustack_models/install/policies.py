@@ -1,15 +1,17 @@
-"""ValidatingAdmissionPolicies guarding the storage version.
+"""ValidatingAdmissionPolicies guarding the storage version, and Nodes against the service.
 
 RBAC has no version field, so anyone with write RBAC on the group could reach v1alpha1 directly. Only
 the service creates objects or changes spec/status; a node's plugin writes its own NodeModelStore's
 status. Metadata-only updates and deletes stay open (the garbage collector and kubectl label rely on
-them, and the service's own finalizer on mounted ModelArtifacts is one).
+them, and the service's own finalizer on mounted ModelArtifacts is one). The service, which may patch
+Nodes in the node-labels placement mode, changes only their placement labels.
 """
 
 from __future__ import annotations
 
 from gpustack_models.install.common import meta
 from gpustack_models.kinds import GROUP, KINDS, PUBLIC_VERSION
+from gpustack_models.kinds.placement_labels import LABEL_PREFIX
 from gpustack_models.kube.identity import NODE_NAME_EXTRA, plugin_user, service_user
 
 ADMISSION = "admissionregistration.k8s.io/v1"
@@ -78,8 +80,46 @@ def status_writes_policy() -> dict:
     return _policy("gpustack-models-status-writes", ["UPDATE"], resources, variables, validation)
 
 
+def node_writes_policy() -> dict:
+    """The service's writes to Nodes (the node-labels mode's placement labels): they change those labels
+    and nothing else (no other label, annotation, owner, finalizer, taint or any of the spec)."""
+    prefix = LABEL_PREFIX + "/"
+    variables = [
+        {"name": "new", "expression": "has(object.metadata.labels) ? object.metadata.labels : {}"},
+        {"name": "old", "expression": "has(oldObject.metadata.labels) ? oldObject.metadata.labels : {}"},
+        {"name": "newOther", "expression": f"variables.new.filter(k, !k.startsWith('{prefix}'))"},
+        {"name": "oldOther", "expression": f"variables.old.filter(k, !k.startsWith('{prefix}'))"},
+    ]
+    same = [
+        "size(variables.newOther) == size(variables.oldOther)",
+        "variables.newOther.all(k, k in variables.old && variables.old[k] == variables.new[k])",
+        "object.spec == oldObject.spec",
+    ] + [
+        f"(has(object.metadata.{field}) ? object.metadata.{field} : {empty}) == "
+        f"(has(oldObject.metadata.{field}) ? oldObject.metadata.{field} : {empty})"
+        for field, empty in (("annotations", "{}"), ("ownerReferences", "[]"), ("finalizers", "[]"))
+    ]
+    validation = {
+        "expression": " && ".join(same),
+        "message": f"the gpustack-models service may change only the {prefix}* labels of Nodes",
+    }
+    rule = {"apiGroups": [""], "apiVersions": ["v1"], "operations": ["UPDATE"], "resources": ["nodes"]}
+    return {
+        "apiVersion": ADMISSION,
+        "kind": "ValidatingAdmissionPolicy",
+        "metadata": meta("gpustack-models-node-writes"),
+        "spec": {
+            "failurePolicy": "Fail",
+            "matchConstraints": {"resourceRules": [rule]},
+            "matchConditions": [{"name": "isService", "expression": _is_service()["expression"]}],
+            "variables": variables,
+            "validations": [dict(validation, reason="Forbidden")],
+        },
+    }
+
+
 def policy_objects() -> list[dict]:
-    policies = [storage_writes_policy(), status_writes_policy()]
+    policies = [storage_writes_policy(), status_writes_policy(), node_writes_policy()]
     bindings = [
         {
             "apiVersion": ADMISSION,

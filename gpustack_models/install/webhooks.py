@@ -1,5 +1,8 @@
 """The placement webhook's registration: a MutatingWebhookConfiguration, and the RBAC that lets its caller
-(kube-apiserver, as ``GPUSTACK_PLACEMENT_CALLER``) post to it.
+(kube-apiserver, as ``GPUSTACK_PLACEMENT_CALLER``) post to it. In the node-labels mode
+(``GPUSTACK_PLACEMENT_MODE=nodeLabels``) the caller needs no right, and the service gets ``get`` and
+``patch`` on Nodes (``label_writer_objects``) to write their placement labels; the admission policy
+``policies.node_writes_policy`` keeps those writes to the placement labels.
 
 In a cluster the webhook is reached through the API's Service (``deploy/``, the chart fills ``caBundle``);
 a local API process outside the cluster is registered by URL with its serving CA.
@@ -11,7 +14,7 @@ import base64
 
 from django.conf import settings
 
-from gpustack_models.install.common import meta
+from gpustack_models.install.common import meta, service_account_subject
 from gpustack_models.install.rbac import binding, role
 
 NAME = "gpustack-models-placement"
@@ -66,6 +69,20 @@ def caller_objects() -> list[dict]:
     rules = [{"nonResourceURLs": [PATH], "verbs": ["post"]}]
     subjects = [{"kind": "User", "apiGroup": "rbac.authorization.k8s.io", "name": settings.PLACEMENT_CALLER}]
     return [role("ClusterRole", name, rules), binding("ClusterRoleBinding", name, "ClusterRole", name, subjects)]
+
+
+LABEL_WRITER = "gpustack-models-worker:placement-labels"
+
+
+def label_writer_objects() -> list[dict]:
+    """The node-labels mode's right: the service reads and patches Nodes (their placement labels only, as
+    the admission policy enforces), and nothing else of theirs."""
+    rules = [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "patch"]}]
+    subjects = service_account_subject(settings.SERVICE_ACCOUNT)
+    return [
+        role("ClusterRole", LABEL_WRITER, rules),
+        binding("ClusterRoleBinding", LABEL_WRITER, "ClusterRole", LABEL_WRITER, subjects),
+    ]
 
 
 def webhook_objects() -> list[dict]:

@@ -11,6 +11,8 @@ Kubernetes as the service.
 - ``prefetches``, ``selection``: ModelPrefetch status and the nodes each targets;
 - ``collection``, ``mount_checks``: what leaves the nodes' caches, and the mount references' ends;
 - ``rollup``: the artifacts' ``status.nodes`` and ``Degraded``;
+- ``node_labels``: the Nodes' placement labels (``GPUSTACK_PLACEMENT_MODE=nodeLabels``), which also reacts
+  to stores, artifacts and nodes;
 - ``events``, ``store_events``: Kubernetes Events;
 - ``writes``: field managers, paths and conditions shared by the writers;
 - ``beat_leader``: Celery beat sending only while it holds the Lease.

@@ -15,6 +15,7 @@ from django.db import transaction
 
 from gpustack_models.informers import mirror
 from gpustack_models.informers.reactions import enqueue, reacts_to
+from gpustack_models.kinds.placement_labels import is_placement_label
 from gpustack_models.models import Node, PluginPod, Prefetch, PrefetchTarget
 from gpustack_models.reconcilers.task_names import RECONCILE_NODE_STORE, RETARGET_NODE, RETARGET_PREFETCH
 
@@ -140,7 +141,12 @@ def prefetch_changed(before: dict | None, after: dict | None, namespace: str, na
 
 
 def _labels(body: dict | None) -> dict | None:
-    return None if body is None else (body.get("metadata") or {}).get("labels") or {}
+    """A Node's labels a prefetch may select on: the placement labels the service writes are left out
+    (their changes retarget nothing)."""
+    if body is None:
+        return None
+    labels = (body.get("metadata") or {}).get("labels") or {}
+    return {k: v for k, v in labels.items() if not is_placement_label(k)}
 
 
 @reacts_to(mirror.NODES)

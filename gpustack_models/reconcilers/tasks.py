@@ -26,6 +26,7 @@ from gpustack_models.reconcilers import (  # each declares its reactions to the 
     collection,
     events,
     mount_checks,
+    node_labels,
     node_stores,
     prefetches,
     resolution,
@@ -179,6 +180,11 @@ def rollup_digest(digest: str) -> int:
     return written
 
 
+@shared_task(name=names.RECONCILE_PLACEMENT_LABELS, acks_late=True)
+def reconcile_placement_labels(node: str) -> str:
+    return node_labels.reconcile_placement_labels(node)
+
+
 # --- Periodic (beat) -------------------------------------------------------------------------------------
 
 
@@ -247,6 +253,16 @@ def resync_node_stores() -> int:
         reconcile_node_store.delay(node)
     for ns, name in Prefetch.objects.live().values_list("namespace", "name"):
         reconcile_prefetch.delay(ns, name)
+    return len(nodes)
+
+
+@shared_task(name="gpustack_models.resync_placement_labels")
+def resync_placement_labels() -> int:
+    """Every ``GPUSTACK_PLACEMENT_LABELS_RESYNC_SECONDS``: the nodes whose placement labels differ from
+    what they hold (or, outside the node-labels mode, that still carry one) are reconciled."""
+    nodes = node_labels.out_of_date()
+    for node in nodes:
+        reconcile_placement_labels.delay(node)
     return len(nodes)
 
 

@@ -6,6 +6,7 @@ another:
     gpustack-models-rollup    ModelArtifact status.nodes
     gpustack-models-prefetch  ModelPrefetch status
     gpustack-models-worker    NodeModelStore (ownerReference to its Node, and spec)
+    gpustack-models-placement-labels  a Node's artifacts.worker.gpustack.ai/ labels (``node_labels``)
 """
 
 from __future__ import annotations

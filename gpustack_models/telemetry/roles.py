@@ -6,6 +6,7 @@ Informers (``runinformers``):
 - ``gpustack_models_informer_events_total{resource, type}``: watch events seen (ADDED, MODIFIED, DELETED);
 - ``gpustack_models_informer_relists_total{resource}``: lists after the first (a 410 Expired, a lost watch);
 - ``gpustack_models_informer_watch_restarts_total{resource}``: watches opened again after the first;
+  both are series (at 0) from an informer's start;
 - ``gpustack_models_informer_batches_sent_total{resource}``: mirror tasks of watch events sent to Celery.
 
 Celery worker (sums its pool's processes):

@@ -12,6 +12,13 @@ admits unchanged.
 Who may call: the answer names nodes holding a namespace's model, which a tenant never sees. The caller
 authenticates (kube-apiserver with the client certificate its admission configuration gives it, or a
 bearer token) and needs ``post`` on the non-resource URL ``/internal/v1/placement`` (RBAC).
+
+Where kube-apiserver cannot present a client certificate (``GPUSTACK_PLACEMENT_MODE=nodeLabels``), the
+Celery worker labels the Nodes holding each artifact (``kinds.placement_labels``) and the webhook takes any
+caller: its answer is then a pure function of the request, one preferred term per mounted artifact
+``matchExpressions [{key: <the artifact's label>, operator: Exists}]``, computed without reading the
+database or the cluster, so a forged review learns nothing its sender could not compute. A malformed body
+is still a 400 ``Status``.
 """
 
 from __future__ import annotations
@@ -20,12 +27,14 @@ import base64
 import json
 import logging
 
+from django.conf import settings
 from rest_framework.parsers import JSONParser
 from rest_framework.response import Response
 
 from gpustack_models.api import api_metrics
 from gpustack_models.api.authentication import ClientCertificateAuthentication, TokenReviewAuthentication
 from gpustack_models.api.views import KubeAPIView
+from gpustack_models.kinds.placement_labels import label_key
 from gpustack_models.kube.errors import BadRequest
 from gpustack_models.models import Artifact, EntryState, SourceKind, StoreEntry
 
@@ -36,6 +45,7 @@ REVIEW_VERSION = "admission.k8s.io/v1"
 MAX_NODES = 100
 WEIGHT = 1
 _PREFERRED = "preferredDuringSchedulingIgnoredDuringExecution"
+NODE_LABELS = "nodeLabels"
 
 
 def mounted_artifacts(pod: dict) -> list[str]:
@@ -86,9 +96,19 @@ def preference(nodes: list[str]) -> dict:
     }
 
 
+def label_preference(namespace: str, artifact: str) -> dict:
+    """The preference for the nodes labelled as holding ``namespace/artifact`` (the node-labels mode)."""
+    expression = {"key": label_key(namespace, artifact), "operator": "Exists"}
+    return {"weight": WEIGHT, "preference": {"matchExpressions": [expression]}}
+
+
 def affinity_patch(pod: dict, node_lists: list[list[str]]) -> list[dict]:
     """JSON Patch operations adding one preferred term per node list to ``pod``, keeping what it has."""
-    terms = [preference(nodes) for nodes in node_lists]
+    return terms_patch(pod, [preference(nodes) for nodes in node_lists])
+
+
+def terms_patch(pod: dict, terms: list[dict]) -> list[dict]:
+    """JSON Patch operations adding the preferred ``terms`` to ``pod``, keeping what it has."""
     if not terms:
         return []
     affinity = (pod.get("spec") or {}).get("affinity")
@@ -117,22 +137,40 @@ def review_request(body) -> dict:
     return request
 
 
-def patch_for(request: dict) -> list[dict]:
+def patch_for(request: dict, by_labels: bool = False) -> list[dict]:
+    """The patch for a review's ``request``: the nodes holding each artifact (the mirror), or with
+    ``by_labels`` the nodes labelled as holding it (from the request alone)."""
     pod = request.get("object")
     if request.get("operation") != "CREATE" or not isinstance(pod, dict) or pod.get("kind") != "Pod":
         return []
     if (pod.get("spec") or {}).get("nodeName"):
         return []  # already bound: nothing to prefer
-    namespace = request.get("namespace") or (pod.get("metadata") or {}).get("namespace") or ""
+    metadata = pod.get("metadata") if isinstance(pod.get("metadata"), dict) else {}
+    namespace = request.get("namespace") or metadata.get("namespace") or ""
     artifacts = mounted_artifacts(pod)
-    if not namespace or not artifacts:
+    if not isinstance(namespace, str) or not namespace or not artifacts:
         return []
+    if by_labels:
+        return terms_patch(pod, [label_preference(namespace, name) for name in artifacts])
     return affinity_patch(pod, holders(namespace, artifacts))
 
 
+def by_labels() -> bool:
+    return settings.PLACEMENT_MODE == NODE_LABELS
+
+
 class PlacementView(KubeAPIView):
+    """kube-apiserver's caller, authenticated and authorized; in the node-labels mode, anyone (the answer
+    is a function of the request alone)."""
+
     authentication_classes = [ClientCertificateAuthentication, TokenReviewAuthentication]
     parser_classes = [JSONParser]
+
+    def get_authenticators(self):
+        return [] if by_labels() else super().get_authenticators()
+
+    def get_permissions(self):
+        return [] if by_labels() else super().get_permissions()
 
     def post(self, request):
         review = request.data
@@ -140,7 +178,7 @@ class PlacementView(KubeAPIView):
         response = {"uid": admission["uid"], "allowed": True}
         outcome = "unchanged"
         try:
-            patch = patch_for(admission)
+            patch = patch_for(admission, by_labels=by_labels())
         except Exception:  # a placement we cannot compute must not fail the Pod: admit it unchanged
             log.exception("placement for pod %s/%s failed", admission.get("namespace"), admission.get("name"))
             patch, outcome = [], "error"

@@ -10,6 +10,9 @@ content it copies are unchanged), so a warm build redoes only what changed: ``pi
 ``requirements.txt`` does. Several checkouts share that storage (buildah locks it); each state directory
 tags its image with a name of its own (``IMAGE``) and records the images its last build used.
 
+The build's context is what a fresh clone holds: the checkout's tracked files only (``build_context``), so that
+nothing untracked reaches the image (the gRPC stubs ``make protos`` generates: the Dockerfile compiles its own).
+
 The build starts in the background as soon as the session knows one of its tests needs the image
 (``pytest_collection_finish``); ``product_image`` waits for it and raises its failure. Afterwards what no
 record of the last 14 days names is removed (earlier builds of a checkout, checkouts gone), only while no
@@ -198,9 +201,43 @@ class Buildah:
             self("rm", *names, check=False)
 
 
+def context_dir() -> Path:
+    """This state directory's copy of the checkout that the image is built from."""
+    return state_dir() / "image-context"
+
+
+def build_context(repo: Path, dest: Path) -> Path:
+    """What a fresh clone of ``repo`` holds, in ``dest``: the tracked files only, as the working tree has them
+    (edits not yet committed included, deleted files left out). Brought up to date in place (a file is copied
+    again when its size or time differs; what is no longer tracked goes). buildah's layer cache compares the
+    content a step copies, not where it lies nor its times, so the copy reuses the layers of the last build."""
+    listed = subprocess.run(["git", "-C", str(repo), "ls-files", "-z"], check=True, capture_output=True).stdout
+    wanted = set()
+    for name in filter(None, listed.decode().split("\0")):
+        source, target = repo / name, dest / name
+        if not (source.is_symlink() or source.is_file()):
+            continue  # deleted in the working tree, or a submodule
+        wanted.add(target)
+        here, there = source.lstat(), target.lstat() if target.is_symlink() or target.exists() else None
+        if there is None or (here.st_size, here.st_mtime_ns, here.st_mode) != (
+            there.st_size, there.st_mtime_ns, there.st_mode
+        ):  # fmt: skip
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.unlink(missing_ok=True)
+            shutil.copy2(source, target, follow_symlinks=False)
+    for path in sorted(dest.rglob("*"), reverse=True):  # children before their directory
+        if path.is_dir() and not path.is_symlink():
+            if not any(path.iterdir()):
+                path.rmdir()
+        elif path not in wanted:
+            path.unlink()
+    return dest
+
+
 def build_image(buildah: Buildah, repo: Path, work: Path) -> dict:
-    """The base from its tar (once: its name is keyed like the tar), then the Dockerfile on it, with the layers
-    of earlier builds. Returns what the build used, recorded for pruning."""
+    """The base from its tar (once: its name is keyed like the tar), then the Dockerfile on it from a fresh-clone
+    copy of ``repo`` (``context_dir()``), with the layers of earlier builds. Returns what the build used, recorded
+    for pruning."""
     tar = base_tar()
     t0 = time.monotonic()
     with buildah.locked(exclusive=False):
@@ -211,7 +248,8 @@ def build_image(buildah: Buildah, repo: Path, work: Path) -> dict:
             (work / "Containerfile").write_text('FROM scratch\nADD base.tar /\nCMD ["python3"]\n')
             buildah.build(work, base, "--timestamp", "0", containerfile=work / "Containerfile", layers=False)
             (work / "base.tar").unlink()
-        out = buildah.build(repo, IMAGE, "--build-arg", f"BASE_IMAGE={base}")
+        context = build_context(repo, context_dir())
+        out = buildah.build(context, IMAGE, "--build-arg", f"BASE_IMAGE={base}")
         steps = BUILD_ID.findall(out)
         known = {img["id"] for img in buildah.images()}
         used = {full for short in steps for full in known if full.startswith(short)}

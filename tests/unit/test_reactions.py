@@ -17,18 +17,22 @@ def test_every_mirrored_kind_has_the_reactions_its_reconcilers_declare():
                 for resource, kind in mirror.KINDS.items()}  # fmt: skip
     r = "gpustack_models.reconcilers."
     assert declared == {
-        "modelartifacts": [r + "resolution.artifact_changed"],
+        "modelartifacts": [r + "node_labels.artifact_changed", r + "resolution.artifact_changed"],
         "modelprefetches": [r + "selection.prefetch_changed"],
-        "nodes": [r + "selection.node_changed"],
+        "nodes": [r + "node_labels.node_changed", r + "selection.node_changed"],
         "pods": [r + "selection.plugin_pod_changed"],
-        "nodemodelstores": [r + "node_stores.reconcile_and_roll_up", r + "store_events.record_entry_events"],
+        "nodemodelstores": [
+            r + "node_labels.store_changed",
+            r + "node_stores.reconcile_and_roll_up",
+            r + "store_events.record_entry_events",
+        ],
         "namespaces": [r + "node_stores.namespace_changed"],
     }
 
 
 def test_each_name_sent_is_a_task_the_worker_defines():
     sent = names_in(sending) | names_in(task_names)
-    assert len(sent) == 12
+    assert len(sent) == 13
     registered = {name for name in current_app.tasks if name.startswith("gpustack_models.")}
     assert sent <= registered
     assert tasks.mirror_events.name == sending.MIRROR_EVENTS and tasks.rollup_digest.name == task_names.ROLLUP_DIGEST

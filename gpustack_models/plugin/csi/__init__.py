@@ -7,7 +7,7 @@ Pod-bound token; the API records the mount as a reference, so the digest enters 
 ``spec.models``), and bind-mounts the published tree read-only once it is Ready here.
 
 - ``generated``: the gRPC stubs of ``csi.proto`` and the kubelet's plugin registration (made by
-  ``deploy/controlplane/protos.sh``, never committed);
+  ``deploy/protos/protos.sh`` from the protos committed there, never committed themselves);
 - ``validation``: what a NodePublishVolume / NodeUnpublishVolume request must carry;
 - ``mount_client``: the API's mount endpoint, its refusals as gRPC codes;
 - ``beneath``: paths opened without following symbolic links, read-only bind mounts through descriptors;

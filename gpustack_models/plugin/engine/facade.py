@@ -187,6 +187,10 @@ class Engine:
         with self._lock:
             self._capacity.set_watermarks(high, low)
 
+    def watermarks(self) -> tuple[float, float]:
+        """The volume's ``(high, low)`` watermarks in percent, as the store's spec set them last."""
+        return self._capacity.high, self._capacity.low
+
     # ---------------------------------------------------------------- downloads
 
     def ensure(self, ticket: FetchTicket, *, force: bool = False) -> Entry | None:

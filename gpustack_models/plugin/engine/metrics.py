@@ -13,6 +13,8 @@ and ``reason`` (bounded sets). The node is identified by the scrape target, not 
 - ``gpustack_models_plugin_models{state}``: digests on the node by state, read at scrape time;
 - ``gpustack_models_plugin_download_connections`` / ``..._limit``: range requests in flight, the limit;
 - ``gpustack_models_plugin_capacity_bytes``, ``..._stored_bytes``, ``..._used_percent``: the volume;
+  ``..._high_watermark_percent``, ``..._low_watermark_percent``: its watermarks (the store's spec), so
+  ``used_percent > high_watermark_percent`` is a cache that eviction could not bring down;
 - ``gpustack_models_plugin_received_bytes_total{source, peer}``: bytes received for downloads by source,
   ``source="hub"`` (``peer=""``) or ``source="peer"`` with the serving node's name;
 - ``gpustack_models_plugin_peer_served_bytes_total{peer}``: bytes this node's peer endpoints served, by
@@ -75,6 +77,15 @@ class _EngineCollector(Collector):
         yield GaugeMetricFamily(f"{PREFIX}_stored_bytes", "Bytes held by the cache.", value=capacity["storedBytes"])
         yield GaugeMetricFamily(
             f"{PREFIX}_used_percent", "Used percent of the cache volume.", value=capacity["usedPercent"]
+        )
+        high, low = engine.watermarks()
+        yield GaugeMetricFamily(
+            f"{PREFIX}_high_watermark_percent",
+            "Used percent of the volume from which Ready trees are evicted and downloads refused.",
+            value=high,
+        )
+        yield GaugeMetricFamily(
+            f"{PREFIX}_low_watermark_percent", "Used percent eviction brings the volume back down to.", value=low
         )
 
     def _uploads(self):

@@ -51,3 +51,14 @@ def test_it_labels_an_unknown_method_other():
     request = rf.generic("BREW", "/x")
     assert labels(request, {"plural": "modelartifacts"}, "") == ("other", "modelartifacts")
     assert labels(request, {}, "/apis") == ("other", "/apis")
+
+
+def test_every_placement_outcome_is_a_series_before_the_first_review():
+    from prometheus_client import REGISTRY
+
+    from gpustack_models.api.api_metrics import PLACEMENT_OUTCOMES
+
+    for outcome in PLACEMENT_OUTCOMES:
+        assert (
+            REGISTRY.get_sample_value("gpustack_models_placement_webhook_calls_total", {"outcome": outcome}) is not None
+        )

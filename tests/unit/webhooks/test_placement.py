@@ -5,12 +5,14 @@ tests/test_placement.py."""
 
 import pytest
 
+from gpustack_models.kinds.placement_labels import label_key
 from gpustack_models.kube.errors import BadRequest
 from gpustack_models.webhooks.placement import (
     DRIVER,
     MAX_NODES,
     WEIGHT,
     affinity_patch,
+    label_preference,
     mounted_artifacts,
     patch_for,
     preference,
@@ -144,3 +146,42 @@ def test_a_malformed_review_is_a_bad_request_naming_what_is_wrong(body, says):
 )
 def test_what_it_need_not_place_is_admitted_unchanged_without_looking_for_holders(request_):
     assert patch_for(request_) == []
+    assert patch_for(request_, by_labels=True) == []
+
+
+# --- The node-labels mode: the answer is a function of the request alone -------------------------------
+
+
+def label_term(namespace, artifact):
+    key = label_key(namespace, artifact)
+    return {"weight": 1, "preference": {"matchExpressions": [{"key": key, "operator": "Exists"}]}}
+
+
+def test_by_labels_each_mounted_artifact_prefers_the_nodes_with_its_label():
+    assert label_preference("team-a", "qwen") == label_term("team-a", "qwen")
+    request_ = {"operation": "CREATE", "namespace": "team-a", "object": model_pod("qwen", "llama", "qwen")}
+    assert patch_for(request_, by_labels=True) == [
+        {
+            "op": "add",
+            "path": "/spec/affinity",
+            "value": {"nodeAffinity": {PREFERRED: [label_term("team-a", "qwen"), label_term("team-a", "llama")]}},
+        }
+    ]
+
+
+def test_by_labels_the_namespace_of_the_request_wins_and_the_pods_affinity_is_kept():
+    own = {"weight": 50, "preference": {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["z"]}]}}
+    pod = model_pod("qwen", affinity={"nodeAffinity": {PREFERRED: [own]}})
+    pod["metadata"]["namespace"] = "other"
+    assert patch_for({"operation": "CREATE", "namespace": "team-a", "object": pod}, by_labels=True) == [
+        {"op": "add", "path": f"/spec/affinity/nodeAffinity/{PREFERRED}/-", "value": label_term("team-a", "qwen")}
+    ]
+    del pod["spec"]["affinity"]
+    assert patch_for({"operation": "CREATE", "object": pod}, by_labels=True)[0]["value"] == {
+        "nodeAffinity": {PREFERRED: [label_term("other", "qwen")]}
+    }
+
+
+@pytest.mark.parametrize("namespace", [["team-a"], {"a": 1}, 3])
+def test_by_labels_a_namespace_that_is_not_a_string_is_admitted_unchanged(namespace):
+    assert patch_for({"operation": "CREATE", "namespace": namespace, "object": model_pod("q")}, by_labels=True) == []

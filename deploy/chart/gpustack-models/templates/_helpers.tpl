@@ -53,7 +53,10 @@ Made once per render and kept across upgrades: an existing Secret is read back w
 
 {{/* The API's serving CA for the APIService and the webhook; empty when cert-manager injects it. */}}
 {{- define "gpustack-models.caBundle" -}}
-{{- if not .Values.certManager.enabled }}
+{{- $source := include "gpustack-models.servingSource" . }}
+{{- if eq $source "existing" }}
+{{- include "gpustack-models.existingServingCA" . | b64enc }}
+{{- else if eq $source "generated" }}
 {{- include "gpustack-models.pki" . }}
 {{- .Values._pki.apiCA | b64enc }}
 {{- end }}
@@ -149,15 +152,7 @@ securityContext: {runAsNonRoot: true, runAsUser: 10001, runAsGroup: 10001, fsGro
 {{- with .root.Values.imagePullSecrets }}
 imagePullSecrets: {{- toYaml . | nindent 2 }}
 {{- end }}
-{{- with .values.nodeSelector }}
-nodeSelector: {{- toYaml . | nindent 2 }}
-{{- end }}
-{{- with .values.tolerations }}
-tolerations: {{- toYaml . | nindent 2 }}
-{{- end }}
-{{- with .values.affinity }}
-affinity: {{- toYaml . | nindent 2 }}
-{{- end }}
+{{- include "gpustack-models.placement" . }}
 initContainers:
   {{- include "gpustack-models.waitForMigrations" .root | nindent 2 }}
 {{- end }}
@@ -171,6 +166,108 @@ livenessProbe:
   periodSeconds: 20
   timeoutSeconds: 5
   failureThreshold: 6
+{{- end }}
+
+{{/*
+Where a role's Pods may run, from its values (priorityClassName, nodeSelector, tolerations, affinity,
+topologySpreadConstraints): called with dict root, values and name (the role's app.kubernetes.io/name). A
+topology spread constraint without a labelSelector gets the role's selector labels.
+*/}}
+{{- define "gpustack-models.placement" -}}
+{{- with .values.priorityClassName }}
+priorityClassName: {{ . | quote }}
+{{- end }}
+{{- with .values.nodeSelector }}
+nodeSelector: {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .values.tolerations }}
+tolerations: {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .values.affinity }}
+affinity: {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- $spread := list }}
+{{- range .values.topologySpreadConstraints }}
+{{- $constraint := deepCopy . }}
+{{- if not (hasKey $constraint "labelSelector") }}
+{{- $_ := set $constraint "labelSelector" (dict "matchLabels" (dict "app.kubernetes.io/name" $.name "app.kubernetes.io/instance" $.root.Release.Name)) }}
+{{- end }}
+{{- $spread = append $spread $constraint }}
+{{- end }}
+{{- with $spread }}
+topologySpreadConstraints: {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- end }}
+
+{{/*
+A role's Pod labels and annotations: its podLabels and podAnnotations under the chart's own, which win, so
+podLabels cannot change the labels the selectors match. Called with dict root, values, name (the role's
+app.kubernetes.io/name), component, and optionally labels and annotations (the chart's extra ones).
+*/}}
+{{- define "gpustack-models.podMetadata" -}}
+{{- $own := include "gpustack-models.labels" .root | fromYaml }}
+{{- $_ := set $own "app.kubernetes.io/name" .name }}
+{{- $_ := set $own "app.kubernetes.io/component" .component }}
+{{- $own = merge $own (.labels | default dict) (.values.podLabels | default dict) -}}
+labels: {{- toYaml $own | nindent 2 }}
+{{- with merge (.annotations | default dict) (.values.podAnnotations | default dict) }}
+annotations: {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- end }}
+
+{{/*
+Where each certificate comes from: "existing" (a Secret the operator made, certificates.*.existingSecret),
+"cert-manager" (certManager.enabled) or "generated" (the chart, kept across upgrades).
+*/}}
+{{- define "gpustack-models.servingSource" -}}
+{{- if .Values.certificates.apiServing.existingSecret }}existing{{ else if .Values.certManager.enabled }}cert-manager{{ else }}generated{{ end }}
+{{- end }}
+
+{{- define "gpustack-models.pluginCASource" -}}
+{{- if .Values.certificates.pluginCA.existingSecret }}existing{{ else if .Values.certManager.enabled }}cert-manager{{ else }}generated{{ end }}
+{{- end }}
+
+{{/* The Secrets holding the API's serving certificate and the plugins' CA (referenced by the API's Pods only). */}}
+{{- define "gpustack-models.servingSecret" -}}
+{{ .Values.certificates.apiServing.existingSecret | default "gpustack-models-api-serving" }}
+{{- end }}
+
+{{- define "gpustack-models.pluginCASecret" -}}
+{{ .Values.certificates.pluginCA.existingSecret | default "gpustack-models-plugin-ca" }}
+{{- end }}
+
+{{/*
+"true" when the API publishes the ConfigMap gpustack-models-ca from its mounted files (the chart writes it only
+when it made both certificates itself: otherwise it does not know them, or they rotate without the chart).
+*/}}
+{{- define "gpustack-models.caPublished" -}}
+{{- if or (ne (include "gpustack-models.servingSource" .) "generated") (ne (include "gpustack-models.pluginCASource" .) "generated") }}true{{ end }}
+{{- end }}
+
+{{/* "true" when cert-manager's CA injector fills the APIService's and the webhook's caBundle. */}}
+{{- define "gpustack-models.caInjected" -}}
+{{- if eq (include "gpustack-models.servingSource" .) "cert-manager" }}true{{ end }}
+{{- end }}
+
+{{/*
+The PEM CA of an existing serving Secret: certificates.apiServing.caBundle, or its ca.crt read at install
+(lookup; `helm template` without a cluster needs the value). Never a private key.
+*/}}
+{{- define "gpustack-models.existingServingCA" -}}
+{{- $pem := .Values.certificates.apiServing.caBundle }}
+{{- if not $pem }}
+{{- $secret := lookup "v1" "Secret" .Release.Namespace .Values.certificates.apiServing.existingSecret }}
+{{- if and $secret $secret.data (index $secret.data "ca.crt") }}
+{{- $pem = index $secret.data "ca.crt" | b64dec }}
+{{- end }}
+{{- end }}
+{{- if not (contains "-----BEGIN CERTIFICATE-----" $pem) }}
+{{- fail (printf "certificates.apiServing.caBundle: no CA certificate: set it, or create the Secret %s (with ca.crt) before installing" .Values.certificates.apiServing.existingSecret) }}
+{{- end }}
+{{- if contains "PRIVATE KEY" $pem }}
+{{- fail "certificates.apiServing.caBundle holds a private key: give the CA certificate only" }}
+{{- end }}
+{{- $pem }}
 {{- end }}
 
 {{/*

@@ -103,3 +103,11 @@ def test_no_label_names_a_tenant_or_content(engine):
     texts = {text for sample in samples for text in sample.labels.values()}
     assert not [text for text in texts if digest.split(":")[1][:12] in text or "secret" in text]
     assert texts <= set(REASONS) | {"Downloading", "Ready", "Failed", "hub", "peer", "node-b", "200", ""}
+
+
+def test_it_reads_the_watermarks_the_spec_set_last_beside_the_used_percent(engine):
+    engine, metrics, _ = engine
+    assert (value(metrics, "high_watermark_percent"), value(metrics, "low_watermark_percent")) == (80, 70)
+    engine.set_watermarks(20, 10)  # 25 % used: above the new high watermark, as an alert compares them
+    assert (value(metrics, "high_watermark_percent"), value(metrics, "low_watermark_percent")) == (20, 10)
+    assert value(metrics, "used_percent") > value(metrics, "high_watermark_percent")
