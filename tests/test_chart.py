@@ -16,7 +16,7 @@ import yaml
 
 from gpustack_models.local.cluster import LocalCluster, Ports
 from tests.support import REPO, TEST_STATE, wait_for
-from tests.support.helm import CHART
+from tests.support.helm import CHART, helm_test_account
 from tests.support.helm import run_helm as helm_in_test_state
 from tests.support.kubernetes import kubectl_run
 
@@ -237,8 +237,9 @@ def kubectl(lc: LocalCluster, *args: str, check: bool = True, input: str | None 
 def test_every_rendered_object_passes_a_server_side_dry_run(helm, chart_cluster):
     kubectl(chart_cluster, "apply", "--server-side", "-f", str(CHART / "crds"))
     kubectl(chart_cluster, "create", "namespace", NS, check=False)
-    # The test hook's Pod needs its ServiceAccount to exist (a dry run creates none).
-    kubectl(chart_cluster, "create", "serviceaccount", "gpustack-models-test", "-n", NS, check=False)
+    kubectl(
+        chart_cluster, "apply", "-f", "-", input=helm_test_account(NS, RELEASE)
+    )  # the test Pod's (a dry run makes none)
     text = template(helm)
     out = kubectl(chart_cluster, "apply", "--dry-run=server", "-f", "-", input=text).stdout
     applied = [line for line in out.splitlines() if line.strip()]
@@ -255,7 +256,7 @@ def test_the_cert_manager_render_passes_a_server_side_dry_run_with_cert_managers
     kubectl(chart_cluster, "apply", "--server-side", "-f", crds)
     kubectl(chart_cluster, "wait", "--for=condition=Established", "crd", "--all", "--timeout=60s")
     kubectl(chart_cluster, "create", "namespace", NS, check=False)
-    kubectl(chart_cluster, "create", "serviceaccount", "gpustack-models-test", "-n", NS, check=False)
+    kubectl(chart_cluster, "apply", "-f", "-", input=helm_test_account(NS, RELEASE))
     text = run_helm(
         helm, "template", RELEASE, str(CHART), "--namespace", NS, "--set", "certManager.enabled=true"
     ).stdout

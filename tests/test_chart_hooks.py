@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import yaml
 
-from tests.support.helm import CHART, run_helm
+from tests.support.helm import CHART, helm_test_account, run_helm
 from tests.support.kubernetes import kubectl_run
 
 RELEASE = "models"
@@ -53,6 +53,13 @@ def pod_spec(obj: dict) -> dict:
 def test_each_hook_creates_its_identity_and_rbac_before_its_pod_and_cleans_up(helm):
     by_event = hooks_of(render(helm))
     assert set(by_event) == {"pre-install,pre-upgrade", "pre-delete", "test"}
+    # helm test --logs reads every test hook as a Pod of its name: the Pod is the only one, and stays for it.
+    (test_pod,) = by_event.pop("test")
+    assert test_pod["kind"] == "Pod"
+    assert test_pod["metadata"]["annotations"]["helm.sh/hook-delete-policy"] == "before-hook-creation"
+    assert pod_spec(test_pod)["containers"][0]["command"] == [
+        "python", "manage.py", "checkinstall", "--tenant", "gpustack-models-test-tenant"
+    ]  # fmt: skip
     for event, objects in by_event.items():
         weights = sorted((int(o["metadata"]["annotations"]["helm.sh/hook-weight"]), rank(o)) for o in objects)
         assert [r for _, r in weights] == sorted(r for _, r in weights), (event, weights)
@@ -64,7 +71,6 @@ def test_each_hook_creates_its_identity_and_rbac_before_its_pod_and_cleans_up(he
     assert commands == {
         "pre-install,pre-upgrade": ["python", "manage.py", "applycrds", "--timeout", "120"],
         "pre-delete": ["python", "manage.py", "uninstall", "--release", RELEASE, "--timeout", "240"],
-        "test": ["python", "manage.py", "checkinstall", "--tenant", "gpustack-models-test-tenant"],
     }
 
 
@@ -93,6 +99,9 @@ def test_the_hooks_rbac_is_least_privilege(helm):
     assert local["metadata"]["namespace"] == "models-system"
     scale = next(r for r in local["rules"] if r["resources"] == ["deployments/scale"])
     assert scale["verbs"] == ["patch"] and len(scale["resourceNames"]) == 4
+    deleted = [r for r in local["rules"] if "delete" in r["verbs"]]
+    assert deleted == [{"apiGroups": [""], "resources": ["pods"], "resourceNames": ["gpustack-models-test"],
+                        "verbs": ["delete"]}]  # fmt: skip
     assert objects[("ClusterRole", "gpustack-models-test")]["rules"][0]["resourceNames"] == ["v1.worker.gpustack.ai"]
     token = objects[("Role", "gpustack-models-test")]["rules"]
     assert token == [
@@ -147,7 +156,7 @@ def test_the_hooks_pass_a_server_side_dry_run_with_every_value_set(helm, cluster
     shown = [arg for template in HOOKS for arg in ("--show-only", template)]
     objects = render(helm, *SCHEDULING, *shown, namespace=namespace)
     # A Pod's ServiceAccount must exist (a dry run creates none): the test Pod's, for real.
-    kubectl_run(cluster, "create", "serviceaccount", "gpustack-models-test", "-n", namespace)
+    kubectl_run(cluster, "apply", "-f", "-", input=helm_test_account(namespace, RELEASE))
     out = kubectl_run(cluster, "apply", "--dry-run=server", "-f", "-", input=yaml.safe_dump_all(objects)).stdout
     applied = [line for line in out.splitlines() if line.strip()]
     assert len(applied) == len(objects) and all("(server dry run)" in line for line in applied), out

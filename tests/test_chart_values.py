@@ -20,7 +20,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
 from tests.support import REPO
-from tests.support.helm import CHART
+from tests.support.helm import CHART, helm_test_account
 from tests.test_chart import LOADER, NS, RELEASE, ChartCluster, by_kind, kubectl, render, run_helm, template
 
 ROLES = ("api", "informers", "worker", "beat", "console")
@@ -346,6 +346,9 @@ def test_every_mode_passes_a_server_side_dry_run(helm, chart_cluster):
     kubectl(chart_cluster, "apply", "--server-side", "-f", str(CHART / "crds"), "-f", crds)
     kubectl(chart_cluster, "wait", "--for=condition=Established", "crd", "--all", "--timeout=60s")
     kubectl(chart_cluster, "create", "namespace", NS, check=False)
+    kubectl(
+        chart_cluster, "apply", "-f", "-", input=helm_test_account(NS, RELEASE)
+    )  # the test Pod's (a dry run makes none)
     for mode, values in MODES.items():
         objects = render(helm, *values)
         text = template(helm, *values)

@@ -32,7 +32,8 @@ UNSCHEDULABLE = {"gpustack.ai/test-no-such-node": "true"}  # Pods that stay Pend
 
 
 def hook_objects(helm: str, template: str, namespace: str) -> list[dict]:
-    """The chart's ``template`` for a release in ``namespace``: its ServiceAccounts and RBAC (no Pod, no Job)."""
+    """The chart's ``template`` for a release in ``namespace``: its ServiceAccounts and RBAC (no Pod, no Job;
+    for ``helm test`` they are part of the release)."""
     text = run_helm(helm, "template", RELEASE, str(CHART), "--namespace", namespace, "--show-only", template).stdout
     return [o for o in yaml.safe_load_all(text) if o and o["kind"] not in ("Job", "Pod")]
 
@@ -136,6 +137,7 @@ def test_uninstall_stops_the_controllers_marks_the_plugins_and_frees_namespaces(
     wait_default_service_account(admin, release_ns)
     scaling = replica_sets(admin, release_ns, ("worker", "beat"))
     admin.create(f"/api/v1/namespaces/{release_ns}/pods", plugin_pod(release_ns))
+    admin.create(f"/api/v1/namespaces/{release_ns}/pods", pending_pod(release_ns, "gpustack-models-test", {}))
     selector = f"app.kubernetes.io/instance={RELEASE},app.kubernetes.io/component in (worker,beat)"
     assert len(pods(admin, release_ns, selector)) == 4
     hook = identity(cluster, launcher, helm, "templates/hooks/uninstall.yaml", release_ns, "gpustack-models-uninstall",
@@ -147,6 +149,7 @@ def test_uninstall_stops_the_controllers_marks_the_plugins_and_frees_namespaces(
     assert "plugin Pods marked as uninstalling: 1" in out.stdout
     assert "controllers stopped: 2 deployments, no Pod left" in out.stdout
     assert "modelartifacts: finalizers removed from 1 of" in out.stdout
+    assert "deleted the test Pod gpustack-models-test" in out.stdout
     assert pods(admin, release_ns, selector) == []
     scaling.join()
     marked = admin.get(f"/api/v1/namespaces/{release_ns}/pods/plugin-x")

@@ -17,7 +17,7 @@ import requests
 import yaml
 
 from tests.support import REPO, wait_for
-from tests.support.helm import CHART
+from tests.support.helm import CHART, helm_test_account
 from tests.support.promql import dashboard_exprs, metric_names, missing, rule_exprs, sample_names
 from tests.test_chart import LOADER, NS, RELEASE, ChartCluster, kubectl, run_helm
 from tests.test_leader_election import Fleet, Group, lease_name
@@ -144,6 +144,8 @@ def chart_cluster(cluster):
 def test_the_rule_monitor_and_dashboard_pass_a_server_side_dry_run_and_a_bad_rule_is_refused(helm, chart_cluster):
     objects = render(helm)
     text = yaml.safe_dump_all(objects)
+    # The test hook Pod's ServiceAccount must exist (a dry run makes none).
+    kubectl(chart_cluster, "apply", "-f", "-", input=helm_test_account(NS, RELEASE))
     out = kubectl(chart_cluster, "apply", "--dry-run=server", "-f", "-", input=text).stdout
     applied = [line for line in out.splitlines() if line.strip()]
     assert len(applied) == len(objects) and all("(server dry run)" in line for line in applied), out

@@ -11,7 +11,8 @@ so deleting a tenant namespace (or the CRDs) would hang on them. In order:
 2. ``stop_controllers``: scale the release's API, informers, worker and beat Deployments to 0 and wait until
    their Pods are gone: none of them re-adds a finalizer afterwards (the API adds the mount protection on a
    mount, the worker lifts and reconciles it).
-3. ``release_finalizers``: remove the product's finalizers from every object of the storage kinds in every
+3. ``delete_test_pod``: the ``helm test`` Pod Helm keeps for ``helm test --logs`` and never deletes.
+4. ``release_finalizers``: remove the product's finalizers from every object of the storage kinds in every
    namespace, by a merge patch of ``metadata.finalizers`` conditioned on the resourceVersion read (the
    admission policies leave metadata-only updates open), so no other finalizer is lost.
 
@@ -32,6 +33,7 @@ OWNED_FINALIZERS = (MOUNT_PROTECTION,)  # every finalizer the product adds
 UNINSTALLING = f"{GROUP}/uninstalling"  # the plugin Pods' annotation (plugin.csi.uninstall reads it)
 CONTROLLERS = ("api", "informers", "worker", "beat")  # app.kubernetes.io/component of the release's Deployments
 PLUGIN = "gpustack-models-plugin"  # app.kubernetes.io/name of the plugin's Pods
+TEST_POD = "gpustack-models-test"  # the `helm test` Pod, which Helm leaves behind for its logs
 STORAGE = f"/apis/{GROUP}/{STORAGE_VERSION}"
 MERGE_PATCH = "application/merge-patch+json"
 PAGE = 500
@@ -96,6 +98,14 @@ def stop_controllers(client: kube.Kube, namespace: str, release: str, timeout: f
         time.sleep(2)
 
 
+def delete_test_pod(client: kube.Kube, namespace: str, say: Say) -> None:
+    try:
+        client.delete(f"/api/v1/namespaces/{namespace}/pods/{TEST_POD}")
+        say(f"deleted the test Pod {TEST_POD}")
+    except kube.NotFound:
+        pass
+
+
 def object_path(kind: ResourceKind, meta: dict) -> str:
     if kind.namespaced:
         return f"{STORAGE}/namespaces/{meta['namespace']}/{kind.plural}/{meta['name']}"
@@ -144,4 +154,5 @@ def release_finalizers(client: kube.Kube, say: Say) -> dict[str, int]:
 def uninstall(client: kube.Kube, namespace: str, release: str, timeout: float, say: Say) -> None:
     mark_plugins(client, namespace, release, say)
     stop_controllers(client, namespace, release, timeout, say)
+    delete_test_pod(client, namespace, say)
     release_finalizers(client, say)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import subprocess
 
 import pytest
+import yaml
 
 from tests.support.paths import REPO, TEST_STATE
 
@@ -32,3 +33,21 @@ def run_helm(helm: str, *args: str, kubeconfig=None, check: bool = True) -> subp
     if check and proc.returncode != 0:
         raise AssertionError(f"helm {' '.join(args)} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
     return proc
+
+
+def helm_test_account(namespace: str, release: str) -> str:
+    """The ``helm test`` Pod's ServiceAccount as the release will own it: a server dry run of a whole render
+    needs it to exist already (a Pod's ServiceAccount is checked at admission; a dry run creates none), and a
+    later ``helm install`` of ``release`` adopts it."""
+    return yaml.safe_dump(
+        {
+            "apiVersion": "v1",
+            "kind": "ServiceAccount",
+            "metadata": {
+                "name": "gpustack-models-test",
+                "namespace": namespace,
+                "labels": {"app.kubernetes.io/managed-by": "Helm"},
+                "annotations": {"meta.helm.sh/release-name": release, "meta.helm.sh/release-namespace": namespace},
+            },
+        }
+    )

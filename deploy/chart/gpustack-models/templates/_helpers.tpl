@@ -324,9 +324,9 @@ volumes:
   - {name: tmp, emptyDir: {medium: Memory}}
 {{- end }}
 
-{{/* The annotations of a hook object: its events, weight (order) and deletion once it succeeded. */}}
+{{/* The annotations of a hook object: its events, weight (order) and deletion (default: once it succeeded). */}}
 {{- define "gpustack-models.hook" -}}
 helm.sh/hook: {{ .events }}
 helm.sh/hook-weight: {{ .weight | quote }}
-helm.sh/hook-delete-policy: before-hook-creation,hook-succeeded
+helm.sh/hook-delete-policy: {{ .policy | default "before-hook-creation,hook-succeeded" }}
 {{- end }}
