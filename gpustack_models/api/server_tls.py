@@ -4,9 +4,9 @@ cert-manager Secret), and the CAs of the client certificates it accepts from kub
 client CA), watched (``authentication.requestheader``). New handshakes get a certificate renewed on disk and
 a rotated CA without a restart (``serving_tls.ServingTLS``); connections already open keep theirs.
 
-gunicorn builds the worker's listener context through its ``ssl_context`` hook (``gunicorn_conf``), which
-returns ``listening_context()`` here. A failure there stops the worker: gunicorn would otherwise serve
-plain HTTP on the port.
+The API's gunicorn worker (``server.TLSASGIWorker``) takes its listener's context from ``worker_ssl_context``:
+``listening_context()``. A failure there stops the worker: gunicorn's own method would serve plain HTTP on
+the port instead.
 """
 
 from __future__ import annotations
@@ -45,10 +45,10 @@ def api_tls(cert_file: str, key_file: str, source: RequestHeaderSource = request
     return ServingTLS("API", cert_file, key_file, build, version=lambda: client_ca_pem(source.current()))
 
 
-def gunicorn_ssl_context(conf, _default_factory) -> ssl.SSLContext:
-    """gunicorn's ``ssl_context`` hook: the listener's context, switching each handshake to the current one."""
+def worker_ssl_context(cert_file: str, key_file: str) -> ssl.SSLContext:
+    """A worker's listener context, switching each handshake to the current one; exits when it cannot be built."""
     try:
-        return api_tls(conf.certfile, conf.keyfile).listening_context()
+        return api_tls(cert_file, key_file).listening_context()
     except Exception:
         log.exception("the API's TLS context could not be built; stopping")
         sys.stderr.flush()

@@ -6,10 +6,11 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import pytest
+from gunicorn.workers import gasgi
 
 from gpustack_models.api.authentication import RequestHeaderSource
-from gpustack_models.api.gunicorn_conf import ssl_context
-from gpustack_models.api.server_tls import WORKER_BOOT_ERROR, api_tls
+from gpustack_models.api.server import TLSASGIWorker
+from gpustack_models.api.server_tls import WORKER_BOOT_ERROR, api_tls, worker_ssl_context
 from gpustack_models.local import pki
 from tests.support.secret_volume import Listener, answer, pair, serial, served_serial, write_volume
 
@@ -53,8 +54,11 @@ def test_a_rotated_front_proxy_ca_is_trusted_at_the_handshake_once_the_configmap
 
 
 def test_a_worker_that_cannot_build_its_context_exits_instead_of_serving_plain_http(tmp_path):
-    # gunicorn serves plain HTTP on the port when its ssl_context hook raises an Exception.
-    conf = SimpleNamespace(certfile=str(tmp_path / "none.crt"), keyfile=str(tmp_path / "none.key"))
+    # gunicorn's worker serves plain HTTP on the port when building its context raises an Exception.
     with pytest.raises(SystemExit) as exited:
-        ssl_context(conf, None)
+        worker_ssl_context(str(tmp_path / "none.crt"), str(tmp_path / "none.key"))
     assert exited.value.code == WORKER_BOOT_ERROR
+    # The method of gunicorn's ASGI worker the API's replaces: an upgrade renaming it fails here.
+    assert (
+        callable(getattr(gasgi.ASGIWorker, "_get_ssl_context", None)) and "_get_ssl_context" in TLSASGIWorker.__dict__
+    )
