@@ -43,6 +43,11 @@ def describe(cert_file: str) -> str:
     )
 
 
+def _trust(context: ssl.SSLContext) -> str:
+    count = len(context.get_ca_certs())
+    return f"; trusting {count} client CA certificate{'s' if count != 1 else ''}" if count else ""
+
+
 class ServingTLS:
     """The current server context built by ``build()`` from ``cert_file``, ``key_file`` and the ``trusted``
     files (CA bundles), rebuilt when one of them (or ``version()``) changes. The first build must succeed:
@@ -64,7 +69,7 @@ class ServingTLS:
         self._stamp = self.stamp()
         self._context = build()
         self.reloads = 0  # contexts built after the first
-        log.info("%s: serving certificate %s", name, describe(cert_file))
+        log.info("%s: serving certificate %s%s", name, describe(cert_file), _trust(self._context))
 
     def stamp(self) -> tuple:
         return file_stamps(*self._files), self._version()
@@ -92,7 +97,12 @@ class ServingTLS:
             return
         self._context = context
         self.reloads += 1
-        log.info("%s: reloaded its certificate files; serving certificate %s", self.name, describe(self.cert_file))
+        log.info(
+            "%s: reloaded its certificate files; serving certificate %s%s",
+            self.name,
+            describe(self.cert_file),
+            _trust(context),
+        )
 
     def listening_context(self) -> ssl.SSLContext:
         """A context for a listener that takes one for all its connections: each handshake switches to
