@@ -40,10 +40,11 @@ def serial_of(files: dict[str, bytes]) -> int:
 
 
 class Loop:
-    """Runs ``step`` until stopped, on a thread; each step returns an error text or ``None``."""
+    """Runs ``step`` until stopped, on a thread, ``pace`` seconds apart; each step returns an error text or
+    ``None``."""
 
-    def __init__(self, step):
-        self.step, self.runs, self.errors = step, 0, []
+    def __init__(self, step, pace: float = 0.0):
+        self.step, self.pace, self.runs, self.errors = step, pace, 0, []
         self.stopping = threading.Event()
         self.thread = threading.Thread(target=self.run, daemon=True)
         self.thread.start()
@@ -57,6 +58,7 @@ class Loop:
             if error:
                 self.errors.append(error)
             self.runs += 1
+            self.stopping.wait(self.pace)
 
     def stop(self):
         self.stopping.set()
@@ -101,7 +103,7 @@ def test_a_serving_certificate_replaced_under_the_api_is_served_with_no_failed_r
         proc = kubectl_run(cluster, "get", "mart", "-A", check=False, cache_dir=str(tmp_path / "kube-cache"))
         return None if proc.returncode == 0 else f"kubectl get mart failed ({proc.returncode}): {proc.stderr}"
 
-    loops = [Loop(get_mart), Loop(lambda: available(launcher))]
+    loops = [Loop(get_mart), Loop(lambda: available(launcher), pace=0.2)]
     try:
         wait_for(lambda: all(loop.runs >= 3 for loop in loops), timeout=60, message="the loops to run")
         renewed = api_pair(authority)
