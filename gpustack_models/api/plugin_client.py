@@ -33,6 +33,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, ed448, ed25519
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
+from gpustack_models.file_stamps import file_stamps
 from gpustack_models.private_files import write_private
 
 log = logging.getLogger(__name__)
@@ -111,15 +112,25 @@ class ServiceClient:
         self._directory: Path | None = None
         self._context: ssl.SSLContext | None = None
         self._renew_at = 0.0  # time.monotonic() when to make a new one
+        self._files: tuple | None = None  # the plugin CA files' stamps at the last renewal: a rotated CA renews
         self.serial = 0  # of the certificate in use
 
     def context(self, ca_file: str, key_file: str) -> ssl.SSLContext:
         """A TLS client context trusting the plugin CA (``ca_file``) and presenting the current certificate,
-        signed with the CA's key (``key_file``); the same object until the certificate is renewed. Raises
+        signed with the CA's key (``key_file``); the same object until the certificate is renewed (at two
+        thirds of its validity, or when either file changes: a rotated plugin CA). Raises
         ``OSError``/``ValueError``/``ssl.SSLError`` when the plugin CA (its certificate or key) cannot be loaded."""
+        files = file_stamps(ca_file, key_file)
         with self._lock:
-            if self._context is None or time.monotonic() >= self._renew_at:
-                self._context = self._renew(ca_file, key_file)
+            due = self._context is None or time.monotonic() >= self._renew_at
+            if due or files != self._files:
+                try:
+                    self._context = self._renew(ca_file, key_file)
+                except (OSError, ValueError, ssl.SSLError) as exc:
+                    if due:
+                        raise
+                    log.error("the plugin CA files changed but do not load (%s); keeping the current context", exc)
+                self._files = files
             return self._context
 
     def _renew(self, ca_file: str, key_file: str) -> ssl.SSLContext:

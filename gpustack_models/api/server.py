@@ -30,6 +30,7 @@ from gunicorn.asgi.protocol import ASGIProtocol
 from gunicorn.workers import gasgi
 
 from gpustack_models.api import api_metrics
+from gpustack_models.api.server_tls import worker_ssl_context
 from gpustack_models.api.streaming import close_watches
 
 CLOSE_NOTIFY_SECONDS = 0.5  # while stopping: how long a closed connection may flush before it is aborted
@@ -98,7 +99,8 @@ class TLSASGIProtocol(ASGIProtocol):
 
 
 class TLSASGIWorker(gasgi.ASGIWorker):
-    """gunicorn's ASGI worker serving ``TLSASGIProtocol`` connections. On SIGTERM (and SIGINT, SIGQUIT) it
+    """gunicorn's ASGI worker serving ``TLSASGIProtocol`` connections, its TLS context kept current with its
+    files (``_get_ssl_context``). On SIGTERM (and SIGINT, SIGQUIT) it
     ends its open watches and closes its idle keep-alive connections at once: either would otherwise hold
     the worker until its graceful timeout."""
 
@@ -106,6 +108,13 @@ class TLSASGIWorker(gasgi.ASGIWorker):
         # The worker builds its protocol through the module-level name; rebind it in this process only.
         gasgi.ASGIProtocol = TLSASGIProtocol
         super().init_process()
+
+    def _get_ssl_context(self):
+        """The listener's context: certificate, key and client CAs reloaded when they change
+        (``api.server_tls``). Never ``None`` on a TLS port: gunicorn's falls back to plain HTTP on a failure."""
+        if not self.cfg.is_ssl:
+            return None
+        return worker_ssl_context(self.cfg.certfile, self.cfg.keyfile)
 
     def handle_exit_signal(self):
         super().handle_exit_signal()

@@ -30,6 +30,7 @@ from cryptography import x509
 from cryptography.x509.oid import ExtendedKeyUsageOID
 
 from gpustack_models.guarded_http import ConnectionLimits, GuardedHTTPServer, GuardedRequestHandler
+from gpustack_models.serving_tls import ServingTLS
 
 __all__ = [
     "ConnectionLimits",
@@ -37,6 +38,7 @@ __all__ = [
     "GuardedRequestHandler",
     "client_name",
     "server_context",
+    "serving_tls",
     "status",
 ]
 
@@ -67,6 +69,20 @@ def server_context(
         context.load_verify_locations(cafile=client_ca)
         context.verify_mode = ssl.CERT_REQUIRED if require_client else ssl.CERT_OPTIONAL
     return context
+
+
+def serving_tls(
+    name: str, cert_file: str, key_file: str, client_ca: str | None = None, require_client: bool = False
+) -> ServingTLS:
+    """``server_context`` kept current: rebuilt for new connections when the certificate, the key or the
+    client CA file changes (a renewed certificate, a rotated CA ConfigMap); open connections keep theirs."""
+    return ServingTLS(
+        name,
+        cert_file,
+        key_file,
+        lambda: server_context(cert_file, key_file, client_ca, require_client),
+        trusted=(client_ca,) if client_ca else (),
+    )
 
 
 def client_name(connection) -> str | None:
@@ -100,23 +116,20 @@ class GuardedHTTPSServer(GuardedHTTPServer):
         self,
         address,
         handler,
-        context: ssl.SSLContext,
+        tls: ServingTLS,
         limits: ConnectionLimits,
-        client_ca: str | None = None,
-        require_client: bool = False,
     ):
-        self.context = context
-        self.client_ca, self.require_client = client_ca, require_client  # kept by a renewed certificate
+        self.tls = tls
         super().__init__(address, handler, limits)
 
-    def load_certificate(self, cert_file: str, key_file: str) -> None:
-        """Serve new connections with this certificate (a renewed one); open connections keep theirs."""
-        self.context = server_context(cert_file, key_file, self.client_ca, self.require_client)
+    def load_certificate(self) -> None:
+        """Load changed certificate files now (a renewed certificate) rather than at the next connection."""
+        self.tls.current()
 
     def finish_request(self, request, client_address):
         """On the connection's thread: the TLS handshake, then the requests."""
         request.settimeout(self.limits.handshake)  # for the whole handshake, not each read
-        tls = self.context.wrap_socket(request, server_side=True, do_handshake_on_connect=False)
+        tls = self.tls.current().wrap_socket(request, server_side=True, do_handshake_on_connect=False)
         try:
             tls.do_handshake()
             self.RequestHandlerClass(tls, client_address, self)

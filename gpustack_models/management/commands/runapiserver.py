@@ -1,6 +1,5 @@
 import os
 import sys
-from pathlib import Path
 
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
@@ -28,10 +27,12 @@ class Command(BaseCommand):
         for path in (certfile, keyfile):
             if not os.path.exists(path):
                 raise CommandError(f"serving certificate file {path} does not exist (GPUSTACK_TLS_CERT_FILE/KEY_FILE)")
-        client_ca = self.write_client_ca()
+        self.check_client_ca()
         binds = bind or ([f"127.0.0.1:{port}", f"[::1]:{port}"] if port != settings.API_PORT else settings.API_BIND)
         argv = [sys.executable, "-m", "gunicorn", "config.asgi:application", *gunicorn_options(workers)]
-        argv += ["--certfile", certfile, "--keyfile", keyfile, "--ca-certs", str(client_ca)]
+        # The client CAs come from the extension-apiserver-authentication ConfigMap, watched by each worker
+        # (api.server_tls): no --ca-certs file.
+        argv += ["--certfile", certfile, "--keyfile", keyfile]
         for address in binds:
             argv += ["--bind", address]
         sys.stdout.flush()
@@ -40,19 +41,13 @@ class Command(BaseCommand):
         registry.use_multiprocess("api")
         os.execv(sys.executable, argv)
 
-    def write_client_ca(self) -> Path:
-        """Trust for client certificates: the requestheader CA (front proxy) and the cluster's client CA,
-        so a direct caller's certificate is not refused at the handshake (it is then ignored unless it
-        chains to the requestheader CA, checked per request)."""
+    def check_client_ca(self) -> None:
+        """The ConfigMap of the client CAs (the front proxy's and the cluster's) is readable: a clear error
+        here rather than workers failing to start."""
         try:
-            config = RequestHeaderConfig.from_configmap(kube.default().get(AUTH_CONFIGMAP))
+            RequestHeaderConfig.from_configmap(kube.default().get(AUTH_CONFIGMAP))
         except kube.StatusError as exc:
             raise CommandError(f"reading kube-system/extension-apiserver-authentication: {exc}") from None
-        ca_dir = settings.DATA_DIR / "apiserver"
-        ca_dir.mkdir(parents=True, exist_ok=True)
-        client_ca = ca_dir / "client-ca.pem"
-        client_ca.write_text(config.requestheader_ca_pem + "\n" + config.client_ca_pem)
-        return client_ca
 
 
 def gunicorn_options(workers: int) -> list[str]:

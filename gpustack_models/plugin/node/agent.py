@@ -322,7 +322,7 @@ class Plugin:
         if issued is None:
             return
         for server in servers:
-            issued.listeners.append(lambda s=server: s.load_certificate(issued.cert_file, issued.key_file))
+            issued.listeners.append(server.load_certificate)
         threading.Thread(target=issued.renew_forever, args=(self.stopping,), name="cert-renewal", daemon=True).start()
 
     def run(self) -> None:

@@ -20,7 +20,7 @@ from gpustack_models.plugin.https_server import (
     GuardedHTTPSServer,
     GuardedRequestHandler,
     client_name,
-    server_context,
+    serving_tls,
     status,
 )
 
@@ -71,6 +71,6 @@ def serve(plugin, limits: ConnectionLimits | None = None) -> GuardedHTTPSServer:
     handler = type("Handler", (PluginRequestHandler,), {"plugin": plugin})
     host, _, port = plugin.settings.address.rpartition(":")
     settings = plugin.settings
-    context = server_context(settings.cert_file, settings.key_file, settings.plugin_ca_file)
+    tls = serving_tls("plugin HTTPS port", settings.cert_file, settings.key_file, settings.plugin_ca_file)
     address = (host.strip("[]"), int(port))
-    return GuardedHTTPSServer(address, handler, context, limits or ConnectionLimits(), settings.plugin_ca_file)
+    return GuardedHTTPSServer(address, handler, tls, limits or ConnectionLimits())

@@ -99,9 +99,9 @@ class ClientCertificateUnavailable(Exception):
 
 class ClientCertificate:
     """``ClientCertificate(cert_file, key_file, ca_file)()``: a TLS client context presenting the certificate
-    and key of these files and checking peers against ``ca_file``, made again whenever the files change (a
-    renewed certificate); ``ClientCertificateUnavailable`` while there is none. A pair caught between its
-    two writes keeps the previous context."""
+    and key of these files and checking peers against ``ca_file``, made again whenever one of the three files
+    changes (a renewed certificate, a rotated CA); ``ClientCertificateUnavailable`` while there is none. A
+    pair caught between its two writes keeps the previous context."""
 
     def __init__(self, cert_file: str | os.PathLike, key_file: str | os.PathLike, ca_file: str | None):
         self.cert_file, self.key_file, self.ca_file = os.fspath(cert_file), os.fspath(key_file), ca_file
@@ -114,7 +114,7 @@ class ClientCertificate:
         for path, stamp in zip((self.cert_file, self.key_file), stamps):
             if stamp is None:
                 raise ClientCertificateUnavailable(f"no client certificate at {path}: missing or unreadable")
-        return stamps
+        return stamps + (file_stamps(self.ca_file) if self.ca_file else ())  # a rotated peer CA counts too
 
     def __call__(self) -> ssl.SSLContext:
         stamp = self._stamp()

@@ -35,7 +35,7 @@ from gpustack_models.plugin.https_server import (
     GuardedHTTPSServer,
     GuardedRequestHandler,
     client_name,
-    server_context,
+    serving_tls,
     status,
 )
 from gpustack_models.plugin.peers.contract import PREFIX, covers
@@ -415,10 +415,10 @@ def serve_peers(plugin, service: PeerService, port: int) -> GuardedHTTPSServer:
     handler = type("PeerHandler", (PeerRequestHandler,), {"service": service})
     host, _, _ = plugin.settings.address.rpartition(":")
     settings = plugin.settings
-    context = server_context(settings.cert_file, settings.key_file, settings.peer_ca_file, require_client=True)
+    tls = serving_tls("plugin peer port", settings.cert_file, settings.key_file, settings.peer_ca_file, True)
     limits = connection_limits(service.uploads.limit)
     address = (host.strip("[]"), port)
-    return GuardedHTTPSServer(address, handler, context, limits, settings.peer_ca_file, require_client=True)
+    return GuardedHTTPSServer(address, handler, tls, limits)
 
 
 def set_upload_limits(uploads: UploadLimits, server: GuardedHTTPSServer | None, connections: int, rate: int) -> bool:

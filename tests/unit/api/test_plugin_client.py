@@ -70,3 +70,19 @@ def test_it_refuses_without_the_ca_key_or_with_another_cas(ca, tmp_path):
     for key_file, error in [("", ValueError), (str(tmp_path / "missing.key"), OSError), (str(other_key), ValueError)]:
         with pytest.raises(error):
             ServiceClient().context(str(ca[0]), key_file)
+
+
+def test_a_rotated_plugin_ca_makes_a_new_context_and_a_broken_one_keeps_the_current(ca, tmp_path):
+    client = ServiceClient(seconds=3600)
+    try:
+        first = client.context(str(ca[0]), str(ca[1]))
+        rotated = pki.new_ca("plugin-ca-2")
+        rotated.write(tmp_path / "next", "ca")
+        os.replace(tmp_path / "next" / "ca.key", ca[1])  # the key first, as a Secret's files land one by one
+        assert client.context(str(ca[0]), str(ca[1])) is first  # no certificate for that key yet: kept
+        os.replace(tmp_path / "next" / "ca.crt", ca[0])
+        second = client.context(str(ca[0]), str(ca[1]))
+        assert second is not first
+        written(client)[0].verify_directly_issued_by(rotated.cert)
+    finally:
+        client.close()

@@ -51,3 +51,14 @@ def test_it_loads_the_client_certificate_again_when_it_is_renewed(tmp_path):
     os.remove(cert_file)
     with pytest.raises(ClientCertificateUnavailable):
         tls()
+
+
+def test_it_trusts_a_rotated_peer_ca_file_on_its_next_context(tmp_path):
+    ca, rotated = pki.new_ca("plugin-ca"), pki.new_ca("plugin-ca-2")
+    ca_file, _ = ca.write(tmp_path, "ca")
+    pki.issue(ca, "system:gpustack-models-plugin:node-a", client=True).write(tmp_path, "client")
+    tls = ClientCertificate(tmp_path / "client.crt", tmp_path / "client.key", str(ca_file))
+    context = tls()
+    assert len(context.get_ca_certs()) == 1
+    ca_file.write_bytes(ca.cert_pem + rotated.cert_pem)  # the CA ConfigMap's bundle, the next CA added
+    assert tls() is not context and len(tls().get_ca_certs()) == 2
