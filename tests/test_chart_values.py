@@ -371,3 +371,28 @@ def test_an_existing_serving_secrets_ca_is_read_from_the_cluster_at_install(helm
     text = run_helm(helm, *args, lc=chart_cluster).stdout
     apiservice = by_kind([d for d in yaml.load_all(text, Loader=LOADER) if d], "APIService", "v1.worker.gpustack.ai")
     assert apiservice["spec"]["caBundle"] == base64.b64encode(ca_pem().encode()).decode()
+
+
+def test_the_api_policy_keeps_the_plugins_in_when_api_from_narrows_it(helm):
+    """``networkPolicy.apiFrom`` narrows who reaches the API's port; the plugins, which ask it for their
+    certificates, tickets and mounts, stay allowed (before: naming any peer shut them out)."""
+    peer = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "kube-system"}}}
+    values = sets({"networkPolicy.apiFrom": [peer]})
+    (policy,) = [
+        o
+        for o in render(helm, *values)
+        if o["kind"] == "NetworkPolicy" and o["metadata"]["name"] == "gpustack-models-api"
+    ]
+    (rule,) = policy["spec"]["ingress"]
+    plugin = {
+        "podSelector": {
+            "matchLabels": {"app.kubernetes.io/name": "gpustack-models-plugin", "app.kubernetes.io/instance": RELEASE}
+        }
+    }
+    assert rule["from"] == [peer, plugin], rule
+    (open_rule,) = next(
+        o for o in render(helm) if o["metadata"]["name"] == "gpustack-models-api" and o["kind"] == "NetworkPolicy"
+    )["spec"]["ingress"]
+    assert "from" not in open_rule, (
+        open_rule
+    )  # empty apiFrom: anyone (kube-apiserver comes from outside the Pod network)
