@@ -44,6 +44,8 @@ EXPECTED = {
     ("ServiceAccount", "gpustack-models-console"),
     ("ClusterRole", "gpustack-models-worker"),
     ("ClusterRole", "gpustack-models-plugin"),
+    ("ClusterRole", "gpustack-models-tenant-reader"),  # for administrators to bind; the chart binds neither
+    ("ClusterRole", "gpustack-models-tenant-editor"),
     ("ValidatingAdmissionPolicy", "gpustack-models-storage-writes"),
     ("ValidatingAdmissionPolicy", "gpustack-models-status-writes"),
     ("Secret", "gpustack-models-api-serving"),

@@ -9,7 +9,12 @@ artifacts and node stores), delegated authentication and authorization, and ``ge
 ConfigMap of the CA certificates nodes trust (``GPUSTACK_CA_CONFIGMAP``, ``CA_CONFIGMAP`` by default) there.
 No token of its own is ever requested for a node. The plugin: read its NodeModelStore and write its status
 (its own node only: an admission policy); its callers present client certificates, so it reviews no token.
-Tenants get nothing.
+
+Tenants get nothing by themselves: two ClusterRoles are ready for an administrator to bind in a tenant's
+namespace with a RoleBinding (``tenant_objects``): ``gpustack-models-tenant-reader`` (read the namespaced kinds,
+their subresources such as ``progress``, and the namespace's Events, as ``kubectl describe`` shows them) and
+``gpustack-models-tenant-editor`` (that, plus create, change and delete them; never their status, never the
+cluster-scoped NodeModelStores).
 """
 
 from __future__ import annotations
@@ -109,5 +114,27 @@ def plugin_objects() -> list[dict]:
     return [role("ClusterRole", name, rules), binding("ClusterRoleBinding", name, "ClusterRole", name, subject)]
 
 
+TENANT_READER = "gpustack-models-tenant-reader"
+TENANT_EDITOR = "gpustack-models-tenant-editor"
+READ = ["get", "list", "watch"]
+WRITE = ["create", "update", "patch", "delete", "deletecollection"]
+
+
+def tenant_objects() -> list[dict]:
+    """The tenant roles (bound by nobody here): ClusterRoles so one definition serves every namespace a
+    RoleBinding names."""
+    plurals = [k.plural for k in KINDS if k.namespaced]
+    subresources = [f"{k.plural}/{name}" for k in KINDS if k.namespaced for name, _kind, _verbs in k.subresources]
+
+    def reader() -> list[dict]:  # fresh lists each time: no shared objects (YAML anchors) in the manifests
+        return [
+            {"apiGroups": [GROUP], "resources": plurals + subresources, "verbs": list(READ)},
+            {"apiGroups": [""], "resources": ["events"], "verbs": list(READ)},
+        ]
+
+    editor = [*reader(), {"apiGroups": [GROUP], "resources": list(plurals), "verbs": list(WRITE)}]
+    return [role("ClusterRole", TENANT_READER, reader()), role("ClusterRole", TENANT_EDITOR, editor)]
+
+
 def rbac_objects() -> list[dict]:
-    return service_objects() + plugin_objects()
+    return service_objects() + plugin_objects() + tenant_objects()
