@@ -190,9 +190,12 @@ class ArtifactResolution:
             raise Failed("SecretNotFound", f"Secret {secret_name!r} does not exist in {self.namespace}", True) from None
         meta = secret.get("metadata") or {}
         self.secret_version = f"{meta.get('uid', '')}/{meta.get('resourceVersion', '')}"
-        raw = (secret.get("data") or {}).get("token")
+        data = secret.get("data") or {}
+        raw = data.get("token")
         if not raw:
-            raise Failed("SecretNotFound", f"Secret {secret_name!r} has no key 'token'", True)
+            keys = ", ".join(sorted(k for k in data if data[k])) or "none"
+            message = f"Secret {secret_name!r} has no key 'token' (its keys: {keys}); put the hub token under 'token'"
+            raise Failed("SecretKeyNotFound", message, True)
         return base64.b64decode(raw).decode().strip()
 
     def check_expected(self, digest: str) -> None:

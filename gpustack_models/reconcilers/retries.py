@@ -31,7 +31,7 @@ log = logging.getLogger(__name__)
 
 REQUESTED_AT = "worker.gpustack.ai/requested-at"
 # Failures that pass on their own: the resolver's own backoff retries them (see ``resolution``).
-RETRYABLE = ("SourceUnavailable", "SecretNotFound", "ClaimNotFound")
+RETRYABLE = ("SourceUnavailable", "SecretNotFound", "SecretKeyNotFound", "ClaimNotFound")
 
 
 def _locked(namespace: str, name: str, uid: str) -> ResolveState:

@@ -17,6 +17,7 @@ match some allow pattern (when allow patterns are given) and no ignore pattern, 
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import re
 from collections.abc import Iterable, Sequence
@@ -171,6 +172,23 @@ def _as_list(patterns: Sequence[str] | str | None) -> list[str] | None:
     return list(patterns)
 
 
+def _patterns_said(allow_patterns, ignore_patterns) -> str:
+    """What the spec's patterns selected, in the spec's words: ``no file matches spec.allowPatterns *.GGUF``."""
+    allow, ignore = _as_list(allow_patterns), _as_list(ignore_patterns)
+    said = f"no file matches spec.allowPatterns {', '.join(allow)}" if allow else "no file is left"
+    return f"{said} once spec.ignorePatterns {', '.join(ignore)} are left out" if ignore else said
+
+
+def _case_hint(files: list[ManifestFile], allow_patterns, ignore_patterns) -> str:
+    """Patterns match case-sensitively; say so when matching without case would have kept some files."""
+    lowered = [dataclasses.replace(f, path=f.path.lower()) for f in files]
+    lower = [p.lower() for p in _as_list(allow_patterns) or []] or None
+    ignored = [p.lower() for p in _as_list(ignore_patterns) or []] or None
+    kept = len(select_files(lowered, lower, ignored))
+    noun = "file" if kept == 1 else "files"
+    return f" (patterns are case-sensitive: ignoring case they would select {kept} {noun})" if kept else ""
+
+
 def _some_paths(files: list[ManifestFile], shown: int = 10) -> str:
     """A few of the paths that do exist, for a person fixing the patterns."""
     paths = sorted((f.path for f in files), key=lambda p: p.encode("utf-8"))
@@ -204,10 +222,8 @@ def build_manifest(
     if not selected:
         if not files:
             raise EmptyManifest("the repository has no file at this revision")
-        raise EmptyManifest(
-            f"no file matches allowPatterns={_as_list(allow_patterns)} ignorePatterns={_as_list(ignore_patterns)}"
-            f" (patterns are matched case-sensitively, as fnmatchcase does); {_some_paths(files)}"
-        )
+        said = _patterns_said(allow_patterns, ignore_patterns)
+        raise EmptyManifest(f"{said}{_case_hint(files, allow_patterns, ignore_patterns)}; {_some_paths(files)}")
     try:
         ordered = _sorted_unique(selected)
     except ValueError as exc:

@@ -152,11 +152,27 @@ def test_a_selection_that_keeps_nothing_names_a_few_of_the_files_there_are():
     with pytest.raises(EmptyManifest) as empty:
         build_manifest(many, allow_patterns="*.gguf")
     message = empty.value.message
-    assert message.startswith("no file matches allowPatterns=['*.gguf'] ignorePatterns=None")
+    assert message.startswith("no file matches spec.allowPatterns *.gguf; the revision has 12 files")
     assert message.endswith("the revision has 12 files: f00.bin, f01.bin, f02.bin, f03.bin, f04.bin, f05.bin, "
                             "f06.bin, f07.bin, f08.bin, f09.bin, and 2 more")  # fmt: skip
     with pytest.raises(EmptyManifest, match="the repository has no file at this revision"):
         build_manifest([])
+
+
+def test_a_selection_that_keeps_nothing_says_so_in_the_specs_words_and_hints_at_case():
+    files = [ManifestFile(p, 0, "sha256", SHA_EMPTY) for p in ("model.gguf", "tokenizer.GGUF", "README.md")]
+    with pytest.raises(EmptyManifest) as upper:
+        build_manifest(files, allow_patterns=["*.GGML"], ignore_patterns=["README*"])
+    assert upper.value.message.startswith(
+        "no file matches spec.allowPatterns *.GGML once spec.ignorePatterns README* are left out; the revision"
+    )
+    with pytest.raises(EmptyManifest) as case:
+        build_manifest(files, allow_patterns=["*.Gguf"])
+    assert case.value.message.startswith(
+        "no file matches spec.allowPatterns *.Gguf (patterns are case-sensitive: ignoring case they would select"
+        " 2 files); the revision has 3 files: README.md, model.gguf, tokenizer.GGUF"
+    )
+    assert "[" not in case.value.message and "None" not in case.value.message
 
 
 def test_a_resolution_that_is_not_pinned_says_why():
