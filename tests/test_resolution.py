@@ -114,6 +114,15 @@ def test_it_resolves_a_modelscope_master(artifacts, hub):
     assert resolved["fileCount"] == len(files)
 
 
+def test_a_modelscope_artifact_without_a_revision_resolves_a_repository_whose_branch_is_main(artifacts, hub):
+    repo = f"org/ms-main-{uuid.uuid4().hex[:6]}"
+    commit = hub.add_ms_repo(repo, {"config.json": b"{}"}, revision="main")
+    artifacts.create("ms-main", {"modelScope": {"repository": repo}})
+    obj = artifacts.answered("ms-main")
+    assert obj["status"]["resolved"]["revision"] == commit
+    assert resolved_condition(obj)["message"] == f"{repo}@main is {commit}"
+
+
 def test_it_pins_a_modelscope_revision_without_latest_committer_or_says_it_cannot(artifacts, hub):
     files = repo_files("ms-pin-" + uuid.uuid4().hex)
     repo = f"org/ms-{uuid.uuid4().hex[:6]}"

@@ -148,8 +148,9 @@ def test_it_refuses_an_empty_selection():
     with pytest.raises(EmptyManifest) as nothing:
         build_manifest(VECTOR, ["*.gguf"])
     assert nothing.value.reason == "EmptyManifest" and "*.gguf" in str(nothing.value)
-    assert "case-sensitively" in nothing.value.message and "the revision has 6 files: B.json, a-b.bin" in str(
-        nothing.value
+    assert (
+        "(patterns are case-sensitive)" in nothing.value.message
+        and "the revision has 6 files: B.json, a-b.bin" in str(nothing.value)
     )
     many = [ManifestFile(f"w{i:02d}.BIN", 1, "sha256", "0" * 64) for i in range(25)]
     with pytest.raises(EmptyManifest) as upper:
@@ -289,6 +290,14 @@ def test_it_reports_unknown_huggingface_revisions(fakehub):
         with pytest.raises(RevisionNotFound) as missing:
             hf(fakehub, "org/model", revision)
         assert missing.value.reason == "RevisionNotFound"
+
+
+def test_an_unknown_huggingface_revision_names_the_branches_and_tags_the_repository_has(fakehub):
+    fakehub.add_hf_repo("org/listed", {"config.json": b"{}"}, tags=("v1.0",))
+    fakehub.add_hf_commit("org/listed", {"config.json": b"{}"}, branch="dev")
+    with pytest.raises(RevisionNotFound) as missing:
+        hf(fakehub, "org/listed", "mian")
+    assert missing.value.message == "org/listed@mian: no such branch, tag or commit (branches: dev, main; tags: v1.0)"
 
 
 def test_it_fails_fast_when_the_huggingface_hub_is_unavailable(fakehub):
@@ -555,6 +564,28 @@ def test_it_denies_what_modelscope_refuses(fakehub):
     for revision in ("v9", "f" * 40):
         with pytest.raises(RevisionNotFound):
             ms(fakehub, "owner/model", revision)
+
+
+def test_an_unknown_modelscope_revision_names_the_branches_and_tags_the_repository_has(fakehub):
+    fakehub.add_ms_repo("owner/listed", {"config.json": b"{}"}, tags=("v1.0",))
+    with pytest.raises(RevisionNotFound) as missing:
+        ms(fakehub, "owner/listed", "mian")
+    assert missing.value.message == "owner/listed@mian: no such branch or tag (branches: master; tags: v1.0)"
+
+
+def test_a_modelscope_artifact_without_a_revision_takes_main_where_the_repository_has_no_master(fakehub):
+    commit = fakehub.add_ms_repo("owner/on-main", {"config.json": b"{}"}, revision="main")
+    resolved = ms(fakehub, "owner/on-main", None)
+    assert (resolved.commit, resolved.revision) == (commit, "main")
+    assert ms(fakehub, "owner/on-main", "main").revision is None  # the caller's own revision is not repeated
+    fakehub.add_ms_commit("owner/on-main", {"config.json": b"{}"}, revision="release")
+    fakehub.add_ms_commit("owner/on-main", {"config.json": b"{}"}, revision="dev")
+    assert ms(fakehub, "owner/on-main", None).revision == "main"  # main beside other branches
+    fakehub.add_ms_repo("owner/two-branches", {"config.json": b"{}"}, revision="stable")
+    fakehub.add_ms_commit("owner/two-branches", {"config.json": b"{}"}, revision="dev")
+    with pytest.raises(RevisionNotFound) as unchosen:
+        ms(fakehub, "owner/two-branches", None)
+    assert unchosen.value.message == "owner/two-branches@master: no such branch or tag (branches: dev, stable)"
 
 
 def test_it_fails_fast_when_modelscope_is_unavailable(fakehub):

@@ -37,7 +37,14 @@ def _patterns(description: str) -> Schema:
     )
 
 
-def _hub_source(hub: str, example: str, default_revision: str) -> Schema:
+def _hub_source(hub: str, example: str, default_revision: str | None) -> Schema:
+    """``default_revision`` None: the resolver takes the repository's default branch (ModelScope's
+    repositories are on ``master`` or ``main``)."""
+    said = (
+        f"Defaults to `{default_revision}`"
+        if default_revision
+        else "Defaults to the repository's default branch (`master`, else `main`, else its only branch)"
+    )
     return obj(
         f"A {hub} model repository at a revision.",
         required=("repository",),
@@ -48,7 +55,7 @@ def _hub_source(hub: str, example: str, default_revision: str) -> Schema:
             max_length=256,
         ),
         revision=string(
-            f"A branch, tag or full commit. Defaults to `{default_revision}`; resolved once to a commit.",
+            f"A branch, tag or full commit. {said}; resolved once to a commit.",
             default=default_revision,
             min_length=1,
             max_length=256,
@@ -91,7 +98,7 @@ _MODEL_ARTIFACT_SPEC = obj(
             ),
         ),
         huggingFace=_hub_source("Hugging Face", "Qwen/Qwen2.5-7B-Instruct", "main"),
-        modelScope=_hub_source("ModelScope", "qwen/Qwen2.5-7B-Instruct", "master"),
+        modelScope=_hub_source("ModelScope", "qwen/Qwen2.5-7B-Instruct", None),
         persistentVolumeClaim=obj(
             "A PersistentVolumeClaim in the artifact's namespace holding the files; mounted, never downloaded.",
             required=("claimName",),

@@ -43,7 +43,7 @@ log = logging.getLogger(__name__)
 RETRYABLE = retries.RETRYABLE
 HUBS = {
     SourceKind.HUGGING_FACE: (huggingface, "HF_ENDPOINT", "main"),
-    SourceKind.MODEL_SCOPE: (modelscope, "MODELSCOPE_ENDPOINT", "master"),
+    SourceKind.MODEL_SCOPE: (modelscope, "MODELSCOPE_ENDPOINT", None),  # the repository's default branch
 }
 
 
@@ -178,7 +178,7 @@ class ArtifactResolution:
         resolved = {"manifestDigest": digest, "fileCount": len(files), "sizeBytes": sum(f.size for f in files)}
         if resolution.pinned:
             resolved["revision"] = resolution.commit
-            message = f"{member['repository']}@{revision} is {resolution.commit}"
+            message = f"{member['repository']}@{resolution.revision or revision} is {resolution.commit}"
         else:  # the hub named no commit: the files are listed at the revision, and the status says so
             message = resolution.note
         return self.succeed(resolved, message)

@@ -151,6 +151,19 @@ def error_code_detail(code: str | None) -> str:
     return f" ({code[:64]})" if code and code.isprintable() else ""
 
 
+def known_revisions(branches: list[str], tags: list[str], shown: int = 10) -> str:
+    """`` (branches: main, dev; tags: v1)``, the revisions a repository does have, to append to a
+    ``RevisionNotFound`` message; at most ``shown`` of each, sorted; empty when the hub lists none."""
+
+    def listed(names: list[str]) -> str:
+        names = sorted(n for n in names if n.isprintable())
+        more = f" and {len(names) - shown} more" if len(names) > shown else ""
+        return ", ".join(names[:shown]) + more
+
+    said = [f"{group}: {listed(names)}" for group, names in (("branches", branches), ("tags", tags)) if names]
+    return f" ({'; '.join(said)})" if said else ""
+
+
 def missing_repository(token_given: bool) -> str:
     """What a hub's "no such repository" means to the person who wrote the artifact.
 

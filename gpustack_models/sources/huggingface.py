@@ -58,6 +58,7 @@ from gpustack_models.sources.hub_errors import (
     SourceUnavailable,
     api_reason,
     failure,
+    known_revisions,
     missing_repository,
     retry_after_seconds,
     transient,
@@ -332,6 +333,16 @@ def _check_duplicates(files: list[ManifestFile], where: str) -> None:
         seen.add(f.path)
 
 
+def _known_revisions(api: HfApi, repository: str) -> str:
+    """The repository's branches and tags, for the person fixing a revision; empty when the hub will not
+    list them (the revision's own failure is what the status reports)."""
+    try:
+        refs = api.list_repo_refs(repository)
+    except Exception:  # a best-effort detail of a message
+        return ""
+    return known_revisions([b.name for b in refs.branches], [t.name for t in refs.tags])
+
+
 def resolve(
     repository: str,
     revision: str | None = DEFAULT_REVISION,
@@ -364,7 +375,11 @@ def resolve(
         _call_settings(_CallSettings(proxy or None, ca_bundle or None, float(timeout))),
         _hub_errors(where, bool(token)),
     ):
-        info = api.model_info(repository, revision=revision, timeout=timeout, expand=["sha", "gated"])
+        try:
+            info = api.model_info(repository, revision=revision, timeout=timeout, expand=["sha", "gated"])
+        except RevisionNotFoundError:
+            known = _known_revisions(api, repository)
+            raise RevisionNotFound(f"{where}: no such branch, tag or commit{known}") from None
         commit = _learn_commit(info, where)
         _check_gated_access(api, repository, info)
         files = _list_tree(api, repository, commit, where)

@@ -125,12 +125,16 @@ class ResolvedRevision:
     listed at (the branch or tag name as given), ``files`` what it held at resolution time, and a
     download at it later may get other files. ``note`` says so in a sentence, for a condition
     message; it is empty when pinned.
+
+    ``revision`` is the branch, tag or commit the hub was asked for, when the hub module chose it (a
+    ModelScope repository's default branch); ``None`` when it is the one the caller gave.
     """
 
     commit: str
     files: list[ManifestFile]
     pinned: bool = True
     note: str = ""
+    revision: str | None = None
 
     def __post_init__(self):
         if not self.pinned and not self.note:
@@ -180,13 +184,17 @@ def _patterns_said(allow_patterns, ignore_patterns) -> str:
 
 
 def _case_hint(files: list[ManifestFile], allow_patterns, ignore_patterns) -> str:
-    """Patterns match case-sensitively; say so when matching without case would have kept some files."""
+    """Patterns match case-sensitively: say so, and how many files matching without case would keep."""
     lowered = [dataclasses.replace(f, path=f.path.lower()) for f in files]
     lower = [p.lower() for p in _as_list(allow_patterns) or []] or None
     ignored = [p.lower() for p in _as_list(ignore_patterns) or []] or None
     kept = len(select_files(lowered, lower, ignored))
     noun = "file" if kept == 1 else "files"
-    return f" (patterns are case-sensitive: ignoring case they would select {kept} {noun})" if kept else ""
+    return (
+        f" (patterns are case-sensitive: ignoring case they would select {kept} {noun})"
+        if kept
+        else (" (patterns are case-sensitive)")
+    )
 
 
 def _some_paths(files: list[ManifestFile], shown: int = 10) -> str:

@@ -38,6 +38,7 @@ rather than produce a manifest with files missing.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import re
 import uuid
 from typing import Any
@@ -66,6 +67,7 @@ from gpustack_models.sources.hub_errors import (
     RevisionNotFound,
     SourceUnavailable,
     failure,
+    known_revisions,
     missing_repository,
     modelscope_reason,
     retry_after_seconds,
@@ -147,7 +149,8 @@ class _Hub:
             missing=self.denied,
         )
 
-    def revision_names(self) -> set[str]:
+    def revisions(self) -> tuple[list[str], list[str]]:
+        """The repository's branch names and tag names."""
         data = self.get(
             f"models/{self.repository}/revisions",
             None,
@@ -155,15 +158,15 @@ class _Hub:
             on_missing=ACCESS_DENIED,
             missing=self.denied,
         )
-        names: set[str] = set()
         revision_map = data.get("RevisionMap") if isinstance(data, dict) else None
         if not isinstance(revision_map, dict):
             raise SourceUnavailable(f"{self.repository}: the revisions answer has no Data.RevisionMap")
-        for group in ("Branches", "Tags"):
-            for item in revision_map.get(group) or []:
-                if isinstance(item, dict) and isinstance(item.get("Revision"), str):
-                    names.add(item["Revision"])
-        return names
+
+        def names(group: str) -> list[str]:
+            items = revision_map.get(group) or []
+            return [i["Revision"] for i in items if isinstance(i, dict) and isinstance(i.get("Revision"), str)]
+
+        return names("Branches"), names("Tags")
 
     def listing(self, revision: str, root: str | None, *, recursive: bool) -> dict[str, Any]:
         self.listings += 1
@@ -317,12 +320,20 @@ def _check_arguments(repository: str, where: str, endpoint: str, listing_limit: 
         raise AccessDenied(f"{where}: a ModelScope repository id is 'owner/name'")
 
 
-def _check_revision(hub: _Hub, revision: str, where: str) -> bool:
-    """Whether ``revision`` is a commit id; a branch or tag name must be one the hub lists."""
-    is_commit = bool(_COMMIT.fullmatch(revision))
-    if not is_commit and revision not in hub.revision_names():
-        raise RevisionNotFound(f"{where}: no such branch or tag")
-    return is_commit
+def _check_revision(hub: _Hub, revision: str | None, repository: str) -> tuple[str, bool]:
+    """The revision to list (unset: the repository's default branch, ``master`` as ModelScope's client
+    assumes, else ``main``, else its only branch) and whether it is a commit id; a branch or tag name must
+    be one the hub lists, or ``RevisionNotFound`` names those it does."""
+    if revision and _COMMIT.fullmatch(revision):
+        return revision, True
+    branches, tags = hub.revisions()
+    if not revision:
+        fallback = [b for b in (DEFAULT_REVISION, "main") if b in branches] or (branches if len(branches) == 1 else [])
+        revision = fallback[0] if fallback else DEFAULT_REVISION
+    if revision not in branches and revision not in tags:
+        known = known_revisions(branches, tags)
+        raise RevisionNotFound(f"{repository}@{revision}: no such branch or tag{known}")
+    return revision, False
 
 
 def _named_commit(first: dict[str, Any], revision: str, is_commit: bool) -> str | None:
@@ -417,7 +428,7 @@ def _manifest_files(entries: list[dict[str, Any]], where: str) -> list[ManifestF
 
 def resolve(
     repository: str,
-    revision: str | None = DEFAULT_REVISION,
+    revision: str | None = None,
     *,
     endpoint: str,
     token: str | None = None,
@@ -427,7 +438,9 @@ def resolve(
     listing_limit: int = DEFAULT_LISTING_LIMIT,
     max_listings: int = DEFAULT_MAX_LISTINGS,
 ) -> ResolvedRevision:
-    """Turn ``revision`` (branch, tag or commit; default ``master``) into its commit and list every file.
+    """Turn ``revision`` (branch, tag or commit; unset: the repository's default branch, ``master`` as
+    ModelScope's client assumes, else ``main``, else its only branch, named in the result's ``revision``)
+    into its commit and list every file.
 
     ``endpoint`` is the hub's base URL (``https://modelscope.cn``, ``https://modelscope.ai`` or a
     mirror); ``token`` is the access token; ``proxy`` a proxy URL for both schemes; ``ca_bundle`` a
@@ -442,17 +455,19 @@ def resolve(
     ``InvalidManifest`` (an unusable path, a file without sha256). A refusal the hub answers with
     HTTP 200 (``Success: false`` and a business code) raises the same errors as its HTTP form.
     """
-    revision = revision or DEFAULT_REVISION
-    where = f"{repository}@{revision}"
-    _check_arguments(repository, where, endpoint, listing_limit)
+    asked = revision
+    _check_arguments(repository, f"{repository}@{revision or DEFAULT_REVISION}", endpoint, listing_limit)
 
     hub = _Hub(repository, endpoint=endpoint, token=token, proxy=proxy, ca_bundle=ca_bundle, timeout=timeout)
     hub.check_readable()
-    is_commit = _check_revision(hub, revision, where)
+    revision, is_commit = _check_revision(hub, revision, repository)
+    where = f"{repository}@{revision}"
     first = hub.listing(revision, None, recursive=True)
     commit = _named_commit(first, revision, is_commit)
     if commit is None:
-        return _resolve_unnamed(hub, revision, first, listing_limit, max_listings, where)
-    # Further listings (only when the first one was truncated) ask for the commit, not the branch.
-    entries = _walk(hub, commit, first["Files"], listing_limit, max_listings)
-    return ResolvedRevision(commit=commit, files=_manifest_files(entries, where))
+        resolved = _resolve_unnamed(hub, revision, first, listing_limit, max_listings, where)
+    else:
+        # Further listings (only when the first one was truncated) ask for the commit, not the branch.
+        entries = _walk(hub, commit, first["Files"], listing_limit, max_listings)
+        resolved = ResolvedRevision(commit=commit, files=_manifest_files(entries, where))
+    return resolved if asked else dataclasses.replace(resolved, revision=revision)

@@ -152,7 +152,7 @@ def test_a_selection_that_keeps_nothing_names_a_few_of_the_files_there_are():
     with pytest.raises(EmptyManifest) as empty:
         build_manifest(many, allow_patterns="*.gguf")
     message = empty.value.message
-    assert message.startswith("no file matches spec.allowPatterns *.gguf; the revision has 12 files")
+    assert message.startswith("no file matches spec.allowPatterns *.gguf (patterns are case-sensitive); the revision")
     assert message.endswith("the revision has 12 files: f00.bin, f01.bin, f02.bin, f03.bin, f04.bin, f05.bin, "
                             "f06.bin, f07.bin, f08.bin, f09.bin, and 2 more")  # fmt: skip
     with pytest.raises(EmptyManifest, match="the repository has no file at this revision"):
@@ -164,7 +164,8 @@ def test_a_selection_that_keeps_nothing_says_so_in_the_specs_words_and_hints_at_
     with pytest.raises(EmptyManifest) as upper:
         build_manifest(files, allow_patterns=["*.GGML"], ignore_patterns=["README*"])
     assert upper.value.message.startswith(
-        "no file matches spec.allowPatterns *.GGML once spec.ignorePatterns README* are left out; the revision"
+        "no file matches spec.allowPatterns *.GGML once spec.ignorePatterns README* are left out (patterns are"
+        " case-sensitive); the revision has 3 files"
     )
     with pytest.raises(EmptyManifest) as case:
         build_manifest(files, allow_patterns=["*.Gguf"])
