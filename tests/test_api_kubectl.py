@@ -73,7 +73,14 @@ def test_it_serves_nodemodelstores_at_v1(api, worker_kube):
 
 
 def test_it_explains_fields_at_v1(api):
-    out = api("explain", "modelartifact.spec.source.huggingFace").stdout
+    # kube-apiserver aggregates the API's OpenAPI v3 in the background once the APIService is Available:
+    # right after registration (this test run first), explain finds no schema for a while.
+    explained = wait_for(
+        lambda: (p := api("explain", "modelartifact.spec.source.huggingFace", check=False)).returncode == 0 and p,
+        timeout=60,
+        message="kube-apiserver's aggregated OpenAPI to hold the v1 schemas",
+    )
+    out = explained.stdout
     assert "VERSION:    v1" in out
     assert "A Hugging Face model repository at a revision." in out
     assert "repository\t<string> -required-" in out
@@ -296,3 +303,15 @@ def test_it_tells_errors_of_the_storage_at_v1(api, namespace):
     invalid = api("apply", "--server-side", "-f", "-", input=yaml.safe_dump(body), check=False)
     assert invalid.returncode != 0 and "expectedDigest" in invalid.stderr, invalid.stderr
     assert "v1alpha1" not in invalid.stderr, invalid.stderr
+
+
+def test_a_changed_spec_is_refused_with_what_to_do_instead(api, namespace):
+    api("apply", "-f", "-", input=artifact_yaml("frozen", namespace, revision="main"))
+    refused = api("apply", "-f", "-", input=artifact_yaml("frozen", namespace, revision="v2"), check=False)
+    assert refused.returncode != 0
+    said = " ".join(refused.stderr.split())
+    assert "spec is immutable after creation: to fetch another repository, revision or set of files, delete" in said
+    assert "set the annotation worker.gpustack.ai/requested-at to a new value" in said, said
+    assert "v1alpha1" not in said, said
+    again = api("annotate", "mart", "frozen", "-n", namespace, "worker.gpustack.ai/requested-at=2026-12-04T10:00:00Z")
+    assert again.returncode == 0  # the way the message offers is open

@@ -68,7 +68,12 @@ _MODEL_ARTIFACT_SPEC = obj(
     "What the artifact is: a source and, for hub sources, which of its files. Immutable after creation.",
     required=("source",),
     rules=(
-        Rule("self == oldSelf", "spec is immutable after creation"),
+        Rule(
+            "self == oldSelf",
+            "spec is immutable after creation: to fetch another repository, revision or set of files, delete "
+            "this ModelArtifact and create it again (or create one under a new name); to resolve a branch or "
+            "tag that moved, set the annotation worker.gpustack.ai/requested-at to a new value",
+        ),
         Rule(
             "!has(self.source.persistentVolumeClaim) || !has(self.allowPatterns)",
             "allowPatterns apply to hub sources only",
