@@ -2,8 +2,10 @@
 
 import base64
 import hashlib
+import re
 import time
 import uuid
+from datetime import UTC, datetime
 
 import pytest
 from kubernetes import client as k8s
@@ -211,7 +213,8 @@ def test_it_tells_a_secret_without_the_token_key_from_a_missing_secret_and_lists
     core.create_namespaced_secret(artifacts.ns, secret)
     artifacts.create("keyless", hf(private, secret="hf-keyless"))
     message = resolved_condition(artifacts.answered("keyless", reason="SecretKeyNotFound"))["message"]
-    assert message == "Secret 'hf-keyless' has no key 'token' (its keys: HF_TOKEN); put the hub token under 'token'"
+    said = "Secret 'hf-keyless' has no key 'token' (its keys: HF_TOKEN); put the hub token under 'token'; tried again"
+    assert message.startswith(f"{said} automatically at 20"), message
     core.patch_namespaced_secret("hf-keyless", artifacts.ns, {"data": {"token": encoded}})
     resolved = artifacts.answered("keyless", timeout=60)["status"]["resolved"]
     assert resolved["manifestDigest"] == expected_digest(files)
@@ -234,6 +237,27 @@ def test_it_retries_through_hub_errors(artifacts, hub):
     assert obj["status"]["resolved"]["manifestDigest"] == expected_digest(files)
     failed = [r for r in hub.requests if repo in r.path and r.status == 503]
     assert len(failed) == 2
+
+
+def test_a_failed_resolution_says_when_it_is_tried_again(artifacts, hub):
+    repo = f"org/limited-{uuid.uuid4().hex[:6]}"
+    files = {"config.json": b'{"limited": 1}'}
+    hub.add_hf_repo(repo, files)
+    # On the file tree (the client itself waits out a 429 on the model info); the suite caps retries at 3 s.
+    hub.faults.fail(f"/api/models/{repo}/tree/", 429, times=1, retry_after=3)
+    before = time.time()
+    artifacts.create("limited", hf(repo))
+    failing = artifacts.answered("limited", reason="SourceUnavailable")
+    after = time.time()
+    message = resolved_condition(failing)["message"]
+    said = re.search(r"; tried again automatically at (\S+)$", message)
+    assert said, message
+    at = datetime.strptime(said[1], "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC).timestamp()
+    assert int(before + 3) <= at <= after + 3, (before, at, after)  # written to the second
+    assert artifacts.answered("limited", timeout=30)["status"]["resolved"]["manifestDigest"] == expected_digest(files)
+    (refused,) = [r for r in hub.requests if repo in r.path and r.status == 429]
+    retried = min(r.started for r in hub.requests if repo in r.path and r.started > refused.started)
+    assert at - 1 <= retried <= at + 2, (at, retried)  # tried again when it said (the stamp drops the fraction)
 
 
 def resolved_condition(obj: dict) -> dict:
@@ -308,6 +332,13 @@ def test_it_backs_off_terminal_failures_per_artifact(artifacts, mirror_db):
     assert state.failed_reason == "AccessDenied"
     # The default base, 5 minutes, after the failure (which came between the two readings of the clock).
     assert before + 300 <= state.retry_at.timestamp() <= after + 300, (before, state.retry_at, after)
+    # The condition tells the user the same moment, and the way to try at once.
+    message = resolved_condition(artifacts.get("gone"))["message"]
+    stamp = state.retry_at.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    assert message.endswith(
+        f"; tried again automatically at {stamp}, or at once when the annotation worker.gpustack.ai/requested-at"
+        " takes a new value"
+    ), message
 
 
 @pytest.mark.django_db

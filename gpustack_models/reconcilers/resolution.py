@@ -19,9 +19,11 @@ from __future__ import annotations
 import base64
 import logging
 from dataclasses import dataclass
+from datetime import timedelta
 
 from django.conf import settings
 from django.db import transaction
+from django.utils import timezone
 
 from gpustack_models import kube
 from gpustack_models.informers import mirror
@@ -47,13 +49,16 @@ HUBS = {
 }
 
 
-def needs_resolution(obj: dict) -> bool:
-    """Not yet resolved for its generation (a written failure for this generation counts as an answer)."""
+def needs_resolution(obj: dict, before: dict | None = None) -> bool:
+    """Not yet resolved for its generation (a written failure for this generation counts as an answer). A
+    temporary failure is tried again on its own schedule (the task's countdown, which the condition states):
+    here only when the mirror first sees it (``before`` None: a new mirror), never because of the event of
+    its own status write, which would retry it at once, hub's ``Retry-After`` or not."""
     generation = (obj.get("metadata") or {}).get("generation") or 0
     status = obj.get("status") or {}
     if status.get("observedGeneration") != generation:
         return True
-    return find_condition(obj, "Resolved").get("reason") in RETRYABLE
+    return before is None and find_condition(obj, "Resolved").get("reason") in RETRYABLE
 
 
 def _resolved_digest(body: dict | None) -> str:
@@ -66,7 +71,7 @@ def artifact_changed(before: dict | None, after: dict | None, namespace: str, na
     resolved digest changed concerns its prefetches, the nodes they target and the digest's roll-up."""
     if after is not None and retries.take_request(after):  # worker.gpustack.ai/requested-at took a new value
         enqueue(RESOLVE_ARTIFACT, namespace, name, force=True)
-    elif after is not None and needs_resolution(after):
+    elif after is not None and needs_resolution(after, before):
         enqueue(RESOLVE_ARTIFACT, namespace, name)
     old_digest, new_digest = _resolved_digest(before), _resolved_digest(after)
     if old_digest == new_digest and after is not None:
@@ -97,14 +102,15 @@ class Failed(Exception):
         self.reason, self.message, self.retry, self.retry_after = reason, message, retry, retry_after
 
 
-def resolve_artifact(namespace: str, name: str, force: bool = False) -> Outcome:
+def resolve_artifact(namespace: str, name: str, force: bool = False, attempt: int = 0) -> Outcome:
     """Resolve ``namespace/name`` and write its status (see the module's docstring). ``force``: also when
-    it is resolved for its generation already (a branch may have moved)."""
+    it is resolved for its generation already (a branch may have moved); ``attempt``: how many temporary
+    failures in a row came before (the condition says when the next try is)."""
     try:
         obj = kube.default().get(artifact_path(namespace, name))
     except kube.NotFound:
         return Outcome("Gone")
-    return ArtifactResolution(obj, force).run()
+    return ArtifactResolution(obj, force, attempt).run()
 
 
 def short_digest(digest: str) -> str:
@@ -115,8 +121,8 @@ def short_digest(digest: str) -> str:
 class ArtifactResolution:
     """One resolution of one version of an artifact."""
 
-    def __init__(self, obj: dict, force: bool = False):
-        self.obj, self.force = obj, force
+    def __init__(self, obj: dict, force: bool = False, attempt: int = 0):
+        self.obj, self.force, self.attempt = obj, force, attempt
         self.secret_name = self.secret_version = ""
         meta = obj["metadata"]
         self.namespace, self.name, self.uid = meta["namespace"], meta["name"], meta["uid"]
@@ -235,18 +241,27 @@ class ArtifactResolution:
 
     def fail(self, failure: Failed) -> Outcome:
         already = bool((self.status.get("resolved") or {}).get("manifestDigest"))
-        # A temporary failure never revokes an earlier resolution: keep Resolved=True then.
-        if not (failure.retry and already):
-            cond = condition(
-                "Resolved", ConditionStatus.FALSE, failure.reason, failure.message, self.previous, self.generation
-            )
-            self.write(None, cond)
         log.info("resolving %s/%s: %s: %s", self.namespace, self.name, failure.reason, failure.message)
-        if not failure.retry:
+        if failure.retry:
+            countdown = retries.temporary_countdown(self.attempt, failure.retry_after)
+            next_try = (
+                f"tried again automatically at {retries.when_said(timezone.now() + timedelta(seconds=countdown))}"
+            )
+        else:
             state = retries.failed(
                 self.namespace, self.name, self.uid, failure.reason, self.secret_name, self.secret_version
             )
             log.info("resolving %s/%s again at %s", self.namespace, self.name, state.retry_at)
+            secret = f", when Secret {self.secret_name!r} changes" if self.secret_name else ""
+            next_try = (
+                f"tried again automatically at {retries.when_said(state.retry_at)}{secret}, or at once when the "
+                f"annotation {retries.REQUESTED_AT} takes a new value"
+            )
+        # A temporary failure never revokes an earlier resolution: keep Resolved=True then.
+        if not (failure.retry and already):
+            said = f"{failure.message}; {next_try}"
+            cond = condition("Resolved", ConditionStatus.FALSE, failure.reason, said, self.previous, self.generation)
+            self.write(None, cond)
         message = f"{failure.reason}: {failure.message}"
         events.record(self.regarding(), events.WARNING, "ResolutionFailed", message, series_key=failure.reason)
         return Outcome(failure.reason, retry=failure.retry, retry_after=failure.retry_after)

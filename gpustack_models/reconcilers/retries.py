@@ -17,7 +17,7 @@ The state is a ``ResolveState`` row per artifact, changed under its lock by any 
 from __future__ import annotations
 
 import logging
-from datetime import timedelta
+from datetime import UTC, timedelta
 
 from django.conf import settings
 from django.db import transaction
@@ -50,6 +50,21 @@ def backoff(failures: int) -> float:
     """Seconds before the next try after ``failures`` failures in a row."""
     base, most = settings.RESOLVE_TERMINAL_RETRY_BASE, settings.RESOLVE_TERMINAL_RETRY_MAX
     return min(most, base * (2 ** min(max(failures - 1, 0), 32)))
+
+
+def temporary_countdown(attempt: int, retry_after: float | None) -> float:
+    """Seconds before attempt ``attempt + 1`` after a temporary failure: doubling from
+    ``GPUSTACK_RESOLVE_RETRY_BASE`` up to ``GPUSTACK_RESOLVE_RETRY_MAX``, never sooner than the hub's
+    ``Retry-After`` (itself capped at the maximum)."""
+    countdown = min(settings.RESOLVE_RETRY_MAX, settings.RESOLVE_RETRY_BASE * (2**attempt))
+    if retry_after:
+        countdown = max(countdown, min(retry_after, settings.RESOLVE_RETRY_MAX))
+    return countdown
+
+
+def when_said(at) -> str:
+    """A moment as conditions give times: RFC 3339 in UTC, to the second."""
+    return at.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def failed(namespace: str, name: str, uid: str, reason: str, secret_name: str, secret_version: str) -> ResolveState:

@@ -125,7 +125,7 @@ def resolve_artifact(namespace: str, name: str, attempt: int = 0, force: bool = 
     Temporary failures (hub unavailable, Secret or claim missing) retry with backoff; they never remove
     an earlier resolution. An attempt the namespace's share of the hubs cannot pay for yet waits for it
     without counting as a failure. Failures a person must fix are tried again by ``retries``."""
-    outcome = resolution.resolve_artifact(namespace, name, force=force)
+    outcome = resolution.resolve_artifact(namespace, name, force=force, attempt=attempt)
     roles.resolution(outcome.reason)
     if outcome.reason == "Gone":
         retries.forget(namespace, name)
@@ -134,10 +134,7 @@ def resolve_artifact(namespace: str, name: str, attempt: int = 0, force: bool = 
     if outcome.postponed:
         countdown, next_attempt = outcome.retry_after, attempt
     else:
-        countdown = min(settings.RESOLVE_RETRY_MAX, settings.RESOLVE_RETRY_BASE * (2**attempt))
-        if outcome.retry_after:
-            countdown = max(countdown, min(outcome.retry_after, settings.RESOLVE_RETRY_MAX))
-        next_attempt = attempt + 1
+        countdown, next_attempt = retries.temporary_countdown(attempt, outcome.retry_after), attempt + 1
     resolve_artifact.apply_async((namespace, name), {"attempt": next_attempt, "force": force}, countdown=countdown)
     return outcome.reason
 
