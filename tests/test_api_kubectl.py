@@ -149,11 +149,14 @@ def test_it_prints_the_printer_columns(api, namespace, worker_kube, worker_stack
         message="the roll-up of the three stores",
     )
     lines = api("get", "mart", "cols", "-n", namespace).stdout.splitlines()
-    assert lines[0].split() == ["NAME", "SOURCE", "REVISION", "SIZE", "READY", "DOWNLOADING", "RESOLVED"]
-    assert lines[1].split() == ["cols", "hf:Qwen/Qwen2.5-0.5B", "0123456789ab", "135.4Gi", "2", "1", "True"]
+    header = ["NAME", "SOURCE", "REVISION", "COMMIT", "SIZE", "READY", "DOWNLOADING", "RESOLVED", "AGE"]
+    assert lines[0].split() == header
+    # The branch asked for stays beside the commit it resolved to; the age is shown without -o wide.
+    row = lines[1].split()
+    assert row[:-1] == ["cols", "hf:Qwen/Qwen2.5-0.5B", "main", "0123456789ab", "135.4Gi", "2", "1", "True"]
+    assert row[-1].endswith("s") or row[-1].endswith("m")
     wide = api("get", "mart", "cols", "-n", namespace, "-o", "wide").stdout.splitlines()
-    assert wide[0].split() == ["NAME", "SOURCE", "REVISION", "SIZE", "READY", "DOWNLOADING", "RESOLVED", "AGE"]
-    assert wide[1].split()[-1].endswith("s") or wide[1].split()[-1].endswith("m")
+    assert wide[0].split() == header
 
 
 def test_it_sends_changes_over_watch_as_table_rows(api, namespace, cluster, tmp_path):

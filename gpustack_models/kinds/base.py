@@ -144,7 +144,14 @@ def artifact_source(v: dict) -> str:
 
 
 def artifact_revision(v: dict) -> str:
-    return (v.get("Revision") or v.get("HF Revision") or v.get("MS Revision") or "")[:12]
+    """The revision asked for, resolved or not: a ModelScope source without one takes the repository's
+    default branch."""
+    asked = v.get("HF Revision") or v.get("MS Revision")
+    return asked or ("(default)" if v.get("MS Repository") else "")
+
+
+def artifact_commit(v: dict) -> str:
+    return (v.get("Revision") or "")[:12]
 
 
 def artifact_resolved(v: dict) -> str:
@@ -167,12 +174,11 @@ AGE = Field("Age", ".metadata.creationTimestamp", "date", "Time since the object
 
 
 def age_column() -> Column:
-    # kube-apiserver renders date columns as kubectl-style ages; v1 shows Age only with -o wide.
+    # kube-apiserver renders date columns as kubectl-style ages; shown by default, as kubectl shows AGE.
     return Column(
         "Age",
         "string",
         "Time since the object was created.",
         fields=(AGE,),
         render=lambda v: v.get("Age") or "<unknown>",
-        priority=1,
     )

@@ -9,12 +9,13 @@ _UNITS = ("Ki", "Mi", "Gi", "Ti", "Pi", "Ei")
 
 
 def human_bytes(value) -> str:
-    """Binary-suffixed size with one decimal (``953.3Mi``); bytes below 1 KiB print bare."""
+    """Binary-suffixed size with one decimal (``953.3Mi``); bytes below 1 KiB with ``B`` (``961B``), so no size
+    reads as a bare count next to the others. The one size formatter of tables, the console and messages."""
     if value is None or value == "":
         return ""
     size = float(value)
     if size < 1024:
-        return str(int(size))
+        return f"{int(size)}B"
     unit = ""
     for unit in _UNITS:
         size /= 1024.0

@@ -7,6 +7,7 @@ from gpustack_models.kinds.base import (
     Field,
     ResourceKind,
     age_column,
+    artifact_commit,
     artifact_resolved,
     artifact_revision,
     artifact_source,
@@ -155,6 +156,8 @@ _MODEL_ARTIFACT_STATUS = obj(
     conditions=conditions(),
 )
 
+_MS_REPOSITORY = Field("MS Repository", ".spec.source.modelScope.repository")
+
 MODEL_ARTIFACT = ResourceKind(
     kind="ModelArtifact",
     plural="modelartifacts",
@@ -171,7 +174,7 @@ MODEL_ARTIFACT = ResourceKind(
             "Where the files come from.",
             fields=(
                 Field("HF Repository", ".spec.source.huggingFace.repository"),
-                Field("MS Repository", ".spec.source.modelScope.repository"),
+                _MS_REPOSITORY,
                 Field("Claim", ".spec.source.persistentVolumeClaim.claimName"),
                 Field("Claim Path", ".spec.source.persistentVolumeClaim.path"),
             ),
@@ -180,13 +183,21 @@ MODEL_ARTIFACT = ResourceKind(
         Column(
             "Revision",
             "string",
-            "The resolved commit (first 12 characters), or the requested revision until resolved.",
+            "The revision asked for: a branch, tag or commit ('(default)': the ModelScope repository's default "
+            "branch).",
             fields=(
-                Field("Revision", ".status.resolved.revision", description="The resolved commit.", priority=0),
                 Field("HF Revision", ".spec.source.huggingFace.revision"),
                 Field("MS Revision", ".spec.source.modelScope.revision"),
+                _MS_REPOSITORY,
             ),
             render=artifact_revision,
+        ),
+        Column(
+            "Commit",
+            "string",
+            "The commit the revision resolved to (first 12 characters); empty until resolved.",
+            fields=(Field("Revision", ".status.resolved.revision", description="The resolved commit.", priority=0),),
+            render=artifact_commit,
         ),
         Column(
             "Size",

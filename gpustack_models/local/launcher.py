@@ -28,6 +28,7 @@ from gpustack_models.local.nodes import PLUGIN_LABELS, LocalNodes, kubelet_label
 __all__ = ["PLUGIN_LABELS", "TOKEN_SECONDS", "Launcher", "kubelet_labels"]
 
 log = logging.getLogger(__name__)
+AGGREGATED_DISCOVERY = "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList"
 
 TOKEN_SECONDS = 365 * 24 * 3600
 
@@ -174,8 +175,22 @@ class Launcher:
             except kube.NotFound:
                 pass
 
+    def discovered(self) -> bool:
+        """Whether kube-apiserver's aggregated discovery (what kubectl reads) lists the public version with
+        its resources: kube-apiserver fetches it from the API some time after the APIService is Available."""
+        doc = self.admin.get("/apis", headers={"Accept": AGGREGATED_DISCOVERY})
+        for group in doc.get("items") or []:
+            if (group.get("metadata") or {}).get("name") == GROUP:
+                versions = group.get("versions") or []
+                return any(
+                    v.get("version") == PUBLIC_VERSION and v.get("resources") and v.get("freshness") != "Stale"
+                    for v in versions
+                )
+        return False
+
     def wait_available(self, timeout: float = 90.0) -> None:
-        """Until kube-apiserver reports the APIService Available and serves our discovery."""
+        """Until kube-apiserver reports the APIService Available and serves our discovery, its own and in
+        its aggregated discovery (so kubectl finds the resources at once)."""
         deadline = time.monotonic() + timeout
         last = ""
         while time.monotonic() < deadline:
@@ -186,8 +201,9 @@ class Launcher:
                 last = f"{available.get('reason')}: {available.get('message')}"
                 if available.get("status") == "True":
                     listed = self.admin.get(f"/apis/{GROUP}/{PUBLIC_VERSION}")
-                    if listed.get("resources"):
+                    if listed.get("resources") and self.discovered():
                         return
+                    last = "Available, not yet in kube-apiserver's aggregated discovery"
             except kube.StatusError as exc:
                 last = str(exc)
             time.sleep(0.5)

@@ -36,17 +36,19 @@ def crd_table(rows: list[dict], with_columns=True) -> bytes:
 
 def test_it_turns_raw_cells_into_the_v1_columns():
     raw = crd_table([
-        {"Name": "qwen", "HF Repository": "Qwen/Qwen2.5", "Revision": "0123456789abcdef0123", "Size": 1536,
-         "Ready": 3, "Downloading": None, "Resolved": "True", "Age": "5m"},
+        {"Name": "qwen", "HF Repository": "Qwen/Qwen2.5", "HF Revision": "main", "Revision": "0123456789abcdef0123",
+         "Size": 1536, "Ready": 3, "Downloading": None, "Resolved": "True", "Age": "5m"},
         {"Name": "pvc", "Claim": "models", "Claim Path": "qwen", "Resolved": "False",
          "Resolved Reason": "ClaimNotFound"},
     ])  # fmt: skip
     table = json.loads(TableConverter(MODEL_ARTIFACT).table(raw))
     names = [c["name"] for c in table["columnDefinitions"]]
-    assert names == ["Name", "Source", "Revision", "Size", "Ready", "Downloading", "Resolved", "Age"]
-    assert table["rows"][0]["cells"] == ["qwen", "hf:Qwen/Qwen2.5", "0123456789ab", "1.5Ki", 3, 0, "True", "5m"]
-    assert table["rows"][1]["cells"][:3] == ["pvc", "pvc:models/qwen", ""]
-    assert table["rows"][1]["cells"][6] == "ClaimNotFound"
+    assert names == ["Name", "Source", "Revision", "Commit", "Size", "Ready", "Downloading", "Resolved", "Age"]
+    assert table["rows"][0]["cells"] == [
+        "qwen", "hf:Qwen/Qwen2.5", "main", "0123456789ab", "1.5Ki", 3, 0, "True", "5m"
+    ]  # fmt: skip
+    assert table["rows"][1]["cells"][:4] == ["pvc", "pvc:models/qwen", "", ""]
+    assert table["rows"][1]["cells"][7] == "ClaimNotFound"
     assert table["metadata"] == {"resourceVersion": "7"}
     assert table["rows"][0]["object"]["metadata"]["managedFields"][0]["apiVersion"] == "worker.gpustack.ai/v1"
 

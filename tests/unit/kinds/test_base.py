@@ -9,6 +9,7 @@ from gpustack_models.kinds.base import (
     Field,
     ResourceKind,
     age_column,
+    artifact_commit,
     artifact_resolved,
     artifact_revision,
     artifact_source,
@@ -94,12 +95,13 @@ def test_an_artifacts_source_is_shown_with_its_kind(cells, shown):
     assert artifact_source(cells) == shown
 
 
-def test_an_artifacts_revision_is_the_resolved_commit_else_the_one_asked_for():
+def test_an_artifacts_revision_stays_the_one_asked_for_and_its_commit_is_beside_it():
     commit = "0123456789abcdef0123456789abcdef01234567"
-    assert artifact_revision({"Revision": commit, "HF Revision": "main"}) == commit[:12]
-    assert artifact_revision({"HF Revision": "main"}) == "main"
-    assert artifact_revision({"MS Revision": "master"}) == "master"
-    assert artifact_revision({}) == ""
+    assert artifact_revision({"Revision": commit, "HF Revision": "main"}) == "main"  # resolved: still the branch
+    assert artifact_commit({"Revision": commit, "HF Revision": "main"}) == commit[:12]
+    assert artifact_revision({"MS Revision": "master", "MS Repository": "qwen/q"}) == "master"
+    assert artifact_revision({"MS Repository": "qwen/q"}) == "(default)"  # the repository's default branch
+    assert artifact_revision({}) == artifact_commit({}) == ""  # a claim
 
 
 @pytest.mark.parametrize(
@@ -122,7 +124,7 @@ def test_counts_and_a_stores_models_by_state():
     assert store_models({}) == 0 and store_models({"status": {"models": None}}) == 0
 
 
-def test_the_age_column_is_shown_wide_and_unknown_without_a_creation_time():
+def test_the_age_column_is_shown_by_default_and_unknown_without_a_creation_time():
     age = age_column()
-    assert age.priority == 1 and age.fields[0].json_path == ".metadata.creationTimestamp"
+    assert age.priority == 0 and age.fields[0].json_path == ".metadata.creationTimestamp"
     assert age.render({"Age": "5m"}) == "5m" and age.render({}) == "<unknown>"

@@ -20,7 +20,7 @@ def test_it_prints_ages_like_kubectl(seconds, text):
 
 @pytest.mark.parametrize(
     "value, text",
-    [(None, ""), ("", ""), (0, "0"), (1023, "1023"), (1024, "1.0Ki"), (999604126, "953.3Mi"), (2**70, "1024.0Ei")],
+    [(None, ""), ("", ""), (0, "0B"), (1023, "1023B"), (1024, "1.0Ki"), (999604126, "953.3Mi"), (2**70, "1024.0Ei")],
 )
 def test_it_prints_sizes_with_binary_suffixes(value, text):
     assert human_bytes(value) == text

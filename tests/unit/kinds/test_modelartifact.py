@@ -95,9 +95,9 @@ def test_the_storage_crd_prints_the_raw_fields_the_v1_columns_need():
         ("MS Repository", ".spec.source.modelScope.repository", "string", 1),
         ("Claim", ".spec.source.persistentVolumeClaim.claimName", "string", 1),
         ("Claim Path", ".spec.source.persistentVolumeClaim.path", "string", 1),
-        ("Revision", ".status.resolved.revision", "string", 0),
         ("HF Revision", ".spec.source.huggingFace.revision", "string", 1),
         ("MS Revision", ".spec.source.modelScope.revision", "string", 1),
+        ("Revision", ".status.resolved.revision", "string", 0),
         ("Size", ".status.resolved.sizeBytes", "integer", 0),
         ("Ready", ".status.nodes.ready", "integer", 0),
         ("Downloading", ".status.nodes.downloading", "integer", 0),
@@ -111,6 +111,7 @@ def test_the_storage_crd_prints_the_raw_fields_the_v1_columns_need():
 def test_the_v1_columns_render_from_the_raw_cells():
     cells = {
         "HF Repository": "Qwen/Qwen2.5",
+        "HF Revision": "v2.5",
         "Revision": "0123456789abcdef0123456789abcdef01234567",
         "Size": 999604126,
         "Ready": 2,
@@ -121,7 +122,8 @@ def test_the_v1_columns_render_from_the_raw_cells():
     row = {c.name: c.render(cells) for c in MODEL_ARTIFACT.columns}
     assert row == {
         "Source": "hf:Qwen/Qwen2.5",
-        "Revision": "0123456789ab",
+        "Revision": "v2.5",
+        "Commit": "0123456789ab",
         "Size": "953.3Mi",
         "Ready": 2,
         "Downloading": 0,
