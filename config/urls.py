@@ -3,7 +3,9 @@ tickets and nothing else; the admin console (``console``) routes the console and
 
 from django.conf import settings
 from django.contrib import admin
+from django.templatetags.static import static
 from django.urls import include, path
+from django.views.generic import RedirectView
 
 from gpustack_models.api import health
 
@@ -15,6 +17,8 @@ if settings.SERVER_ROLE == "api":
     ]
 else:
     urlpatterns = [
+        # Browsers ask for /favicon.ico whatever the page links: the console's icon, not a 404.
+        path("favicon.ico", RedirectView.as_view(url=static("console/favicon.svg"), permanent=True)),
         path("healthz", health.health),
         path("livez", health.health),
         path("readyz", health.health),

@@ -537,3 +537,14 @@ def test_it_manages_no_accounts(admin_client):
     """Accounts are made with manage.py; the console has no page to add or change one."""
     for page in ("/admin/auth/user/", "/admin/auth/user/add/", "/admin/auth/group/"):
         assert admin_client.get(page).status_code == 404, page
+
+
+@pytest.mark.django_db
+def test_it_serves_its_icon_where_browsers_ask_for_one(admin_client):
+    page = admin_client.get("/admin/").content.decode()
+    assert '<link rel="icon" href="/static/console/favicon.svg" type="image/svg+xml">' in page
+    moved = admin_client.get("/favicon.ico")  # asked for whatever the page links: no 404 in the browser's log
+    assert moved.status_code == 301 and moved["Location"] == "/static/console/favicon.svg"
+    icon = admin_client.get(moved["Location"])
+    assert icon.status_code == 200 and icon["Content-Type"].startswith("image/svg+xml")
+    assert b"<svg" in b"".join(icon.streaming_content)
