@@ -258,6 +258,16 @@ if LOCAL_CLUSTER_PORTS != "free" and not (
     raise ImproperlyConfigured(
         f"GPUSTACK_LOCAL_CLUSTER_PORTS={LOCAL_CLUSTER_PORTS!r}: expected five ports separated by commas, or free"
     )
+# `make run`'s metrics ports of the informers, the Celery worker and Celery beat (plain HTTP on 127.0.0.1), or
+# "free" for free loopback ports picked at each start; runlocal lists them in <data dir>/endpoints.json.
+LOCAL_METRICS_PORTS = env_str("GPUSTACK_LOCAL_METRICS_PORTS", "9101,9102,9103").strip()
+if LOCAL_METRICS_PORTS != "free" and not (
+    len(LOCAL_METRICS_PORTS.split(",")) == 3
+    and all(p.strip().isdigit() and 0 < int(p) < 65536 for p in LOCAL_METRICS_PORTS.split(","))
+):
+    raise ImproperlyConfigured(
+        f"GPUSTACK_LOCAL_METRICS_PORTS={LOCAL_METRICS_PORTS!r}: expected three ports separated by commas, or free"
+    )
 
 # --- The aggregated API server ---------------------------------------------------------------------
 # Seconds a TokenReview or SubjectAccessReview answer is reused.

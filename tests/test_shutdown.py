@@ -21,6 +21,7 @@ import threading
 import time
 import uuid
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import pytest
 import requests
@@ -574,6 +575,7 @@ def test_make_run_stops_every_process_it_started_within_10s():
         GPUSTACK_API_PORT=str(api_port),
         GPUSTACK_PLUGIN_PORT=str(plugin_port),
         GPUSTACK_CONSOLE_ADDR=f"127.0.0.1:{console_port}",
+        GPUSTACK_LOCAL_METRICS_PORTS="free",
     )
     log = data_dir / "runlocal.log"
     proc = spawn([sys.executable, "manage.py", "runlocal"], env, log)
@@ -581,7 +583,10 @@ def test_make_run_stops_every_process_it_started_within_10s():
     try:
         wait_for(lambda: _running(proc, log), timeout=300, interval=1, message="runlocal to start")
         cluster_ports = set(json.loads((data_dir / "cluster.json").read_text())["ports"].values())
-        ports = cluster_ports | {api_port, plugin_port, console_port}
+        endpoints = json.loads((data_dir / "endpoints.json").read_text())  # what it started, listed for people
+        metrics = {int(urlsplit(url).port) for url in endpoints["metrics"].values()}
+        assert endpoints["console"] == f"http://127.0.0.1:{console_port}/admin/" and len(metrics) == 3, endpoints
+        ports = cluster_ports | {api_port, plugin_port, console_port} | metrics
         wait_for(lambda: listening(ports) == ports, timeout=60, message=f"every port to listen ({ports})")
         # One replica of each: the informers lead at once (a Lease left by a killed run is deleted first).
         informers_log = data_dir / "logs" / "informers.log"
@@ -591,6 +596,9 @@ def test_make_run_stops_every_process_it_started_within_10s():
             message="the informers to lead",
         )
         assert float(led.group(1)) < 3.0, led.group(0)
+        for role, url in endpoints["metrics"].items():  # every role without an HTTP server serves its metrics
+            scraped = requests.get(url, timeout=10)
+            assert scraped.status_code == 200 and "gpustack_models_" in scraped.text, (role, scraped.status_code)
         started = descendants(proc.pid)
         groups = {pgid for pgid, _ in started.values()} | {proc.pid}
         assert len(started) >= 12, started  # control plane, API, console, Celery, beat, informers, plugin

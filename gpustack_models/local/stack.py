@@ -12,6 +12,7 @@ SIGTERM from the kernel if ``runlocal`` itself dies.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import subprocess
@@ -25,6 +26,7 @@ from django.core.management import call_command
 
 from gpustack_models.local.cluster import REPO_DIR, LocalCluster, Ports
 from gpustack_models.local.launcher import Launcher
+from gpustack_models.local.ports import free_port
 from gpustack_models.local.stopping import die_with_parent, kill_group, stop_all
 
 log = logging.getLogger(__name__)
@@ -33,6 +35,14 @@ LOCAL_NODE = "local-node"
 LOCAL_NODE_ADDRESS = "127.0.0.11"
 STOP_SECONDS = 9.5  # from SIGTERM to the last process gone
 SERVICE_STOP_SECONDS = 7.5  # the service's processes (each stops within 5-6 s by itself), then the control plane
+
+
+def metrics_ports(setting: str) -> dict[str, int]:
+    """The informers', Celery worker's and beat's metrics ports from ``GPUSTACK_LOCAL_METRICS_PORTS``."""
+    roles = ("informers", "celery", "beat")
+    if setting == "free":
+        return {role: free_port() for role in roles}
+    return dict(zip(roles, (int(p) for p in setting.split(",")), strict=True))
 
 
 class ProcessExited(RuntimeError):
@@ -51,6 +61,7 @@ class LocalStack:
         self.launcher: Launcher | None = None
         self.children: dict[str, subprocess.Popen] = {}
         self.log_dir = data_dir / "logs"
+        self.metrics_ports = metrics_ports(settings.LOCAL_METRICS_PORTS)
 
     def start(self) -> None:
         """Start everything; raises ``RuntimeError`` with what failed."""
@@ -95,10 +106,39 @@ class LocalStack:
         console = ["config.wsgi:application", "--bind", self.console, "--workers", "2", "--no-control-socket"]
         self.spawn("console", [python, "-m", "gunicorn", *console], env)
         celery = ["-A", "config", "worker", "--pool=prefork", "--concurrency=2", "--loglevel=WARNING"]
-        self.spawn("celery", [python, "-m", "celery", *celery, "--without-gossip", "--without-mingle"], env)
+        celery += ["--without-gossip", "--without-mingle"]
+        self.spawn("celery", [python, "-m", "celery", *celery], self.metrics_env(env, "celery"))
         self.launcher.forget_leases()  # a run killed before releasing them must not make this one wait
-        self.spawn("beat", [python, "-m", "celery", "-A", "config", "beat", "--loglevel=WARNING"], env)
-        self.spawn("informers", [python, "manage.py", "runinformers"], env)
+        beat = ["-A", "config", "beat", "--loglevel=WARNING"]
+        self.spawn("beat", [python, "-m", "celery", *beat], self.metrics_env(env, "beat"))
+        self.spawn("informers", [python, "manage.py", "runinformers"], self.metrics_env(env, "informers"))
+
+    def metrics_env(self, env: dict, role: str) -> dict:
+        """``env`` with the role's metrics port (``GPUSTACK_LOCAL_METRICS_PORTS``) on loopback."""
+        return dict(env, GPUSTACK_METRICS_PORT=str(self.metrics_ports[role]), GPUSTACK_METRICS_ADDRESS="127.0.0.1")
+
+    def endpoints(self) -> dict:
+        """Where everything answers, as ``endpoints.json`` in the data directory records it."""
+        cluster, metrics = self.cluster, self.metrics_ports
+        node_dir = self.data_dir / "plugin" / LOCAL_NODE
+        return {
+            "kubeconfig": str(cluster.kubeconfig),
+            "kubectl": str(cluster.kubectl),
+            "kubeApiserver": cluster.server,
+            "api": f"https://127.0.0.1:{settings.API_PORT}",
+            "console": f"http://{self.console}/admin/",
+            "plugin": f"https://{LOCAL_NODE_ADDRESS}:{settings.PLUGIN_PORT}",
+            "csiSocket": str(node_dir / "csi.sock"),
+            "cache": str(node_dir / "cache"),
+            "logs": str(self.log_dir),
+            # Plain HTTP; the API's own /metrics is on its HTTPS port, for authorized callers.
+            "metrics": {role: f"http://127.0.0.1:{port}/metrics" for role, port in metrics.items()},
+        }
+
+    def write_endpoints(self) -> Path:
+        path = self.data_dir / "endpoints.json"
+        path.write_text(json.dumps(self.endpoints(), indent=2) + "\n")
+        return path
 
     def start_node(self) -> None:
         """One local node with its plugin, registered as a kubelet would (a Node, a Running plugin Pod)."""
@@ -110,6 +150,7 @@ class LocalStack:
         kubectl = f"{cluster.kubectl} --kubeconfig {cluster.kubeconfig}"
         cache = self.data_dir / "plugin" / LOCAL_NODE / "cache"
         csi_socket = self.data_dir / "plugin" / LOCAL_NODE / "csi.sock"
+        metrics = ", ".join(f"{role} :{port}" for role, port in self.metrics_ports.items())
         return (
             f"\ngpustack-models is running (Kubernetes {cluster.version})\n"
             f"  kubeconfig: {cluster.kubeconfig}\n"
@@ -118,7 +159,8 @@ class LocalStack:
             f"  console:    http://{self.console}/admin/\n"
             f"  node:       {LOCAL_NODE} (plugin on {LOCAL_NODE_ADDRESS}:{settings.PLUGIN_PORT}, cache {cache})\n"
             f"  CSI:        model.csi.gpustack.ai on {csi_socket}\n"
-            f"  logs:       {self.log_dir}/\n"
+            f"  metrics:    http://127.0.0.1 /metrics of {metrics}\n"
+            f"  logs:       {self.log_dir}/ (everything above: {self.data_dir / 'endpoints.json'})\n"
             f"  try:        {kubectl} api-resources --api-group=worker.gpustack.ai\n"
             "Ctrl-C stops everything."
         )

@@ -37,6 +37,7 @@ class Command(BaseCommand):
             self.stdout.write("starting the local control plane (the first run builds it: 10-20 minutes)")
             stack.start()
             running.set()
+            stack.write_endpoints()
             self.stdout.write(self.style.SUCCESS(stack.banner()))
             self.stdout.flush()
             stack.supervise(stop)
