@@ -93,6 +93,8 @@ class Relay:
         with self.lock:
             self.closed = True
             open_ = list(self.connections)
+        with contextlib.suppress(OSError):
+            self.listener.shutdown(socket.SHUT_RDWR)  # wakes the thread blocked in accept()
         self.listener.close()
         for sock in open_:
             with contextlib.suppress(OSError):

@@ -129,7 +129,9 @@ def connection_secrets(database: dict, redis_url: str, relays: dict) -> list[dic
     """The Secrets the chart reads PostgreSQL's and Redis's URLs from, pointing at their bridge relays."""
     d = database
     pg = f"postgres://{d['USER']}:{d.get('PASSWORD') or ''}@{BRIDGE_ADDRESS}:{relays['postgres'].port}/{d['NAME']}"
-    redis = urlsplit(redis_url)._replace(netloc=f"{BRIDGE_ADDRESS}:{relays['redis'].port}")
+    redis = urlsplit(redis_url)
+    credentials = redis.netloc.rpartition("@")[0]
+    redis = redis._replace(netloc=f"{credentials}{'@' if credentials else ''}{BRIDGE_ADDRESS}:{relays['redis'].port}")
     secrets = {"gpustack-models-database": pg, "gpustack-models-redis": urlunsplit(redis)}
     return [
         {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": name}, "stringData": {"url": url}}
@@ -138,20 +140,26 @@ def connection_secrets(database: dict, redis_url: str, relays: dict) -> list[dic
 
 
 def adopt_shared_objects(release: ChartRelease) -> list[str]:
-    """The render's cluster-wide objects that exist already (the suite's, under the chart's names) get Helm's
-    ownership metadata, so the install takes them over; returns them."""
+    """The render's objects outside the release's namespace that exist already (the suite's, under the
+    chart's names: cluster-wide ones and a RoleBinding in kube-system) get Helm's ownership metadata, so the
+    install takes them over; returns them."""
     text = release.helm("template", RELEASE, str(CHART), "--namespace", NAMESPACE, "-f", str(release.values)).stdout
-    names = []
+    by_namespace: dict[str, list[str]] = {}
     for obj in (o for o in yaml.safe_load_all(text) if o):
         hook = (obj["metadata"].get("annotations") or {}).get("helm.sh/hook")
-        if not hook and "namespace" not in obj["metadata"]:
+        if not hook and obj["metadata"].get("namespace") != NAMESPACE:
             group = obj["apiVersion"].rpartition("/")[0]
-            names.append(f"{obj['kind'].lower()}{'.' + group if group else ''}/{obj['metadata']['name']}")
-    found = release.kubectl("get", *names, "--ignore-not-found", "-o", "name").stdout.split()
-    if found:
-        release.kubectl("annotate", "--overwrite", *found, *(f"{k}={v}" for k, v in OWNER.items()))
-        release.kubectl("label", "--overwrite", *found, "app.kubernetes.io/managed-by=Helm")
-    return found
+            name = f"{obj['kind'].lower()}{'.' + group if group else ''}/{obj['metadata']['name']}"
+            by_namespace.setdefault(obj["metadata"].get("namespace", ""), []).append(name)
+    adopted = []
+    for namespace, names in by_namespace.items():
+        where = ["-n", namespace] if namespace else []
+        found = release.kubectl("get", *where, *names, "--ignore-not-found", "-o", "name").stdout.split()
+        if found:
+            release.kubectl("annotate", *where, "--overwrite", *found, *(f"{k}={v}" for k, v in OWNER.items()))
+            release.kubectl("label", *where, "--overwrite", *found, "app.kubernetes.io/managed-by=Helm")
+        adopted += found
+    return adopted
 
 
 class ChartRelease:
