@@ -116,10 +116,13 @@ def mount_and_prefetch(admin: kube.Kube, real_node, hub, tenant: str) -> None:
     hub.add_hf_repo(repo, {"config.json": b"{}", "model.safetensors": os.urandom(256 * 1024)})
     public = f"/apis/{GROUP}/{PUBLIC_VERSION}/namespaces/{tenant}"
     spec = {"source": {"huggingFace": {"repository": repo}}}
-    admin.create(f"{public}/modelartifacts", {"kind": "ModelArtifact", "metadata": {"name": "qwen"}, "spec": spec})
+    version = f"{GROUP}/{PUBLIC_VERSION}"
+    body = {"apiVersion": version, "kind": "ModelArtifact", "metadata": {"name": "qwen"}, "spec": spec}
+    admin.create(f"{public}/modelartifacts", body)
     wait_for(lambda: resolved_digest(admin, tenant, "qwen"), timeout=60, message="the artifact resolved")
     prefetch = {"artifactRef": {"name": "qwen"}, "nodeNames": [real_node.name]}
-    admin.create(f"{public}/modelprefetches", {"kind": "ModelPrefetch", "metadata": {"name": "warm"}, "spec": prefetch})
+    body = {"apiVersion": version, "kind": "ModelPrefetch", "metadata": {"name": "warm"}, "spec": prefetch}
+    admin.create(f"{public}/modelprefetches", body)
     admin.create(f"/api/v1/namespaces/{tenant}/pods", consumer(real_node, "app", "qwen", "sleep 3600"))
     wait_for(lambda: pod_ready(admin, tenant, "app"), timeout=180, message="the mounting Pod to start")
     stored = admin.get(f"/apis/{GROUP}/v1alpha1/namespaces/{tenant}/modelartifacts/qwen")
