@@ -80,7 +80,7 @@ def test_draining_the_apis_node_keeps_the_apiservice_available_as_the_budget_ref
     admin = chart_release.admin
     before = api_pods(admin)
     assert len(before) == 2 and all(pod_ready(admin, NAMESPACE, p["metadata"]["name"]) for p in before.values())
-    drain = ["drain", real_node.name, "--ignore-daemonsets", "--delete-emptydir-data", "--timeout=20s",
+    drain = ["drain", real_node.name, "--ignore-daemonsets", "--delete-emptydir-data", "--timeout=10s",
              f"--pod-selector=app.kubernetes.io/instance={RELEASE}"]  # fmt: skip
     t0 = time.monotonic()
     with Availability(admin) as availability:

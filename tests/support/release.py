@@ -185,7 +185,15 @@ class ChartRelease:
         self.api_relay = contextlib.ExitStack()
         self.api_relay.enter_context(service_relay(self.admin, NAMESPACE, API_SERVICE))
         self.wait_healthy()
-        return time.monotonic() - t0
+        seconds = time.monotonic() - t0
+        restarted = {
+            f"{p['metadata']['name']}/{c['name']}": c["restartCount"]
+            for p in self.admin.get(f"/api/v1/namespaces/{NAMESPACE}/pods")["items"]
+            for c in (p.get("status") or {}).get("containerStatuses") or []
+            if c["restartCount"]
+        }
+        assert restarted == {}, f"containers of the release restarted: {restarted}"
+        return seconds
 
     def uninstall(self, check: bool = True):
         """helm uninstall (its pre-delete hook included), waiting for the release's objects to go."""
