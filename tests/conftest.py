@@ -18,6 +18,7 @@ pytest_plugins = [
     "tests.support.kubelet",
     "tests.support.image_build",
     "tests.support.helm",
+    "tests.support.release",
     "tests.fakehub.fixtures",
 ]
 

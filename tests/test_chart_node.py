@@ -31,19 +31,11 @@ from gpustack_models.plugin.csi import DRIVER_NAME
 from tests.support import TEST_STATE, wait_for
 from tests.support.chart import key_bearing, pod_specs, referenced_configmaps, referenced_secrets
 from tests.support.helm import CHART, run_helm
-from tests.support.image_build import IMAGE
+from tests.support.image_build import IMAGE, import_image
 from tests.support.kubernetes import wait_default_service_account
 from tests.test_delivery import artifact, consumer, pod_ready, resolved_digest
 
 SERVICE_HOST = f"gpustack-models-api.{settings.NAMESPACE}.svc"
-
-
-def import_image(buildah, real_node) -> None:
-    archive = TEST_STATE / "gpustack-models-image.tar"
-    archive.unlink(missing_ok=True)
-    buildah("push", IMAGE, f"docker-archive:{archive}:{IMAGE}", timeout=600)
-    real_node.ctr("images", "import", str(archive))
-    archive.unlink()
 
 
 def ca_configmap(launcher) -> dict:

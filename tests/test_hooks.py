@@ -8,7 +8,6 @@ import copy
 import os
 import subprocess
 import sys
-import threading
 import uuid
 
 import pytest
@@ -96,26 +95,11 @@ def plugin_pod(namespace: str) -> dict:
     return pending_pod(namespace, "plugin-x", labels)
 
 
-def replica_sets(admin: kube.Kube, namespace: str, components: tuple[str, ...]) -> threading.Thread:
-    """Each controller's Pods, and a thread removing them once its Deployment is scaled to 0: what the
-    controller-manager's Deployment and ReplicaSet controllers do (the test control plane runs neither)."""
+def controllers(admin: kube.Kube, namespace: str, components: tuple[str, ...]) -> None:
+    """Each controller as a Deployment of the release: kube-controller-manager's Deployment and ReplicaSet
+    controllers make its Pods (never scheduled) and remove them once it is scaled to 0."""
     for component in components:
-        deployment = controller(namespace, component)
-        admin.create(f"/apis/apps/v1/namespaces/{namespace}/deployments", deployment)
-        labels = deployment["spec"]["template"]["metadata"]["labels"]
-        for i in range(deployment["spec"]["replicas"]):
-            admin.create(f"/api/v1/namespaces/{namespace}/pods", pending_pod(namespace, f"{component}-{i}", labels))
-
-    def scale_down():
-        for component in components:
-            path = f"/apis/apps/v1/namespaces/{namespace}/deployments/gpustack-models-{component}"
-            wait_for(lambda path=path: admin.get(path)["spec"]["replicas"] == 0, timeout=60, message="scaled to 0")
-            for i in range(2):
-                admin.delete(f"/api/v1/namespaces/{namespace}/pods/{component}-{i}")
-
-    thread = threading.Thread(target=scale_down, daemon=True)
-    thread.start()
-    return thread
+        admin.create(f"/apis/apps/v1/namespaces/{namespace}/deployments", controller(namespace, component))
 
 
 def pods(admin: kube.Kube, namespace: str, selector: str) -> list[dict]:
@@ -135,11 +119,11 @@ def test_uninstall_stops_the_controllers_marks_the_plugins_and_frees_namespaces(
     assert mounts.post(mounts.body(pod, expectedDigest=mounts.digest)).status_code == 200
     assert MOUNT_PROTECTION in mounts.finalizers(), "the product protects the mounted artifact"
     wait_default_service_account(admin, release_ns)
-    scaling = replica_sets(admin, release_ns, ("worker", "beat"))
+    controllers(admin, release_ns, ("worker", "beat"))
     admin.create(f"/api/v1/namespaces/{release_ns}/pods", plugin_pod(release_ns))
     admin.create(f"/api/v1/namespaces/{release_ns}/pods", pending_pod(release_ns, "gpustack-models-test", {}))
     selector = f"app.kubernetes.io/instance={RELEASE},app.kubernetes.io/component in (worker,beat)"
-    assert len(pods(admin, release_ns, selector)) == 4
+    wait_for(lambda: len(pods(admin, release_ns, selector)) == 4, timeout=30, message="the controllers' 4 Pods")
     hook = identity(cluster, launcher, helm, "templates/hooks/uninstall.yaml", release_ns, "gpustack-models-uninstall",
                     tmp_path)  # fmt: skip
 
@@ -151,7 +135,6 @@ def test_uninstall_stops_the_controllers_marks_the_plugins_and_frees_namespaces(
     assert "modelartifacts: finalizers removed from 1 of" in out.stdout
     assert "deleted the test Pod gpustack-models-test" in out.stdout
     assert pods(admin, release_ns, selector) == []
-    scaling.join()
     marked = admin.get(f"/api/v1/namespaces/{release_ns}/pods/plugin-x")
     assert marked["metadata"]["annotations"][UNINSTALLING] == "true"
     assert MOUNT_PROTECTION not in mounts.finalizers()

@@ -28,6 +28,15 @@ CONTROLLERS = (
     "pod-garbage-collector-controller",
     # The chart's plugin DaemonSet on a real node (a DaemonSet's Pods go only where its selector says).
     "daemonset-controller",
+    # The whole chart on a real node: its Deployments, its migrate and hook Jobs, the API Service's
+    # endpoints (kube-apiserver's APIService availability check reads them) and its PodDisruptionBudgets
+    # (an eviction is refused by a budget only while the disruption controller keeps its status).
+    "deployment-controller",
+    "replicaset-controller",
+    "job-controller",
+    "endpoints-controller",
+    "endpointslice-controller",
+    "disruption-controller",
 )
 
 

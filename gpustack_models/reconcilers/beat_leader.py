@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from pathlib import Path
 
 from celery.beat import PersistentScheduler
 from django.conf import settings
@@ -27,6 +28,8 @@ class LeaderScheduler(PersistentScheduler):
     elector: LeaseElector | None = None
 
     def setup_schedule(self):
+        # The schedule's file is under GPUSTACK_DATA_DIR, an empty volume in a fresh Pod: its directory first.
+        Path(self.schedule_filename).parent.mkdir(parents=True, exist_ok=True)
         super().setup_schedule()
         if settings.LEADER_ELECTION and self.elector is None:
             self._leading = threading.Event()

@@ -383,3 +383,14 @@ def product_image():
         yield tool
     finally:
         tool.remove_own_containers()
+
+
+def import_image(buildah, real_node) -> None:
+    """The built image into the real node's containerd (its Pods never pull)."""
+    from tests.support.paths import TEST_STATE
+
+    archive = TEST_STATE / "gpustack-models-image.tar"
+    archive.unlink(missing_ok=True)
+    buildah("push", IMAGE, f"docker-archive:{archive}:{IMAGE}", timeout=600)
+    real_node.ctr("images", "import", str(archive))
+    archive.unlink()

@@ -59,6 +59,7 @@ HOST_DIR = Path("/var/tmp/gpustack-models-real-node")  # the host-wide lock and 
 CGROUP_ROOT = "/gpustack-models-test"
 BRIDGE = "gpustack-test0"
 POD_SUBNET = "198.18.0.0/24"  # the benchmarking range: nothing else on a host uses it
+BRIDGE_ADDRESS = "198.18.0.1"  # the host's address on the bridge: the Pods' gateway
 PACKAGES = ("containerd", "runc", "containernetworking-plugins", "busybox-static")
 
 
@@ -213,9 +214,12 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
                 {
                     "type": "bridge",
                     "bridge": BRIDGE,
-                    # The host reaches its Pods (probes) through the bridge's address; nothing is masqueraded
-                    # (no iptables rules), since the Pods of the tests need no route off the host.
+                    # The host reaches its Pods (probes) through the bridge's address, and the Pods reach the
+                    # host's own addresses through it as their default route (the relays of
+                    # tests/support/relay.py, a plugin serving on the node's address). Nothing is masqueraded
+                    # (no iptables rules): no Pod of the tests reaches beyond the host.
                     "isGateway": True,
+                    "isDefaultGateway": True,
                     "ipMasq": False,
                     "ipam": {
                         "type": "host-local",
@@ -361,16 +365,28 @@ def _record_file() -> Path:
     return HOST_DIR / "record.json"
 
 
-def save_record(node_dir: Path, host: dict | None = None, pids: dict | None = None) -> None:
+def save_record(node_dir: Path, host: dict | None = None, pids: dict | None = None, loopback=None) -> None:
     current = json.loads(_record_file().read_text()) if _record_file().exists() else {}
     current["dir"] = str(node_dir)
-    if host is not None:
-        current["host"] = host
-    if pids is not None:
-        current["pids"] = pids
+    for key, value in (("host", host), ("pids", pids), ("loopback", loopback)):
+        if value is not None:
+            current[key] = value
     tmp = _record_file().with_suffix(".tmp")
     tmp.write_text(json.dumps(current, indent=2))
     tmp.replace(_record_file())
+
+
+def record_loopback(address: str) -> None:
+    """Note an address about to be added to the host's ``lo`` (a relay's ClusterIP), for ``clean_up``."""
+    current = json.loads(_record_file().read_text())
+    save_record(Path(current["dir"]), loopback=sorted({*current.get("loopback", []), address}))
+
+
+def forget_loopback(address: str) -> None:
+    """Remove an address from ``lo`` and from the record."""
+    subprocess.run(["ip", "addr", "del", f"{address}/32", "dev", "lo"], capture_output=True, check=False)
+    current = json.loads(_record_file().read_text())
+    save_record(Path(current["dir"]), loopback=[a for a in current.get("loopback", []) if a != address])
 
 
 def clean_up(record: dict, record_file: Path | None = None) -> None:
@@ -391,6 +407,8 @@ def clean_up(record: dict, record_file: Path | None = None) -> None:
     if "containerd" in pids:
         terminate(pids["containerd"], node_dir)
     hoststate.unmount_under([node_dir])
+    for address in record.get("loopback", ()):  # relays' ClusterIPs (tests/support/relay.py)
+        subprocess.run(["ip", "addr", "del", f"{address}/32", "dev", "lo"], capture_output=True, check=False)
     if "host" in record:
         hoststate.restore(record["host"])
     (record_file or _record_file()).unlink(missing_ok=True)
