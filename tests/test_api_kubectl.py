@@ -318,3 +318,29 @@ def test_a_changed_spec_is_refused_with_what_to_do_instead(api, namespace):
     assert "v1alpha1" not in said, said
     again = api("annotate", "mart", "frozen", "-n", namespace, "worker.gpustack.ai/requested-at=2026-12-04T10:00:00Z")
     assert again.returncode == 0  # the way the message offers is open
+
+
+def test_deleting_an_artifact_a_prefetch_names_warns_which_prefetches_still_name_it(
+    api, namespace, worker_stack, mirror_db
+):
+    from gpustack_models.models import Prefetch
+
+    for name in ("named", "unnamed"):
+        api("apply", "-f", "-", input=artifact_yaml(name, namespace))
+    spec = {"artifactRef": {"name": "named"}, "nodeNames": ["nowhere"], "retention": {"pinned": True}}
+    prefetch = {"apiVersion": f"{GROUP}/v1", "kind": "ModelPrefetch", "metadata": {"name": "warm"}, "spec": spec}
+    api("apply", "-n", namespace, "-f", "-", input=yaml.safe_dump(prefetch))
+    wait_for(
+        lambda: Prefetch.objects.live().filter(namespace=namespace, name="warm").exists(),
+        timeout=30,
+        message="the prefetch in the mirror",
+    )
+    deleted = api("delete", "mart", "named", "-n", namespace)
+    said = " ".join(deleted.stderr.split())
+    assert said == (
+        f"Warning: ModelPrefetch warm (pinned) in {namespace} names this ModelArtifact: it holds nothing on the"
+        " nodes until a ModelArtifact named exists again"
+    ), deleted.stderr
+    assert "deleted" in deleted.stdout
+    quiet = api("delete", "mart", "unnamed", "-n", namespace)  # nothing names it: nothing to say
+    assert quiet.stderr.strip() == "", quiet.stderr

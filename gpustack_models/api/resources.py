@@ -32,6 +32,7 @@ from gpustack_models.api.verbs import request_verb
 from gpustack_models.api.views import KubeAPIView
 from gpustack_models.kinds import GROUP, MODEL_ARTIFACT, NODE_MODEL_STORE, PUBLIC_VERSION
 from gpustack_models.kube.errors import BadRequest, Forbidden, MethodNotAllowed
+from gpustack_models.models import Prefetch
 
 FORWARDED_RESPONSE_HEADERS = ("warning",)
 PATCH_CONTENT_TYPES = {parser.patch_type: parser.media_type for parser in PATCH_PARSERS}
@@ -129,7 +130,12 @@ class ResourceView(KubeAPIView):
 
     def delete(self, request, **kwargs):
         self.allow(self.verb(request))
-        return self.forward(request, "DELETE", request.body or None, request.content_type or "application/json")
+        response = self.forward(request, "DELETE", request.body or None, request.content_type or "application/json")
+        if self.kind is MODEL_ARTIFACT and self.target.name:
+            said = referenced_by_prefetches(self.target.namespace, self.target.name)
+            if said:  # kubectl prints it as "Warning: ..."
+                response["Warning"] = ", ".join(filter(None, [response.get("Warning"), warning(said)]))
+        return response
 
     def object_body(self, request) -> dict:
         """The body of a create or update, checked against this resource and rewritten to the storage."""
@@ -227,6 +233,28 @@ class SubresourceView(KubeAPIView):
         raise not_found()
 
     get = post = put = patch = delete = http_method_not_allowed
+
+
+def warning(text: str) -> str:
+    """A ``Warning`` header value (RFC 7234, as kube-apiserver writes its own: code 299, agent ``-``)."""
+    return '299 - "' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def referenced_by_prefetches(namespace: str, name: str) -> str:
+    """What a person deleting an artifact should know: the prefetches that name it hold nothing until an
+    artifact of that name exists again (empty when none does)."""
+    prefetches = Prefetch.objects.live().filter(namespace=namespace, artifact_name=name)
+    rows = sorted(prefetches.values_list("name", "pinned")[:11])
+    if not rows:
+        return ""
+    listed = ", ".join(f"{n} (pinned)" if pinned else n for n, pinned in rows[:10])
+    more = " and more" if len(rows) > 10 else ""
+    one = len(rows) == 1
+    noun, verb, they = ("ModelPrefetch", "names", "it holds") if one else ("ModelPrefetches", "name", "they hold")
+    return (
+        f"{noun} {listed}{more} in {namespace} {verb} this ModelArtifact: {they} nothing on the nodes until a "
+        f"ModelArtifact {name} exists again"
+    )
 
 
 def secret_refs(obj: dict):
