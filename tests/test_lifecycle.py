@@ -117,8 +117,8 @@ def test_a_node_selector_follows_the_labels_and_the_unselected_node_loses_its_by
     table = kubectl("get", "mpf", "-o", "wide", "-n", life.ns).stdout
     print(table)
     header, row = table.splitlines()
-    assert header.split() == ["NAME", "ARTIFACT", "DESIRED", "READY", "DOWNLOADING", "AVAILABLE", "AGE"]
-    assert row.split()[:6] == ["warm", "art", "3", "3", "0", "True"]
+    assert header.split() == ["NAME", "ARTIFACT", "DESIRED", "READY", "DOWNLOADING", "LAPSED", "AVAILABLE", "AGE"]
+    assert row.split()[:7] == ["warm", "art", "3", "3", "0", "0", "True"]
 
     # And one leaves it: its bytes go after the grace (and the plugin's removal delay of 1 s), the others
     # keep theirs.
@@ -178,7 +178,7 @@ def target_state(ns, name, node):
 
 
 def test_retention_lapses_a_prefetch_and_its_content_is_collected_but_never_a_pinned_one(
-    life, hub, worker_kube, mirror_db, core
+    life, hub, worker_kube, mirror_db, core, kubectl
 ):
     allow_pinning(core, life.ns)
     life.artifact()
@@ -188,7 +188,10 @@ def test_retention_lapses_a_prefetch_and_its_content_is_collected_but_never_a_pi
     life.wait_state(plugin.node, "Ready", timeout=120)
     brief = life.tree(plugin)
     lapsed = wait_condition(worker_kube, life.ns, "brief", "Lapsed", "True", timeout=60)
-    assert "1 of 1 nodes" in lapsed["message"]
+    assert "1 of 1 nodes" in lapsed["message"] and "change the prefetch's spec" in lapsed["message"]
+    # Said as what it is while the files still wait out their grace: lapsed, not ready, not a stall.
+    lapsed_view(worker_kube, kubectl, life.ns, "brief")
+    assert brief.exists()
     # While that content waits out its grace: of two prefetches of other content with the same retention,
     # the unpinned one lapses and the pinned one never does, in the same reconciles.
     repo = f"org/kept-{uuid.uuid4().hex[:6]}"
@@ -206,6 +209,30 @@ def test_retention_lapses_a_prefetch_and_its_content_is_collected_but_never_a_pi
     assert spec_item(worker_kube, plugin.node, life.digest) == {"digest": life.digest, "pinned": True}
     wait_for(lambda: not brief.exists(), timeout=COLLECTION_GRACE + 60, message="the lapsed content collected")
     assert life.tree(plugin).exists()
+    # As its conditions say: a change of the spec places it again.
+    retention = {"spec": {"retention": {"ttlAfterLastUse": "1h"}}}
+    worker_kube.json("PATCH", f"{STORAGE}/namespaces/{life.ns}/modelprefetches/brief", body=retention,
+                     content_type="application/merge-patch+json")  # fmt: skip
+    wait_condition(worker_kube, life.ns, "brief", "Available", "True", timeout=120)
+    assert conditions(worker_kube, life.ns, "brief")["Lapsed"]["status"] == "False"
+    assert prefetch_status(worker_kube, life.ns, "brief")["lapsedNodes"] == 0
+
+
+def lapsed_view(worker_kube, kubectl, ns: str, name: str) -> None:
+    """A prefetch lapsed on its one node, as its status and ``kubectl get mpf`` show it."""
+    wait_condition(worker_kube, ns, name, "Available", "False", reason="Lapsed")
+    status = prefetch_status(worker_kube, ns, name)
+    assert (status["readyNodes"], status["lapsedNodes"]) == (0, 1), status
+    progressing, degraded = (
+        conditions(worker_kube, ns, name)["Progressing"],
+        conditions(worker_kube, ns, name)["Degraded"],
+    )
+    assert (progressing["status"], progressing["reason"]) == ("False", "Lapsed"), progressing
+    assert "change the prefetch's spec" in progressing["message"]
+    assert degraded["status"] == "False", degraded
+    header, row = kubectl("get", "mpf", name, "-n", ns).stdout.splitlines()
+    assert header.split()[:7] == ["NAME", "ARTIFACT", "DESIRED", "READY", "DOWNLOADING", "LAPSED", "AVAILABLE"]
+    assert row.split()[2:7] == ["1", "0", "0", "1", "False"], row
 
 
 def test_pressure_evicts_unreferenced_models_and_never_a_pinned_or_referenced_one(

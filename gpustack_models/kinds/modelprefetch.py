@@ -53,8 +53,13 @@ _MODEL_PREFETCH_STATUS = obj(
     "How far the prefetch is.",
     observedGeneration=integer("The generation last processed.", int64=True, minimum=0),
     desiredNodes=integer("Nodes the prefetch selects.", minimum=0),
-    readyNodes=integer("Selected nodes holding the content.", minimum=0),
+    readyNodes=integer("Selected nodes holding the content (lapsed ones not counted).", minimum=0),
     downloadingNodes=integer("Selected nodes downloading it.", minimum=0),
+    lapsedNodes=integer(
+        "Selected nodes where retention.ttlAfterLastUse ran out: the content is collected there until the "
+        "prefetch's spec changes.",
+        minimum=0,
+    ),
     conditions=conditions(),
 )
 
@@ -94,6 +99,13 @@ MODEL_PREFETCH = ResourceKind(
             "Nodes downloading it.",
             fields=(Field("Downloading", ".status.downloadingNodes", "integer", "Nodes downloading it.", 0),),
             render=count_of("Downloading"),
+        ),
+        Column(
+            "Lapsed",
+            "integer",
+            "Nodes where retention.ttlAfterLastUse ran out (changing the spec places it again).",
+            fields=(Field("Lapsed", ".status.lapsedNodes", "integer", "Nodes where the retention ran out.", 0),),
+            render=count_of("Lapsed"),
         ),
         Column(
             "Available",

@@ -6,7 +6,10 @@ Degraded     something stands in the way, with the commonest reason first: the a
              resolvable or a claim; named nodes that do not exist or run no plugin; nodes that failed the
              download (their reasons); nodes full (``NodeFull``); the namespace's share of a node, bytes or
              digests (``QuotaExceeded``)
-Lapsed       ``retention.ttlAfterLastUse`` ran out on some nodes: the content is collected there
+Lapsed       ``retention.ttlAfterLastUse`` ran out on some nodes: the content is collected there, those nodes
+             count as ``lapsedNodes``, never as ready (even while the files wait out their grace), and where
+             that is all that keeps the prefetch from Available or Complete, Available and Progressing say
+             ``Lapsed`` with the way back (a change of the spec places it again), not a stall
 Pinned       ``retention.pinned`` holds: True where the namespace may pin; ``PinningNotAllowed`` where it
              may not (an administrator's annotation on the Namespace): the prefetch is then kept unpinned
 
@@ -46,6 +49,8 @@ _EXPLAINED = {
     TargetState.QUOTA_EXCEEDED: "past the namespace's limit of bytes or models per node",
 }
 PINNING_NOT_ALLOWED = "PinningNotAllowed"
+LAPSED = "Lapsed"
+PLACE_AGAIN = "change the prefetch's spec (its retention, for example) to place it again"
 
 
 def prefetches_of_digest(digest: str) -> list[tuple[str, str]]:
@@ -69,8 +74,12 @@ class PrefetchState:
     counts: dict = field(default_factory=lambda: {"ready": 0, "downloading": 0, "failed": 0})
     problems: Counter = field(default_factory=Counter)  # reason -> nodes
     missing: list[str] = field(default_factory=list)  # named nodes that do not exist
-    lapsed: int = 0
+    lapsed_nodes: set[str] = field(default_factory=set)  # retention ran out there: not counted as ready
     pinning: bool = False  # whether the namespace may pin
+
+    @property
+    def lapsed(self) -> int:
+        return len(self.lapsed_nodes)
 
     @classmethod
     def read(cls, prefetch: Prefetch) -> PrefetchState:
@@ -81,10 +90,10 @@ class PrefetchState:
         )
         state._read_nodes(targets)
         if state.digest:
-            state.counts = digest_counts(state.digest, state.nodes)
-            failed = StoreEntry.objects.claimed().filter(
-                digest=state.digest, node__in=state.nodes, state=EntryState.FAILED
-            )
+            # A lapsed node's copy is on its way out (collected after the grace): it counts for nothing.
+            live = [node for node in state.nodes if node not in state.lapsed_nodes]
+            state.counts = digest_counts(state.digest, live)
+            failed = StoreEntry.objects.claimed().filter(digest=state.digest, node__in=live, state=EntryState.FAILED)
             state.problems.update(failed.values_list("reason", flat=True))
         return state
 
@@ -99,7 +108,8 @@ class PrefetchState:
                 self.problems[PLUGIN_NOT_RUNNING] += 1
             elif target_state in (TargetState.NODE_FULL, TargetState.QUOTA_EXCEEDED):
                 self.problems[target_state] += 1
-            self.lapsed += target_state == TargetState.LAPSED
+            if target_state == TargetState.LAPSED:
+                self.lapsed_nodes.add(node)
 
     @property
     def digest(self) -> str:
@@ -168,6 +178,8 @@ class PrefetchState:
             return False, waiting[0], waiting[1]
         if desired == 0:
             return False, "NoNodes", "no node running the model plugin is targeted"
+        if self.lapsed and ready < self.needed and ready + self.lapsed >= self.needed:
+            return False, LAPSED, f"{ready} of {desired} nodes ready, {self.lapsed} lapsed: {PLACE_AGAIN}"
         ok = ready >= self.needed
         return (
             ok,
@@ -184,6 +196,8 @@ class PrefetchState:
             return False, waiting[0], waiting[1]
         if ready + blocked < desired:
             return True, "Downloading", message
+        if ready < desired and self.lapsed and ready + self.lapsed == desired:
+            return False, LAPSED, f"{message}, {self.lapsed} lapsed: {PLACE_AGAIN}"
         return False, "Complete" if ready == desired and desired else "Stalled", message
 
     def _degraded(self) -> tuple[bool, str, str]:
@@ -210,7 +224,7 @@ class PrefetchState:
             True,
             "TTLAfterLastUse",
             f"unused for longer than retention.ttlAfterLastUse on {self.lapsed} of {self.desired} nodes; "
-            "the content is collected there",
+            f"the content is collected there; {PLACE_AGAIN}",
         )
 
 
@@ -228,6 +242,7 @@ def reconcile_prefetch(namespace: str, name: str) -> bool:
         "desiredNodes": state.desired,
         "readyNodes": state.counts["ready"],
         "downloadingNodes": state.counts["downloading"],
+        "lapsedNodes": state.lapsed,
         "conditions": state.conditions(previous, generation),
     }
     if same_status(old, status):

@@ -67,6 +67,7 @@ def test_the_status_counts_nodes():
         "desiredNodes",
         "readyNodes",
         "downloadingNodes",
+        "lapsedNodes",
         "conditions",
     }
 
@@ -77,11 +78,13 @@ def test_the_storage_crd_prints_the_raw_fields_and_the_v1_columns_render_them():
         ("Desired", ".status.desiredNodes", "integer", 0),
         ("Ready", ".status.readyNodes", "integer", 0),
         ("Downloading", ".status.downloadingNodes", "integer", 0),
+        ("Lapsed", ".status.lapsedNodes", "integer", 0),
         ("Available", '.status.conditions[?(@.type=="Available")].status', "string", 0),
         ("Age", ".metadata.creationTimestamp", "date", 1),
     ]
     assert MODEL_PREFETCH.table_from_fields
     render = {c.name: c.render for c in MODEL_PREFETCH.columns}
-    assert [render[name]({}) for name in render] == ["", 0, 0, 0, "Unknown", "<unknown>"]
-    cells = {"Artifact": "qwen", "Desired": 3, "Ready": 2, "Downloading": 1, "Available": "False", "Age": "1h"}
-    assert [render[name](cells) for name in render] == ["qwen", 3, 2, 1, "False", "1h"]
+    assert [render[name]({}) for name in render] == ["", 0, 0, 0, 0, "Unknown", "<unknown>"]
+    cells = {"Artifact": "qwen", "Desired": 3, "Ready": 2, "Downloading": 1, "Lapsed": 1, "Available": "False",
+             "Age": "1h"}  # fmt: skip
+    assert [render[name](cells) for name in render] == ["qwen", 3, 2, 1, 1, "False", "1h"]
