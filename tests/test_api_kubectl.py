@@ -7,10 +7,12 @@ import uuid
 
 import pytest
 import yaml
+from kubernetes import client as k8s
 
 from gpustack_models.kinds import GROUP
 from tests.support import kube_update, wait_for
 from tests.support.stores import place, put_entries, store
+from tests.test_api_authz import bind
 
 DIGEST = "sha256:" + "cd" * 32
 
@@ -321,11 +323,11 @@ def test_a_changed_spec_is_refused_with_what_to_do_instead(api, namespace):
 
 
 def test_deleting_an_artifact_a_prefetch_names_warns_which_prefetches_still_name_it(
-    api, namespace, worker_stack, mirror_db
+    api, namespace, worker_stack, mirror_db, api_client
 ):
     from gpustack_models.models import Prefetch
 
-    for name in ("named", "unnamed"):
+    for name in ("named", "unnamed", "hidden"):
         api("apply", "-f", "-", input=artifact_yaml(name, namespace))
     spec = {"artifactRef": {"name": "named"}, "nodeNames": ["nowhere"], "retention": {"pinned": True}}
     prefetch = {"apiVersion": f"{GROUP}/v1", "kind": "ModelPrefetch", "metadata": {"name": "warm"}, "spec": spec}
@@ -344,3 +346,19 @@ def test_deleting_an_artifact_a_prefetch_names_warns_which_prefetches_still_name
     assert "deleted" in deleted.stdout
     quiet = api("delete", "mart", "unnamed", "-n", namespace)  # nothing names it: nothing to say
     assert quiet.stderr.strip() == "", quiet.stderr
+    # A caller who may delete artifacts but not list prefetches learns no prefetch's name from the warning.
+    prefetch["metadata"]["name"], spec["artifactRef"]["name"] = "secretive", "hidden"
+    api("apply", "-n", namespace, "-f", "-", input=yaml.safe_dump(prefetch))
+    wait_for(
+        lambda: Prefetch.objects.live().filter(namespace=namespace, name="secretive").exists(),
+        timeout=30,
+        message="the second prefetch in the mirror",
+    )
+    rules = [k8s.V1PolicyRule(api_groups=[GROUP], resources=["modelartifacts"], verbs=["get", "delete"])]
+    bind(api_client, namespace, "User", "erin", rules, name="artifact-deleter")
+    blind = wait_for(
+        lambda: (p := api("delete", "mart", "hidden", "-n", namespace, "--as=erin", check=False)).returncode == 0 and p,
+        timeout=15,
+        message="erin's binding",
+    )
+    assert "secretive" not in blind.stderr and "Warning" not in blind.stderr, blind.stderr

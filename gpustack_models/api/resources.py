@@ -131,11 +131,16 @@ class ResourceView(KubeAPIView):
     def delete(self, request, **kwargs):
         self.allow(self.verb(request))
         response = self.forward(request, "DELETE", request.body or None, request.content_type or "application/json")
-        if self.kind is MODEL_ARTIFACT and self.target.name:
+        if self.kind is MODEL_ARTIFACT and self.target.name and self.may_list_prefetches(request):
             said = referenced_by_prefetches(self.target.namespace, self.target.name)
             if said:  # kubectl prints it as "Warning: ..."
                 response["Warning"] = ", ".join(filter(None, [response.get("Warning"), warning(said)]))
         return response
+
+    def may_list_prefetches(self, request) -> bool:
+        """The delete warning names prefetches: only to a caller who may list them in the namespace."""
+        attrs = ResourceAttributes("list", GROUP, PUBLIC_VERSION, "modelprefetches", self.target.namespace)
+        return authorization.review(request.user, attrs)[0]
 
     def object_body(self, request) -> dict:
         """The body of a create or update, checked against this resource and rewritten to the storage."""
