@@ -33,6 +33,18 @@ def env_renamed(name, old):
     return old
 
 
+def env_ports(name, default, count):
+    """``count`` (a word: "five") ports separated by commas, or "free"; the setting's text, stripped."""
+    value = env_str(name, default).strip()
+    ports = value.split(",")
+    number = {"three": 3, "five": 5}[count]
+    if value != "free" and not (
+        len(ports) == number and all(p.strip().isdigit() and 0 < int(p) < 65536 for p in ports)
+    ):
+        raise ImproperlyConfigured(f"{name}={value!r}: expected {count} ports separated by commas, or free")
+    return value
+
+
 def env_str(name, default=""):
     return os.environ.get(name, default)
 
@@ -250,24 +262,10 @@ KUBE_VERSION_FILE = BASE_DIR / "deploy" / "controlplane" / "go.mod"
 ETCD_COMPACTION_INTERVAL = env_str("GPUSTACK_ETCD_COMPACTION_INTERVAL", "5m")
 # The local control plane's ports (`make run`): kube-apiserver, etcd client, etcd peer,
 # kube-controller-manager, kube-scheduler; or "free" for free loopback ports picked at each start.
-LOCAL_CLUSTER_PORTS = env_str("GPUSTACK_LOCAL_CLUSTER_PORTS", "6443,12379,12380,10257,10259").strip()
-if LOCAL_CLUSTER_PORTS != "free" and not (
-    len(LOCAL_CLUSTER_PORTS.split(",")) == 5
-    and all(p.strip().isdigit() and 0 < int(p) < 65536 for p in LOCAL_CLUSTER_PORTS.split(","))
-):
-    raise ImproperlyConfigured(
-        f"GPUSTACK_LOCAL_CLUSTER_PORTS={LOCAL_CLUSTER_PORTS!r}: expected five ports separated by commas, or free"
-    )
+LOCAL_CLUSTER_PORTS = env_ports("GPUSTACK_LOCAL_CLUSTER_PORTS", "6443,12379,12380,10257,10259", "five")
 # `make run`'s metrics ports of the informers, the Celery worker and Celery beat (plain HTTP on 127.0.0.1), or
 # "free" for free loopback ports picked at each start; runlocal lists them in <data dir>/endpoints.json.
-LOCAL_METRICS_PORTS = env_str("GPUSTACK_LOCAL_METRICS_PORTS", "9101,9102,9103").strip()
-if LOCAL_METRICS_PORTS != "free" and not (
-    len(LOCAL_METRICS_PORTS.split(",")) == 3
-    and all(p.strip().isdigit() and 0 < int(p) < 65536 for p in LOCAL_METRICS_PORTS.split(","))
-):
-    raise ImproperlyConfigured(
-        f"GPUSTACK_LOCAL_METRICS_PORTS={LOCAL_METRICS_PORTS!r}: expected three ports separated by commas, or free"
-    )
+LOCAL_METRICS_PORTS = env_ports("GPUSTACK_LOCAL_METRICS_PORTS", "9101,9102,9103", "three")
 
 # --- The aggregated API server ---------------------------------------------------------------------
 # Seconds a TokenReview or SubjectAccessReview answer is reused.

@@ -161,6 +161,12 @@ def artifact_resolved(v: dict) -> str:
     return "True" if status == "True" else (v.get("Resolved Reason") or status)
 
 
+def count_column(name: str, json_path: str, description: str, field_description: str = "") -> Column:
+    """A column counting nodes from one integer of the status (0 while absent), shown by default."""
+    raw = Field(name, json_path, "integer", field_description or description, 0)
+    return Column(name, "integer", description, fields=(raw,), render=count_of(name))
+
+
 def count_of(name: str) -> Callable[[dict], int]:
     return lambda v: v.get(name) or 0
 

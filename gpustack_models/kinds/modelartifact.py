@@ -11,6 +11,7 @@ from gpustack_models.kinds.base import (
     artifact_resolved,
     artifact_revision,
     artifact_source,
+    count_column,
     count_of,
 )
 from gpustack_models.kinds.formatting import human_bytes
@@ -206,19 +207,9 @@ MODEL_ARTIFACT = ResourceKind(
             fields=(Field("Size", ".status.resolved.sizeBytes", "integer", "Bytes of the selected files.", 0),),
             render=lambda v: human_bytes(v.get("Size")),
         ),
-        Column(
-            "Ready",
-            "integer",
-            "Nodes holding the content.",
-            fields=(Field("Ready", ".status.nodes.ready", "integer", "Nodes holding the content.", 0),),
-            render=count_of("Ready"),
-        ),
-        Column(
-            "Downloading",
-            "integer",
-            "Nodes downloading the content.",
-            fields=(Field("Downloading", ".status.nodes.downloading", "integer", "Nodes downloading it.", 0),),
-            render=count_of("Downloading"),
+        count_column("Ready", ".status.nodes.ready", "Nodes holding the content."),
+        count_column(
+            "Downloading", ".status.nodes.downloading", "Nodes downloading the content.", "Nodes downloading it."
         ),
         Column(
             "Resolved",

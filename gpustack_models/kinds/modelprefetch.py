@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from gpustack_models.kinds.base import Column, Field, ResourceKind, age_column, count_of
+from gpustack_models.kinds.base import Column, Field, ResourceKind, age_column, count_column
 from gpustack_models.kinds.schema import (
     Rule,
     array,
@@ -79,33 +79,14 @@ MODEL_PREFETCH = ResourceKind(
             fields=(Field("Artifact", ".spec.artifactRef.name", description="The ModelArtifact.", priority=0),),
             render=lambda v: v.get("Artifact") or "",
         ),
-        Column(
-            "Desired",
-            "integer",
-            "Nodes selected.",
-            fields=(Field("Desired", ".status.desiredNodes", "integer", "Nodes selected.", 0),),
-            render=count_of("Desired"),
-        ),
-        Column(
-            "Ready",
-            "integer",
-            "Nodes holding the content.",
-            fields=(Field("Ready", ".status.readyNodes", "integer", "Nodes holding the content.", 0),),
-            render=count_of("Ready"),
-        ),
-        Column(
-            "Downloading",
-            "integer",
-            "Nodes downloading it.",
-            fields=(Field("Downloading", ".status.downloadingNodes", "integer", "Nodes downloading it.", 0),),
-            render=count_of("Downloading"),
-        ),
-        Column(
+        count_column("Desired", ".status.desiredNodes", "Nodes selected."),
+        count_column("Ready", ".status.readyNodes", "Nodes holding the content."),
+        count_column("Downloading", ".status.downloadingNodes", "Nodes downloading it."),
+        count_column(
             "Lapsed",
-            "integer",
+            ".status.lapsedNodes",
             "Nodes where retention.ttlAfterLastUse ran out (changing the spec places it again).",
-            fields=(Field("Lapsed", ".status.lapsedNodes", "integer", "Nodes where the retention ran out.", 0),),
-            render=count_of("Lapsed"),
+            "Nodes where the retention ran out.",
         ),
         Column(
             "Available",
