@@ -138,7 +138,8 @@ def test_a_node_selector_follows_the_labels_and_the_unselected_node_loses_its_by
 
 def test_a_deleted_prefetch_leaves_after_the_grace_and_a_recreated_one_asks_the_hub_nothing(life, hub, worker_kube):
     life.artifact()
-    (plugin,) = life.plugins(1, GPUSTACK_PLUGIN_REMOVAL_DELAY_SECONDS=1)
+    # The node's own removal delay is an hour: the grace the service announced is the one that counts.
+    (plugin,) = life.plugins(1, GPUSTACK_PLUGIN_REMOVAL_DELAY_SECONDS=3600)
     life.prefetch([plugin])
     life.wait_state(plugin.node, "Ready", timeout=120)
     mark = len(hub.requests)
@@ -153,18 +154,26 @@ def test_a_deleted_prefetch_leaves_after_the_grace_and_a_recreated_one_asks_the_
     wait_condition(worker_kube, life.ns, "warm", "Available", "True")
     assert hub_downloads(hub, mark) == [], "a prefetch recreated within the grace downloaded again"
 
-    # Deleted for good: still in spec.models during the grace, then gone, and the tree (after the plugin's
-    # removal delay of 1 s) and the entry after it.
+    # Deleted for good: still in spec.models during the grace, then gone at its collectTime, the tree and the
+    # entry with it; the collectTime the node's status shows never moves.
     deleted, deleted_wall = time.monotonic(), time.time()
     worker_kube.delete(path)
     item = wait_for(lambda: collect_item(worker_kube, plugin.node, life.digest), message="grace")
     assert_grace(item["collectTime"], deleted_wall, time.time())
     entry = wait_for(lambda: (life.entry(plugin.node) or {}).get("collectTime"), message="collectTime in status")
     assert entry == item["collectTime"]
+    shown = set()
+
+    def removed():
+        shown.add((life.entry(plugin.node) or {}).get("collectTime"))
+        return not life.tree(plugin).exists()
+
     seen = first_seen({"left": lambda: spec_item(worker_kube, plugin.node, life.digest) is None,
-                       "removed": lambda: not life.tree(plugin).exists()}, timeout=COLLECTION_GRACE + 60)  # fmt: skip
+                       "removed": removed}, timeout=COLLECTION_GRACE + 60)  # fmt: skip
     assert seen["left"] - deleted >= COLLECTION_GRACE, "left spec.models before the grace"
-    assert seen["removed"] - deleted >= COLLECTION_GRACE + 1, "the tree removed before the grace and the delay"
+    assert seen["removed"] - deleted >= COLLECTION_GRACE, "the tree removed before the grace"
+    assert seen["removed"] - seen["left"] < 10, "the tree stayed past its collectTime (the node's delay added)"
+    assert shown - {None} == {item["collectTime"]}, f"the collectTime shown moved: {sorted(shown - {None})}"
     wait_for(lambda: life.entry(plugin.node) is None, timeout=30, message="the entry gone")
     assert hub_downloads(hub, mark) == []
 

@@ -35,3 +35,15 @@ def send(name: str, *args, **kwargs) -> None:
         task.delay(*args, **kwargs)
     else:
         current_app.send_task(name, args, kwargs)
+
+
+def send_at(eta, name: str, *args) -> None:
+    """Enqueue the task ``name`` to run at ``eta`` (an aware datetime), as ``send`` does. Where tasks run
+    where they are sent (no ETA there) nothing is sent: the periodic pass that looks ahead catches the moment."""
+    if current_app.conf.task_always_eager:
+        return
+    task = _registered(name)
+    if task is not None:
+        task.apply_async(args, eta=eta)
+    else:
+        current_app.send_task(name, args, eta=eta)

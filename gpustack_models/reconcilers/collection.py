@@ -4,7 +4,9 @@ must change because time passed, not because an object did.
 Two things happen by time alone: an unreferenced digest's grace ends (its ``Holding.collect_time``), and a
 prefetch's ``retention.ttlAfterLastUse`` runs out since the content was last used on a node. The pass finds
 those nodes with a few queries over the whole cluster and enqueues their reconciles; each reconcile makes
-and logs the decision (``node_stores``, ``references``).
+and logs the decision (``node_stores``, ``references``). It looks one interval ahead: a node whose time
+comes before the next pass is reconciled at that moment (a task with an ETA), so a digest leaves the spec
+at its ``collectTime``, not up to an interval later; the pass after it catches anything the ETA missed.
 """
 
 from __future__ import annotations
@@ -20,9 +22,10 @@ from gpustack_models.models import Artifact, EntryState, Holding, PrefetchTarget
 log = logging.getLogger(__name__)
 
 
-def graces_ended(now: datetime) -> set[str]:
-    """Nodes holding a digest whose collection grace has ended."""
-    return set(Holding.objects.filter(collect_time__lte=now).values_list("node", flat=True).distinct())
+def graces_ended(now: datetime) -> dict[str, datetime]:
+    """Node -> the earliest end of a collection grace on it, for the graces ended by ``now``."""
+    rows = Holding.objects.filter(collect_time__lte=now).values("node").annotate(at=Min("collect_time"))
+    return {row["node"]: row["at"] for row in rows}
 
 
 def _retained_targets():
@@ -36,12 +39,13 @@ def _retained_targets():
     )
 
 
-def retention_ended(now: datetime) -> set[str]:
-    """Nodes where some prefetch's ``ttlAfterLastUse`` has run out since its content was last used."""
+def retention_ended(now: datetime) -> dict[str, datetime]:
+    """Node -> the earliest moment some prefetch's ``ttlAfterLastUse`` ran out on it since its content was
+    last used, for those run out by ``now``."""
     targets = _retained_targets()
     shortest = targets.aggregate(ttl=Min("prefetch__ttl_seconds"))["ttl"]
     if shortest is None:
-        return set()
+        return {}
     stale = {
         (node, digest): used
         for node, digest, used in StoreEntry.objects.filter(
@@ -49,28 +53,44 @@ def retention_ended(now: datetime) -> set[str]:
         ).values_list("node", "digest", "last_used_time")
     }
     if not stale:
-        return set()
+        return {}
     digests = {
         (ns, name): digest
         for ns, name, digest in Artifact.objects.live()
         .filter(digest__in={d for _, d in stale})
         .values_list("namespace", "name", "digest")
     }
-    nodes = set()
+    nodes: dict[str, datetime] = {}
     rows = targets.filter(node__in={n for n, _ in stale}).values_list(
         "node", "prefetch__namespace", "prefetch__artifact_name", "prefetch__ttl_seconds"
     )
     for node, namespace, artifact, ttl in rows.iterator():
         used = stale.get((node, digests.get((namespace, artifact), "")))
         if used is not None and now - used > timedelta(seconds=ttl):
-            nodes.add(node)
+            nodes[node] = min(nodes.get(node, now), used + timedelta(seconds=ttl))
     return nodes
 
 
-def collection_pass(now: datetime | None = None) -> set[str]:
-    """The nodes whose spec.models time has changed; the caller reconciles them."""
+def _earliest(*found: dict[str, datetime]) -> dict[str, datetime]:
+    out: dict[str, datetime] = {}
+    for nodes in found:
+        for node, at in nodes.items():
+            out[node] = min(out.get(node, at), at)
+    return out
+
+
+def collection_pass(now: datetime | None = None, ahead: float = 0.0) -> dict[str, datetime]:
+    """Node -> when its spec.models changes because time passed: now or earlier for the nodes due, later
+    (within ``ahead`` seconds) for those due before the next pass; the caller reconciles each at its time."""
     now = now or timezone.now()
-    ended, lapsed = graces_ended(now), retention_ended(now)
-    if ended or lapsed:
-        log.info("collection: %d nodes with a grace ended, %d with a retention run out", len(ended), len(lapsed))
-    return ended | lapsed
+    horizon = now + timedelta(seconds=ahead)
+    ended, lapsed = graces_ended(horizon), retention_ended(horizon)
+    due = _earliest(ended, lapsed)
+    if due:
+        log.info(
+            "collection: %d nodes with a grace ending, %d with a retention running out, by %s",
+            len(ended),
+            len(lapsed),
+            horizon.isoformat(timespec="seconds"),
+        )
+    return due

@@ -2,9 +2,10 @@
 
 The spec's ``models`` are what the reference model (``references``) places on the node, plus the digests
 no longer referenced there for less than the collection grace (``GPUSTACK_COLLECTION_GRACE_SECONDS``),
-listed with the ``collectTime`` at which they leave; the plugin removes a tree shortly after its digest
-left. What was placed is kept as ``Holding`` rows, so a recreated store gets the same spec at once (the
-deletion event enqueues a reconcile) and a prefetch recreated within the grace finds its bytes. The
+listed with the ``collectTime`` at which they leave (a reconcile is sent for that moment when it comes
+before the next collection pass); the plugin removes the tree once its digest left at that time. What was
+placed is kept as ``Holding`` rows, so a recreated store gets the same spec at once (the deletion event
+enqueues a reconcile) and a prefetch recreated within the grace finds its bytes. The
 service owns the whole spec as a server-side-apply field manager (``STORE_SPEC``).
 """
 
@@ -21,7 +22,7 @@ from django.utils import timezone
 from gpustack_models import kube
 from gpustack_models.informers import mirror
 from gpustack_models.informers.reactions import enqueue, reacts_to
-from gpustack_models.informers.sending import send
+from gpustack_models.informers.sending import send, send_at
 from gpustack_models.kinds import GROUP
 from gpustack_models.kinds.nodemodelstore import MAX_BYTES_PER_SECOND, MAX_DOWNLOAD_CONCURRENCY, MAX_UPLOAD_CONNECTIONS
 from gpustack_models.models import Holding, Node, NodeStore, PluginPod, Prefetch, PrefetchTarget
@@ -102,9 +103,18 @@ def desired_models(node: str, assignment: Assignment, now: datetime | None = Non
         rows = {h.digest: h for h in Holding.objects.select_for_update().filter(node=node)}
         for digest, pinned in assignment.held.items():
             kept.append(_hold(node, rows.pop(digest, None), digest, pinned))
+        released = [h for h in rows.values() if h.collect_time is None]
         kept += [h for h in rows.values() if _release(node, h, now, grace)]
         kept = _trim(node, kept)
+    _reconcile_when_due(node, [h.collect_time for h in released if h in kept], now)
     return [_spec_item(h) for h in sorted(kept, key=lambda h: h.digest)]
+
+
+def _reconcile_when_due(node: str, graces: list[datetime], now: datetime) -> None:
+    """The graces that began now end before the next collection pass: reconcile the node at the first end."""
+    soon = [at for at in graces if at - now <= timedelta(seconds=settings.COLLECTION_INTERVAL_SECONDS)]
+    if soon:
+        transaction.on_commit(lambda: send_at(min(soon), RECONCILE_NODE_STORE, node))
 
 
 def _record_states(states: dict[int, str]) -> set[tuple[str, str]]:

@@ -188,10 +188,15 @@ def reconcile_placement_labels(node: str) -> str:
 @shared_task(name="gpustack_models.collect")
 def collect() -> int:
     """Every ``GPUSTACK_COLLECTION_INTERVAL_SECONDS``: nodes where a grace ended or a retention ran out
-    are reconciled (which drops the digests from spec.models and logs why)."""
-    nodes = collection.collection_pass()
-    for node in sorted(nodes):
-        reconcile_node_store.delay(node)
+    are reconciled (which drops the digests from spec.models and logs why); those whose time comes before
+    the next pass are reconciled at that time."""
+    now = timezone.now()
+    nodes = collection.collection_pass(now, ahead=settings.COLLECTION_INTERVAL_SECONDS)
+    for node, at in sorted(nodes.items()):
+        if at <= now:
+            reconcile_node_store.delay(node)
+        else:
+            sending.send_at(at, names.RECONCILE_NODE_STORE, node)
     return len(nodes)
 
 

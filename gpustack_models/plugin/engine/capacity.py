@@ -90,16 +90,18 @@ class Retention:
         self.note_absence(now)
 
     def note_absence(self, now: float) -> None:
-        """Note when each digest left ``spec.models`` or came back (persisted)."""
+        """Note when each digest left ``spec.models`` or came back, and the collectTime its item announced
+        (persisted)."""
         for digest, item in self.records.items.items():
-            if digest in self.wanted:
-                absent_since = None
+            wanted = self.wanted.get(digest)
+            if wanted is not None:
+                absent_since, collect_time = None, wanted.collect_time
             elif item.absent_since is None or item.absent_since > now:
-                absent_since = now
+                absent_since, collect_time = now, item.collect_time
             else:
                 continue
-            if item.absent_since != absent_since:
-                item.absent_since = absent_since
+            if (item.absent_since, item.collect_time) != (absent_since, collect_time):
+                item.absent_since, item.collect_time = absent_since, collect_time
                 self.records.persist(item)
 
     def set_mounted(self, digests: Iterable[str], now: float) -> None:
@@ -133,7 +135,13 @@ class Retention:
         if item.digest in self.mounted:
             return None
         published = item.state == READY and item.digest not in self.running()
-        return item.absent_since + (self.removal_delay if published else self.partial_retention)
+        if not published:
+            return item.absent_since + self.partial_retention
+        if item.collect_time is not None:
+            # The service gave the grace (the collectTime its item announced): the tree goes when that
+            # time is reached and the digest has left the spec, with no delay of the node's own on top.
+            return max(item.collect_time, item.absent_since)
+        return item.absent_since + self.removal_delay
 
     def due(self, now: float) -> list[Item]:
         """The items whose removal time has come (none runs)."""

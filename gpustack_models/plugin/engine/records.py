@@ -102,6 +102,9 @@ class Item:
     last_used: float | None = None
     last_used_saved: float | None = None
     absent_since: float | None = None
+    # The collectTime its spec.models item announced while unreferenced (epoch seconds): the grace the
+    # service gave, which the node keeps once the digest leaves the spec rather than adding its own delay.
+    collect_time: float | None = None
     source: str = SOURCE_HUB
 
     def record(self) -> dict:
@@ -116,6 +119,7 @@ class Item:
             "retryTime": self.retry_time,
             "lastUsedTime": self.last_used,
             "absentSince": self.absent_since,
+            "collectTime": self.collect_time,
             "source": self.source,
         }
 
@@ -144,6 +148,7 @@ class Item:
         item.retry_time = number("retryTime")
         item.last_used = item.last_used_saved = number("lastUsedTime")
         item.absent_since = number("absentSince")
+        item.collect_time = number("collectTime")
         item.source = SOURCE_PEER if record.get("source") == SOURCE_PEER else SOURCE_HUB
         return item
 
@@ -163,7 +168,8 @@ def entry_of(
 ) -> Entry:
     """The entry of ``item``: ``Downloading`` with the bytes so far while ``running`` (its download) runs;
     the failure only when ``Failed``; ``pinned`` and ``collectTime`` from its ``spec.models`` item
-    ``wanted``, else its ``removal_time`` (a digest out of ``spec.models``)."""
+    ``wanted``, else its ``removal_time`` (a digest out of ``spec.models``; the collectTime the spec
+    announced, when the removal keeps to it, so the time a user was shown does not move)."""
     downloaded = running.downloaded_bytes if running is not None else item.downloaded
     state = DOWNLOADING if running is not None else item.state
     source = source_of(running.source_bytes) if running is not None else item.source
@@ -179,8 +185,14 @@ def entry_of(
         last_used_time=item.last_used,
         source=source,
         pinned=wanted is not None and wanted.pinned,
-        collect_time=wanted.collect_time if wanted is not None else removal_time,
+        collect_time=wanted.collect_time if wanted is not None else _announced(item, removal_time),
     )
+
+
+def _announced(item: Item, removal_time: float | None) -> float | None:
+    if removal_time is None or item.collect_time is None:
+        return removal_time
+    return item.collect_time if removal_time <= max(item.collect_time, item.absent_since or 0.0) else removal_time
 
 
 def checkpoint_progress(path: Path) -> tuple[int, int]:

@@ -328,6 +328,41 @@ def test_it_resumes_an_interrupted_download_after_restart(fakehub, make_engine):
     assert restarted.stats(ticket.digest)["resumed_hash_bytes"] >= 1 * MiB
 
 
+def test_a_tree_whose_spec_announced_a_collect_time_goes_at_it_and_the_time_shown_does_not_move(
+    fakehub, make_engine, clock
+):
+    """The service gave the grace: the collectTime its spec item announced is the one the status keeps once
+    the digest leaves the spec, and the tree goes then, with no removal delay of the node's own on top."""
+    commit = fakehub.add_hf_repo("org/graced", {"config.json": b'{"g": 1}'})
+    ticket = ticket_for(fakehub, "org/graced", commit)
+    delay = 600
+    engine = make_engine(clock=clock, removal_delay=delay)
+    engine.ensure(ticket)
+    assert engine.wait(ticket.digest, timeout=30).state == READY
+    announced = clock.now + 30
+    engine.set_wanted([{"digest": ticket.digest, "collectTime": rfc3339(announced)}])
+    assert engine.entry(ticket.digest).status()["collectTime"] == rfc3339(announced)
+    assert engine.collect() == []
+    engine.close()
+
+    # A restart keeps what was announced; the digest leaves the spec a second after its time.
+    restarted = make_engine(clock=clock, removal_delay=delay)
+    restarted.set_wanted([{"digest": ticket.digest, "collectTime": rfc3339(announced)}])
+    clock.advance(31)
+    restarted.set_wanted([])
+    assert restarted.entry(ticket.digest).status()["collectTime"] == rfc3339(announced)
+    assert restarted.collect() == [ticket.digest]
+    assert restarted.path(ticket.digest) is None
+
+    # Referenced again, then dropped with no grace (no collectTime announced): the node's own delay applies.
+    restarted.set_wanted([{"digest": ticket.digest}])
+    restarted.ensure(ticket)
+    assert restarted.wait(ticket.digest, timeout=30).state == READY
+    restarted.set_wanted([])
+    assert restarted.entry(ticket.digest).status()["collectTime"] == rfc3339(clock.now + delay)
+    assert restarted.collect() == []
+
+
 def test_it_removes_a_tree_only_after_the_removal_delay(fakehub, make_engine, clock):
     kept_commit = fakehub.add_hf_repo("org/kept", {"config.json": b'{"a": 1}'})
     gone_commit = fakehub.add_hf_repo("org/gone", {"config.json": b'{"b": 2}'})
