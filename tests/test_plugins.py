@@ -123,6 +123,17 @@ class Scenario:
         return plugin.cache / "models" / self.digest.split(":", 1)[1]
 
 
+def artifact_path(namespace, name):
+    return f"{STORAGE}/namespaces/{namespace}/modelartifacts/{name}"
+
+
+def condition_of(kube, namespace, name, type_):
+    for cond in (kube.get(artifact_path(namespace, name)).get("status") or {}).get("conditions") or []:
+        if cond["type"] == type_:
+            return cond
+    return None
+
+
 @pytest.fixture
 def scenario(worker_stack, worker_api, hub, worker_kube, admin_http, cluster, namespace, start_plugin):
     yield Scenario(hub, worker_kube, admin_http, cluster, namespace, start_plugin)
@@ -163,15 +174,34 @@ def test_it_downloads_to_three_nodes_with_live_progress(scenario, hub, kubectl, 
         scenario.artifact(name="twin", ns=other)
         twin = scenario.progress("twin", ns=other)
         assert (twin["ready"], twin["downloading"], twin["manifestDigest"]) == (0, 3, scenario.digest)
+        # The rest at a hub-wide 1.5 MiB/s: progress tells the rate and when the last node is done, as
+        # kubectl prints it.
+        hub.total_rate = 3 * MiB // 2
         later.release()
+        moving = wait_for(lambda: (pr := scenario.progress())["live"] == 3 and pr.get("etaSeconds") and pr,
+                          timeout=30, message="a rate and an ETA")  # fmt: skip
+        assert moving["bytesPerSecond"] > 0 and 0 < moving["etaSeconds"] < 120, moving
+        table = kubectl("get", "mart", "art", "-n", scenario.ns, "--subresource=progress").stdout.splitlines()
+        header, row = table[0].split(), table[1].split()
+        assert header[5:8] == ["BYTES", "RATE", "ETA"] and row[6].endswith("/s"), table
+        hub.total_rate = 0
         for p in plugins:
             scenario.wait_state(p.node, "Ready", timeout=120)
         # progress reads the mirror, a moment behind the stores' status the waits above read
         done = wait_for(lambda: (pr := scenario.progress())["ready"] == 3 and pr, timeout=30, message="3 ready")
         assert (done["ready"], done["downloading"], done["live"]) == (3, 0, 0)
-        assert "downloadingPercent" not in done
+        assert "downloadingPercent" not in done and "etaSeconds" not in done
         assert scenario.progress("twin", ns=other)["ready"] == 3
+        # Ready is the namespace's own: the prefetch's namespace waits for it with kubectl; the twin counts
+        # the three copies (READY) but nothing of its namespace asks for it, and its condition says so.
+        kubectl("wait", "--for=condition=Ready", "mart/art", "-n", scenario.ns, "--timeout=30s")
+        ready = {c["type"]: c for c in scenario.kube.get(artifact_path(scenario.ns, "art"))["status"]["conditions"]}
+        assert ready["Ready"]["message"].startswith("ready on 3 of 3 nodes this namespace asks for it on"), ready
+        twin_ready = wait_for(lambda: condition_of(scenario.kube, other, "twin", "Ready"), timeout=30, message="twin")
+        assert (twin_ready["status"], twin_ready["reason"]) == ("False", "NotRequested"), twin_ready
+        assert "create a ModelPrefetch" in twin_ready["message"]
     finally:
+        hub.total_rate = 0
         core.delete_namespace(other)
     for p in plugins:
         for path, data in scenario.files.items():

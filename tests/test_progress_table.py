@@ -12,7 +12,7 @@ from gpustack_models.kinds.formatting import human_bytes
 from tests.support import wait_for
 from tests.support.stores import STORAGE, entry, place, put_entries, store
 
-HEADER = ["NAME", "READY", "DOWNLOADING", "FAILED", "PERCENT", "BYTES", "LIVE"]
+HEADER = ["NAME", "READY", "DOWNLOADING", "FAILED", "PERCENT", "BYTES", "RATE", "ETA", "LIVE"]
 WIDE = HEADER + ["DIGEST", "FAILURES", "REASON"]
 
 
@@ -56,6 +56,33 @@ def test_it_prints_the_progress_of_an_artifact_as_a_table(api, nodes, resolved, 
     assert "application/json;as=Table;v=v1;g=meta.k8s.io" in verbose.stderr
     answer = json.loads(progress(api, artifact, namespace, "-o", "json").stdout)
     assert answer["kind"] == "ModelArtifactProgress" and answer["downloadingPercent"] == 50
+
+
+def test_it_lists_the_files_of_the_resolved_content_and_refuses_a_tenant_without_the_right(
+    api, resolved, namespace, api_client, cluster
+):
+    """``kubectl get mart NAME --subresource=files``: the manifest every node verifies, outside the console."""
+    import hashlib
+
+    artifact, digest = resolved
+    weights = b"w" * 4096  # the fixture's files (tests.support.stores.resolved)
+    table = rows(api("get", "mart", artifact, "-n", namespace, "--subresource=files"))
+    assert table[0] == ["PATH", "SIZE"]
+    assert [r[0] for r in table[1:]] == ["config.json", "model.safetensors"]
+    assert (table[1][1], table[2][1]) == ("12B", "4.0Ki")  # config.json holds "org/w-" and 6 hex characters
+    wide = {r[0]: r for r in rows(api("get", "mart", artifact, "-n", namespace, "--subresource=files", "-o", "wide"))}
+    blob = hashlib.sha1(b"blob 4096\0" + weights).hexdigest()
+    assert wide["model.safetensors"][2] in (f"sha256:{hashlib.sha256(weights).hexdigest()}", f"gitsha1:{blob}")
+    answer = json.loads(api("get", "mart", artifact, "-n", namespace, "--subresource=files", "-o", "json").stdout)
+    assert (answer["kind"], answer["manifestDigest"], len(answer["files"])) == ("ModelArtifactFiles", digest, 2)
+    # Reading files is its own right, as progress is: get on the artifact alone is not enough.
+    rules = [k8s.V1PolicyRule(api_groups=[GROUP], resources=["modelartifacts"], verbs=["get"])]
+    _bind(api_client, namespace, "dave", rules, name="files-getter")
+    token = cluster.tokens()["dave"]
+    wait_for(lambda: api("get", "mart", artifact, "-n", namespace, token=token, check=False).returncode == 0,
+             timeout=15, message="dave to get the artifact")  # fmt: skip
+    refused = api("get", "mart", artifact, "-n", namespace, "--subresource=files", token=token, check=False)
+    assert refused.returncode != 0 and "modelartifacts/files" in refused.stderr, refused.stderr
 
 
 def test_it_prints_an_artifact_on_a_claim_as_a_row_with_its_reason(api, namespace):

@@ -46,12 +46,43 @@ PROGRESS = obj(
     downloadingPercent=integer("Mean percent of the downloading nodes; absent while none downloads."),
     downloadingBytes=integer("Bytes the downloading nodes hold, summed.", int64=True),
     live=integer("Nodes whose bytes were read live for this answer."),
+    bytesPerSecond=integer(
+        "Bytes per second the live downloading nodes receive, summed (each over about its last 10 s); absent "
+        "when no node was read live.",
+        int64=True,
+    ),
+    etaSeconds=integer(
+        "Seconds until the last downloading node holds the content at its current rate; absent unless every "
+        "downloading node was read live and is receiving bytes."
+    ),
     failureReasons=Schema(
         "array",
         "Failure reasons (each one of the NodeModelStore's fixed reasons) and how many nodes have each.",
         items=obj(reason=string(), count=integer()),
     ),
     reason=string("Why there is nothing to count (unresolved artifact, claim source)."),
+)
+
+
+FILES = obj(
+    "The files of an artifact's resolved content, as every node downloads and verifies them.",
+    apiVersion=string("worker.gpustack.ai/v1"),
+    kind=string("ModelArtifactFiles"),
+    metadata=Schema("object", "The artifact's name and namespace."),
+    manifestDigest=string("The content's digest."),
+    files=Schema(
+        "array",
+        "The files, by path.",
+        items=obj(
+            path=string("The file's path in the content."),
+            sizeBytes=integer("The file's size.", int64=True),
+            digest=string(
+                "What the file is verified against: sha256:<hex>, or gitsha1:<hex> (git's blob hash) for a small "
+                "file kept in git."
+            ),
+        ),
+    ),
+    reason=string("Why no file is listed (unresolved artifact, claim source)."),
 )
 
 
@@ -301,9 +332,9 @@ def openapi_v2() -> tuple[bytes, str]:
             definitions[f"{DEFINITION_PREFIX}{kind.kind}"] = _object_definition(kind)
             definitions[f"{DEFINITION_PREFIX}{kind.list_kind}"] = _list_definition(kind)
             paths.update(_paths(kind))
-        progress = _v2_schema(PROGRESS)
-        progress["x-kubernetes-group-version-kind"] = [_gvk("ModelArtifactProgress")]
-        definitions[f"{DEFINITION_PREFIX}ModelArtifactProgress"] = progress
+        for name, schema in (("ModelArtifactProgress", PROGRESS), ("ModelArtifactFiles", FILES)):
+            definitions[f"{DEFINITION_PREFIX}{name}"] = _v2_schema(schema)
+            definitions[f"{DEFINITION_PREFIX}{name}"]["x-kubernetes-group-version-kind"] = [_gvk(name)]
         doc = {
             "swagger": "2.0",
             "info": {"title": "gpustack-models", "version": PUBLIC_VERSION},

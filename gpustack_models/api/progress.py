@@ -76,8 +76,8 @@ def _plugin_session():
     return session
 
 
-async def read_live(endpoints: dict[str, str], digest: str, timeout: float) -> dict[str, int]:
-    """node -> downloadedBytes of ``digest`` from each plugin that answered within ``timeout``."""
+async def read_live(endpoints: dict[str, str], digest: str, timeout: float) -> dict[str, tuple[int, int]]:
+    """node -> (downloadedBytes, bytesPerSecond) of ``digest`` from each plugin that answered within ``timeout``."""
     import aiohttp
 
     try:
@@ -100,11 +100,16 @@ async def read_live(endpoints: dict[str, str], digest: str, timeout: float) -> d
             return node, None
         for item in body.get("downloads") or []:
             if item.get("digest") == digest:
-                return node, int(item.get("downloadedBytes") or 0)
+                return node, (_count(item.get("downloadedBytes")), _count(item.get("bytesPerSecond")))
         return node, None
 
     results = await asyncio.gather(*(one(node, ip) for node, ip in endpoints.items()))
     return {node: value for node, value in results if value is not None}
+
+
+def _count(value) -> int:
+    """A non-negative integer a plugin sent; anything else reads as 0."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
 
 
 @dataclass
@@ -136,8 +141,9 @@ def tally(digest: str, default_size: int) -> Tally:
     return out
 
 
-def live_bytes(digest: str, downloading: dict, started: float) -> dict[str, int]:
-    """node -> live downloaded bytes, for at most ``PROGRESS_LIVE_MAX`` downloading nodes that answer in time."""
+def live_bytes(digest: str, downloading: dict, started: float) -> dict[str, tuple[int, int]]:
+    """node -> live (downloaded bytes, bytes per second), for at most ``PROGRESS_LIVE_MAX`` downloading nodes
+    that answer in time."""
     chosen = sorted(downloading)[: settings.PROGRESS_LIVE_MAX]
     endpoints = dict(
         PluginPod.objects.live().filter(node__in=chosen, ready=True).exclude(pod_ip="").values_list("node", "pod_ip")
@@ -164,14 +170,20 @@ def compute(name: str, namespace: str, artifact: dict) -> dict:
     live = live_bytes(digest, counts.downloading, started) if counts.downloading else {}
     out.update(ready=counts.ready, failed=counts.failed, downloading=len(counts.downloading), live=len(live))
     out["failureReasons"] = [{"reason": r, "count": c} for r, c in sorted(counts.reasons.items())]
-    total_bytes, percents = 0, []
+    total_bytes, percents, rates, etas = 0, [], 0, []
     for node, (size, stored) in counts.downloading.items():
-        done = live.get(node, stored)
+        done, rate = live.get(node, (stored, 0))
         total_bytes += done
         percents.append(min(100, int(done * 100 / size)) if size else 0)
+        rates += rate
+        etas.append(max(0, size - done) / rate if rate else None)
     out["downloadingBytes"] = total_bytes
     if percents:
         out["downloadingPercent"] = int(sum(percents) / len(percents))
+    if live:
+        out["bytesPerSecond"] = rates
+    if etas and None not in etas:  # every downloading node read live and moving: when the last one ends
+        out["etaSeconds"] = int(max(etas) + 0.999)
     return out
 
 
@@ -181,6 +193,7 @@ class ProgressView(KubeAPIView):
     Answers the object, or a one-row Table (``kubectl get mart <name> --subresource=progress``)."""
 
     renderer_classes = list(PROGRESS_RENDERERS)
+    subresource = "progress"
 
     def initial(self, request, *args, **kwargs):
         self.target = Target.checked(MODEL_ARTIFACT, kwargs["namespace"], kwargs["name"])
@@ -197,18 +210,21 @@ class ProgressView(KubeAPIView):
             resource=MODEL_ARTIFACT.plural,
             namespace=self.target.namespace,
             name=self.target.name,
-            subresource="progress",
+            subresource=self.subresource,
         )
 
     def get(self, request, **kwargs):
         if self.query.watch:
-            raise MethodNotAllowed("watch is not supported on modelartifacts/progress")
+            raise MethodNotAllowed(f"watch is not supported on modelartifacts/{self.subresource}")
         artifact = kube.default().request("GET", self.target.storage_path()).raise_for_status().json()
-        return Response(compute(self.target.name, self.target.namespace, artifact))
+        return Response(self.answer(artifact))
+
+    def answer(self, artifact: dict) -> dict:
+        return compute(self.target.name, self.target.namespace, artifact)
 
     def http_method_not_allowed(self, request, *args, **kwargs):
         verb = _VERBS.get(request.method, request.method.lower())
-        raise MethodNotAllowed(f"{verb} is not supported on modelartifacts/progress")
+        raise MethodNotAllowed(f"{verb} is not supported on modelartifacts/{self.subresource}")
 
 
 _VERBS = {"GET": "get", "HEAD": "get", "POST": "create", "PUT": "update", "PATCH": "patch", "DELETE": "delete"}

@@ -87,6 +87,14 @@ class ProgressTableRenderer(TableRenderer):
         return tables.progress_table(data, tables.include_object_policy(view.query))
 
 
+class FilesTableRenderer(TableRenderer):
+    """The ``files`` answer as a Table of one row per file."""
+
+    def render(self, data, accepted_media_type=None, renderer_context=None) -> bytes:
+        view = (renderer_context or {}).get("view")
+        return tables.files_table(data, tables.include_object_policy(view.query))
+
+
 class TableEvents:
     """Watch events as one-row Tables; the column definitions ride on the first event only."""
 
@@ -124,3 +132,4 @@ class PartialObjectMetadataListRenderer(KubeRenderer):
 LIST_RENDERERS = (ObjectRenderer, TableRenderer, PartialObjectMetadataListRenderer)
 OBJECT_RENDERERS = (ObjectRenderer, TableRenderer, PartialObjectMetadataRenderer)
 PROGRESS_RENDERERS = (ObjectRenderer, ProgressTableRenderer)
+FILES_RENDERERS = (ObjectRenderer, FilesTableRenderer)

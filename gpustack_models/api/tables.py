@@ -14,7 +14,7 @@ import msgspec
 
 from gpustack_models.api.conversion import PUBLIC, public_bytes
 from gpustack_models.api.partial import META, Item, decode_event, decode_head, decode_item, decode_list, encode, partial
-from gpustack_models.kinds import PROGRESS_COLUMNS, Column, ResourceKind
+from gpustack_models.kinds import FILES_COLUMNS, PROGRESS_COLUMNS, Column, ResourceKind
 from gpustack_models.kinds.formatting import human_duration, parse_time
 
 _NAME = {
@@ -188,6 +188,28 @@ def progress_table(progress: dict, include_object: str) -> bytes:
             "metadata": {},
             "columnDefinitions": definitions(PROGRESS_COLUMNS),
             "rows": [row],
+        }
+    )
+
+
+def files_table(answer: dict, include_object: str) -> bytes:
+    """The v1 Table of one ``ModelArtifactFiles`` answer: a row per file; none before it is resolved. Each
+    row's object is the answer's metadata (kubectl needs one), or the file itself with ``Object``."""
+    rows = []
+    for item in answer["files"]:
+        row = {"cells": [column.object_render(item) for column in FILES_COLUMNS]}
+        if include_object == "Object":
+            row["object"] = item
+        elif include_object == "Metadata":
+            row["object"] = {"kind": "PartialObjectMetadata", "apiVersion": META, "metadata": answer["metadata"]}
+        rows.append(row)
+    return encode(
+        {
+            "kind": "Table",
+            "apiVersion": META,
+            "metadata": {},
+            "columnDefinitions": [column.to_table() for column in FILES_COLUMNS],  # the path names the row
+            "rows": rows,
         }
     )
 

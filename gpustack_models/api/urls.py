@@ -3,7 +3,7 @@
 
 from django.urls import path, re_path
 
-from gpustack_models.api import discovery, health, openapi, progress, resources, views
+from gpustack_models.api import discovery, files, health, openapi, progress, resources, views
 from gpustack_models.api.server import threaded
 
 GROUP = r"apis/worker\.gpustack\.ai"
@@ -20,6 +20,10 @@ urlpatterns = [
     re_path(
         rf"^{GROUP}/v1/{NAMESPACE}modelartifacts/(?P<name>[^/]+)/progress/?$",
         threaded(progress.ProgressView.as_view(), "modelartifacts/progress"),
+    ),
+    re_path(
+        rf"^{GROUP}/v1/{NAMESPACE}modelartifacts/(?P<name>[^/]+)/files/?$",
+        threaded(files.FilesView.as_view(), "modelartifacts/files"),
     ),
     re_path(rf"{RESOURCE}(?:/(?P<name>[^/]+))?/?$", threaded(resources.ResourceView.as_view())),
     re_path(rf"{RESOURCE}/(?P<name>[^/]+)/(?P<subresource>[^/]+)/?$", threaded(resources.SubresourceView.as_view())),

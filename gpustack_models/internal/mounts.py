@@ -67,6 +67,7 @@ FINISHED = ("Succeeded", "Failed")  # a finished Pod's containers never run agai
 
 RECONCILE_NODE = "gpustack_models.reconcile_node_store"
 RELEASE_PROTECTION = "gpustack_models.release_mount_protection"
+ROLLUP_DIGEST = "gpustack_models.rollup_digest"  # the artifact's Ready counts the nodes its Pods mount it on
 
 
 @dataclass(frozen=True)
@@ -288,6 +289,8 @@ class MountView(KubeAPIView):
             answer["digest"][:19],
         )  # fmt: skip
         enqueue(RECONCILE_NODE, req.node)
+        if previous is None or previous.digest != answer["digest"]:
+            enqueue(ROLLUP_DIGEST, answer["digest"])
         if previous is not None and (previous.pod_namespace, previous.artifact) != (req.pod_namespace, req.artifact):
             enqueue(RELEASE_PROTECTION, previous.pod_namespace, previous.artifact)
         return Response(answer)

@@ -6,7 +6,7 @@ derived from these three objects, so they cannot drift apart.
 """
 
 from gpustack_models.kinds.base import CATEGORY, GROUP, PUBLIC_VERSION, STORAGE_VERSION, Column, Field, ResourceKind
-from gpustack_models.kinds.modelartifact import MODEL_ARTIFACT, PROGRESS_COLUMNS
+from gpustack_models.kinds.modelartifact import FILES_COLUMNS, MODEL_ARTIFACT, PROGRESS_COLUMNS
 from gpustack_models.kinds.modelprefetch import MODEL_PREFETCH
 from gpustack_models.kinds.nodemodelstore import FAILURE_REASONS, MODEL_STATES, NODE_MODEL_STORE
 
@@ -25,6 +25,7 @@ __all__ = [
     "MODEL_PREFETCH",
     "MODEL_STATES",
     "NODE_MODEL_STORE",
+    "FILES_COLUMNS",
     "PROGRESS_COLUMNS",
     "PUBLIC_VERSION",
     "STORAGE_VERSION",

@@ -14,7 +14,7 @@ from gpustack_models.kinds.base import (
     count_column,
     count_of,
 )
-from gpustack_models.kinds.formatting import human_bytes
+from gpustack_models.kinds.formatting import human_bytes, human_duration
 from gpustack_models.kinds.schema import Rule, Schema, array, conditions, digest, integer, obj, object_name, string
 
 SECRET_REF = obj(
@@ -227,7 +227,7 @@ MODEL_ARTIFACT = ResourceKind(
     ),
     verbs=("create", "delete", "get", "list", "patch", "update", "watch"),
     short_names=("mart",),
-    subresources=(("progress", "ModelArtifactProgress", ("get",)),),
+    subresources=(("progress", "ModelArtifactProgress", ("get",)), ("files", "ModelArtifactFiles", ("get",))),
 )
 
 
@@ -250,6 +250,16 @@ def progress_bytes(progress: dict) -> str:
     return f"{human_bytes(progress.get('downloadingBytes') or 0)}/{human_bytes(total)}"
 
 
+def progress_rate(progress: dict) -> str:
+    rate = progress.get("bytesPerSecond")
+    return "" if rate is None else f"{human_bytes(rate)}/s"
+
+
+def progress_eta(progress: dict) -> str:
+    eta = progress.get("etaSeconds")
+    return "" if eta is None else human_duration(eta)
+
+
 def progress_failures(progress: dict) -> str:
     return ",".join(f"{r['reason']}:{r['count']}" for r in progress.get("failureReasons") or ())
 
@@ -265,6 +275,8 @@ PROGRESS_COLUMNS = (
         "Bytes the downloading nodes hold, of the content's size times the downloading nodes.",
         object_render=progress_bytes,
     ),
+    Column("Rate", "string", "Bytes per second the live downloading nodes receive.", object_render=progress_rate),
+    Column("ETA", "string", "Until the last downloading node holds it, at its rate.", object_render=progress_eta),
     Column(
         "Live",
         "integer",
@@ -284,6 +296,21 @@ PROGRESS_COLUMNS = (
         "string",
         "Why no node counts: the content is on a claim, or not resolved yet.",
         object_render=lambda p: p.get("reason") or "",
+        priority=1,
+    ),
+)
+
+
+# --- The files subresource's Table: a row per file of the resolved manifest ---------------------------
+
+FILES_COLUMNS = (
+    Column("Path", "string", "The file's path in the content.", object_render=lambda f: f["path"]),
+    Column("Size", "string", "The file's size.", object_render=lambda f: human_bytes(f["sizeBytes"])),
+    Column(
+        "Digest",
+        "string",
+        "What the file is verified against (sha256 of its bytes, or git's blob hash for a small file).",
+        object_render=lambda f: f["digest"],
         priority=1,
     ),
 )

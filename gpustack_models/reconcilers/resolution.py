@@ -30,7 +30,7 @@ from gpustack_models.informers import mirror
 from gpustack_models.informers.reactions import enqueue, reacts_to
 from gpustack_models.kinds.formatting import human_bytes
 from gpustack_models.models import Artifact, ConditionStatus, Manifest, Prefetch, PrefetchTarget, Resolution, SourceKind
-from gpustack_models.reconcilers import budgets, events, retries
+from gpustack_models.reconcilers import budgets, events, readiness, retries
 from gpustack_models.reconcilers.task_names import (
     RECONCILE_NODE_STORE,
     RECONCILE_PREFETCH,
@@ -231,8 +231,8 @@ class ArtifactResolution:
         self.write(resolved, self.resolved_condition(message))
         retries.succeeded(self.namespace, self.name, self.uid)
         if resolved.get("manifestDigest"):
-            digest, size = short_digest(resolved["manifestDigest"]), human_bytes(resolved["sizeBytes"]) or "0"
-            message = f"{message}: digest {digest}, {resolved['fileCount']} files, {size}B"
+            digest, size = short_digest(resolved["manifestDigest"]), human_bytes(resolved["sizeBytes"]) or "0B"
+            message = f"{message}: digest {digest}, {resolved['fileCount']} files, {size}"
         events.record(self.regarding(), events.NORMAL, "Resolved", message)
         return Outcome("Resolved")
 
@@ -267,8 +267,14 @@ class ArtifactResolution:
         return Outcome(failure.reason, retry=failure.retry, retry_after=failure.retry_after)
 
     def write(self, resolved: dict | None, cond: dict) -> None:
-        """Apply the resolver's part of the status. ``resolved=None`` keeps what it was (a failure)."""
+        """Apply the resolver's part of the status. ``resolved=None`` keeps what it was (a failure). A claim
+        source's ``Ready`` follows its ``Resolved`` (``readiness``); a hub source's is the roll-up's."""
         status = {"observedGeneration": self.generation, "conditions": [cond]}
+        if SourceKind.CLAIM in (self.spec.get("source") or {}):
+            ready = readiness.claim_ready() if cond["status"] == ConditionStatus.TRUE else None
+            ready = ready or (ConditionStatus.FALSE, cond["reason"], "the claim is not resolved: see Resolved")
+            previous = find_condition({"status": self.status}, "Ready")
+            status["conditions"].append(condition("Ready", *ready, previous or None, self.generation))
         if resolved:
             status["resolved"] = resolved
         elif resolved is None and self.status.get("resolved"):

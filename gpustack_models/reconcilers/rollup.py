@@ -1,4 +1,5 @@
-"""The artifacts' ``status.nodes`` and ``Degraded`` condition, from the entries of their digest on every node.
+"""The artifacts' ``status.nodes`` and their ``Degraded`` and ``Ready`` conditions, from the entries of their
+digest on every node (``Ready``: ``readiness``).
 
 ``status.nodes`` (how many nodes hold, download or failed the digest) is written on thresholds: a count
 changes, or the mean percent crosses a 5 % step; ``progress`` is the exact answer. ``Degraded`` is True
@@ -11,7 +12,7 @@ from __future__ import annotations
 from collections import Counter
 
 from gpustack_models.models import Artifact, ConditionStatus, EntryState, StoreEntry
-from gpustack_models.reconcilers import events
+from gpustack_models.reconcilers import events, readiness
 from gpustack_models.reconcilers.writes import ROLLUP, apply_status, artifact_path, condition, find_condition
 
 COUNTS = ("ready", "downloading", "failed")
@@ -70,36 +71,61 @@ def _regarding(artifact: Artifact) -> dict:
     return events.regarding("ModelArtifact", artifact.name, artifact.uid, artifact.namespace)
 
 
-def _write(artifact: Artifact, counts: dict, degraded: tuple[str, str, str]) -> bool:
-    previous = find_condition(artifact.body, "Degraded")
+def _write(artifact: Artifact, counts: dict, degraded: tuple[str, str, str], ready: tuple[str, str, str]) -> bool:
+    previous, was_ready = find_condition(artifact.body, "Degraded"), find_condition(artifact.body, "Ready")
     generation = artifact.generation
-    status = {"nodes": counts, "conditions": [condition("Degraded", *degraded, previous or None, generation)]}
+    written = [
+        condition("Degraded", *degraded, previous or None, generation),
+        condition("Ready", *ready, was_ready or None, generation),
+    ]
+    status = {"nodes": counts, "conditions": written}
     metadata = {"name": artifact.name, "namespace": artifact.namespace, "uid": artifact.uid}
     if not apply_status(artifact_path(artifact.namespace, artifact.name), "ModelArtifact", metadata, status, ROLLUP):
         return False
     # Remember what was written so a burst of entry changes writes once per step. The apply merged the
     # conditions by type: so does the mirror's copy (Resolved stays).
     old = artifact.body.get("status") or {}
-    kept = [c for c in old.get("conditions") or [] if isinstance(c, dict) and c.get("type") != "Degraded"]
-    body = dict(artifact.body, status=dict(old, nodes=counts, conditions=kept + status["conditions"]))
+    kept = [c for c in old.get("conditions") or [] if isinstance(c, dict) and c.get("type") not in _MINE]
+    body = dict(artifact.body, status=dict(old, nodes=counts, conditions=kept + written))
     Artifact.objects.filter(pk=artifact.pk).update(nodes=counts, body=body)
+    _tell(artifact, previous, degraded, was_ready, ready)
+    return True
+
+
+_MINE = ("Degraded", "Ready")
+
+
+def _tell(artifact: Artifact, previous: dict, degraded: tuple, was_ready: dict, ready: tuple) -> None:
     was = previous.get("status") == ConditionStatus.TRUE
     if degraded[0] == ConditionStatus.TRUE and (not was or previous.get("reason") != degraded[1]):
         events.record(_regarding(artifact), "Warning", "Degraded", degraded[2], series_key=degraded[1])
     elif was and degraded[0] != ConditionStatus.TRUE:
         events.record(_regarding(artifact), "Normal", "Recovered", "no node reports a failure any more")
-    return True
+    if ready[0] == ConditionStatus.TRUE and was_ready.get("status") != ConditionStatus.TRUE:
+        events.record(_regarding(artifact), "Normal", "Ready", ready[2])
+
+
+def _same(cond: dict, figures: tuple[str, str, str]) -> bool:
+    return (cond.get("status"), cond.get("reason"), cond.get("message")) == figures
 
 
 def rollup(digest: str) -> int:
-    """Write ``status.nodes`` and ``Degraded`` of every artifact with ``digest`` whose figures moved enough."""
+    """Write ``status.nodes``, ``Degraded`` and ``Ready`` of every artifact with ``digest`` whose figures moved
+    enough."""
     counts, reasons = digest_counts(digest), failure_reasons(digest)
     degraded = degraded_of(counts, reasons)
+    artifacts = list(Artifact.objects.live().filter(digest=digest))
+    wanted = readiness.wanted_nodes(artifacts, digest)
+    states = dict(StoreEntry.objects.claimed().filter(digest=digest).values_list("node", "state"))
     written = 0
-    for artifact in Artifact.objects.live().filter(digest=digest):
-        previous = find_condition(artifact.body, "Degraded")
-        same = (previous.get("status"), previous.get("reason"), previous.get("message")) == degraded
-        if same and not nodes_changed(artifact.nodes or {}, counts):
+    for artifact in artifacts:
+        ready = readiness.ready_of(wanted.get(artifact.namespace, set()), states)
+        same = _same(find_condition(artifact.body, "Degraded"), degraded)
+        if (
+            same
+            and _same(find_condition(artifact.body, "Ready"), ready)
+            and not nodes_changed(artifact.nodes or {}, counts)
+        ):
             continue
-        written += _write(artifact, counts, degraded)
+        written += _write(artifact, counts, degraded, ready)
     return written

@@ -21,7 +21,7 @@ from django.utils import timezone
 
 from gpustack_models.informers import lag, mirror, sending
 from gpustack_models.informers.reactions import once_per_key, react
-from gpustack_models.models import InformerState, NodeStore, PluginPod, Prefetch
+from gpustack_models.models import Artifact, InformerState, NodeStore, PluginPod, Prefetch
 from gpustack_models.reconcilers import (  # each declares its reactions to the mirror's changes on import
     collection,
     events,
@@ -151,7 +151,20 @@ def retarget_prefetch(namespace: str, name: str) -> int:
     for node in sorted(nodes):
         reconcile_node_store.delay(node)
     reconcile_prefetch.delay(namespace, name)
+    _roll_up_prefetch(namespace, name)  # the nodes its namespace asks for changed (or it is gone)
     return len(nodes)
+
+
+def _roll_up(namespace: str, artifact: str | None) -> None:
+    """The artifact's roll-up (its ``Ready`` follows the nodes its namespace asks for)."""
+    row = Artifact.objects.live().filter(namespace=namespace, name=artifact).exclude(digest="").first()
+    if artifact and row is not None:
+        rollup_digest.delay(row.digest)
+
+
+def _roll_up_prefetch(namespace: str, name: str) -> None:
+    row = Prefetch.objects.filter(namespace=namespace, name=name).values_list("artifact_name", flat=True).first()
+    _roll_up(namespace, row)
 
 
 @shared_task(name=names.RETARGET_NODE, acks_late=True)
@@ -166,7 +179,10 @@ def retarget_node(node: str) -> int:
 
 @shared_task(name=names.RECONCILE_PREFETCH, acks_late=True)
 def reconcile_prefetch(namespace: str, name: str) -> bool:
-    return prefetches.reconcile_prefetch(namespace, name)
+    written = prefetches.reconcile_prefetch(namespace, name)
+    if written:  # its nodes' states moved (held, lapsed, ...): so may its artifact's Ready
+        _roll_up_prefetch(namespace, name)
+    return written
 
 
 @shared_task(name=names.ROLLUP_DIGEST, acks_late=True)
@@ -203,6 +219,7 @@ def collect() -> int:
 @shared_task(name="gpustack_models.release_mount_protection", acks_late=True)
 def release_mount_protection(namespace: str, name: str) -> bool:
     """A mount of the artifact was released or ended: lift its protection finalizer if none remains."""
+    _roll_up(namespace, name)
     return mount_checks.release_protection(namespace, name)
 
 

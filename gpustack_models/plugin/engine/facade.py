@@ -146,7 +146,7 @@ class Engine:
             return [self._entry(item) for _, item in sorted(self._records.items.items())]
 
     def running(self) -> list[dict]:
-        """The downloads in progress: ``digest, downloadedBytes, sizeBytes, source``."""
+        """The downloads in progress: ``digest, downloadedBytes, sizeBytes, source, bytesPerSecond``."""
         return self._jobs.running()
 
     def written(self, digest: str) -> list[tuple[str, int, list[list[int]]]] | None:

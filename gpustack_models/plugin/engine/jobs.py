@@ -71,6 +71,29 @@ def _log_finished(digest: str, failure: DownloadFailed | None, stats: dict, seco
     )
 
 
+RATE_WINDOW = 10.0  # seconds of received bytes the live rate is measured over
+
+
+class Rate:
+    """Bytes per second received over about the last ``RATE_WINDOW`` seconds (since the start before that),
+    measured from samples taken when asked: what ``progress`` shows beside the bytes, and its ETA."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic):
+        self._clock = clock
+        self._samples: list[tuple[float, int]] = [(clock(), 0)]
+        self._lock = threading.Lock()
+
+    def __call__(self, received: int) -> int:
+        now = self._clock()
+        with self._lock:
+            samples = self._samples
+            while len(samples) > 1 and now - samples[1][0] >= RATE_WINDOW:
+                samples.pop(0)
+            since, then = samples[0]
+            samples.append((now, received))
+        return int((received - then) / (now - since)) if now - since >= 0.5 else 0
+
+
 @dataclass
 class Job:
     """One running download: its thread, whether its bytes are reserved, whether it stops for good."""
@@ -80,6 +103,7 @@ class Job:
     reserved: bool = False
     shutdown: bool = False  # stopped by shutdown or removal: stays Downloading, resumable
     done: threading.Event = field(default_factory=threading.Event)
+    rate: Rate = field(default_factory=Rate)
 
     def stop(self, why: str, *, shutdown: bool = False) -> None:
         """Cancel the download; ``shutdown``: for good (it stays ``Downloading`` on disk, resumable)."""
@@ -95,6 +119,7 @@ class Job:
             "downloadedBytes": download.downloaded_bytes,
             "sizeBytes": download.size,
             "source": source_of(download.source_bytes),
+            "bytesPerSecond": self.rate(download.stats["network_bytes"]),
         }
 
     def finished(self, seconds: float) -> dict:
@@ -192,7 +217,7 @@ class Jobs:
             return self._view(item) if item is not None else None
 
     def running(self) -> list[dict]:
-        """The downloads in progress: ``digest, downloadedBytes, sizeBytes, source``."""
+        """The downloads in progress: ``digest, downloadedBytes, sizeBytes, source, bytesPerSecond``."""
         with self._lock:
             jobs = list(self._jobs.items())
         return [job.progress(digest) for digest, job in sorted(jobs)]

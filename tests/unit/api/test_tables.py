@@ -114,15 +114,17 @@ def progress(name="qwen", digest=DIGEST, size=3 * 1024**3, **counts) -> dict:
 def test_it_renders_progress_as_one_row_with_wide_columns():
     answer = progress(
         ready=2, downloading=2, failed=3, live=1, downloadingBytes=3 * 1024**3, downloadingPercent=50,
+        bytesPerSecond=52_428_800, etaSeconds=125,
         failureReasons=[{"reason": "DiskFull", "count": 1}, {"reason": "SourceUnavailable", "count": 2}],
     )  # fmt: skip
     table = json.loads(progress_table(answer, "None"))
     assert table["kind"] == "Table" and table["apiVersion"] == "meta.k8s.io/v1"
     columns = [(c["name"], c["priority"]) for c in table["columnDefinitions"]]
     assert columns == [("Name", 0), ("Ready", 0), ("Downloading", 0), ("Failed", 0), ("Percent", 0), ("Bytes", 0),
-                       ("Live", 0), ("Digest", 1), ("Failures", 1), ("Reason", 1)]  # fmt: skip
+                       ("Rate", 0), ("ETA", 0), ("Live", 0), ("Digest", 1), ("Failures", 1),
+                       ("Reason", 1)]  # fmt: skip
     (row,) = table["rows"]
-    assert row["cells"] == ["qwen", 2, 2, 3, "50%", "3.0Gi/6.0Gi", 1, "sha256:aaaaaaaaaaaa",
+    assert row["cells"] == ["qwen", 2, 2, 3, "50%", "3.0Gi/6.0Gi", "50.0Mi/s", "2m5s", 1, "sha256:aaaaaaaaaaaa",
                             "DiskFull:1,SourceUnavailable:2", ""]  # fmt: skip
     assert "object" not in row
 
@@ -130,7 +132,7 @@ def test_it_renders_progress_as_one_row_with_wide_columns():
 def test_it_renders_an_unresolved_artifact_as_a_row_of_zeros_with_its_reason():
     for reason in ("NotResolved", "ClaimSource"):
         (row,) = json.loads(progress_table(progress("pvc", "", 0, reason=reason), "None"))["rows"]
-        assert row["cells"] == ["pvc", 0, 0, 0, "", "", 0, "", "", reason]
+        assert row["cells"] == ["pvc", 0, 0, 0, "", "", "", "", 0, "", "", reason]
 
 
 def test_it_includes_the_progress_or_its_metadata_as_asked():
@@ -141,3 +143,19 @@ def test_it_includes_the_progress_or_its_metadata_as_asked():
     (whole,) = json.loads(progress_table(answer, "Object"))["rows"]
     assert whole["object"] == answer
     assert whole["object"]["kind"] == "ModelArtifactProgress"
+
+
+def test_it_renders_files_as_a_row_per_file():
+    from gpustack_models.api.tables import files_table
+
+    files = [
+        {"path": "a/config.json", "sizeBytes": 961, "digest": "gitsha1:" + "1" * 40},
+        {"path": "model.safetensors", "sizeBytes": 3 * 1024**3, "digest": "sha256:" + "2" * 64},
+    ]
+    answer = {"kind": "ModelArtifactFiles", "metadata": {"name": "qwen", "namespace": "team-a"}, "files": files}
+    table = json.loads(files_table(answer, "Metadata"))
+    assert [(c["name"], c["priority"]) for c in table["columnDefinitions"]] == [("Path", 0), ("Size", 0), ("Digest", 1)]
+    assert [r["cells"] for r in table["rows"]] == [["a/config.json", "961B", "gitsha1:" + "1" * 40],
+                                                   ["model.safetensors", "3.0Gi", "sha256:" + "2" * 64]]  # fmt: skip
+    assert table["rows"][0]["object"]["metadata"] == answer["metadata"]
+    assert json.loads(files_table(dict(answer, files=[]), "None"))["rows"] == []

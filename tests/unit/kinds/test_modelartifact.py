@@ -28,7 +28,10 @@ def test_it_is_a_namespaced_kind_with_its_short_name_and_progress():
         "modelartifact",
         "Namespaced",
     )
-    assert kind.short_names == ("mart",) and kind.subresources == (("progress", "ModelArtifactProgress", ("get",)),)
+    assert kind.short_names == ("mart",) and kind.subresources == (
+        ("progress", "ModelArtifactProgress", ("get",)),
+        ("files", "ModelArtifactFiles", ("get",)),
+    )
     assert set(kind.verbs) == {"create", "delete", "get", "list", "patch", "update", "watch"}
     assert at("")["required"] == ["spec"] and at("spec")["required"] == ["source"]
 
@@ -150,6 +153,8 @@ def test_the_progress_table_renders_from_the_progress_answer():
         "Downloading": 2,
         "Failed": 1,
         "Percent": "41%",
+        "Rate": "",
+        "ETA": "",
         "Bytes": "3.0Gi/8.0Gi",  # of the content's size on each downloading node
         "Live": 2,
         "Digest": "sha256:abababababab",

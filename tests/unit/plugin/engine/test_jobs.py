@@ -53,3 +53,19 @@ def test_a_download_stopped_for_good_stays_downloading_with_its_partial_work_cou
     assert (item.state, item.downloaded, item.failures) == (DOWNLOADING, 150, 0)
     assert records.cache.load_record(DIGEST)["downloadedBytes"] == 150
     assert records.idle_partial == {DIGEST: records.cache.partial_bytes(DIGEST)}
+
+
+def test_the_live_rate_is_measured_over_the_last_ten_seconds_of_received_bytes():
+    from gpustack_models.plugin.engine.jobs import Rate
+
+    now = [100.0]
+    rate = Rate(clock=lambda: now[0])
+    assert rate(0) == 0  # no time has passed
+    now[0] += 2
+    assert rate(4_000_000) == 2_000_000  # since the start
+    now[0] += 8
+    assert rate(4_000_000) == 400_000  # 4 MB over the 10 s since the start
+    now[0] += 10
+    assert rate(4_000_000) == 0  # nothing received over the last 10 s
+    now[0] += 5
+    assert rate(9_000_000) == 333_333  # 5 MB since the last sample at least 10 s old (15 s)
