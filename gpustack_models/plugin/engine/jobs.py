@@ -75,23 +75,24 @@ RATE_WINDOW = 10.0  # seconds of received bytes the live rate is measured over
 
 
 class Rate:
-    """Bytes per second received over about the last ``RATE_WINDOW`` seconds (since the start before that),
-    measured from samples taken when asked: what ``progress`` shows beside the bytes, and its ETA."""
+    """Bytes per second over about the last ``RATE_WINDOW`` seconds, measured from the samples taken when
+    asked (the first ask only takes one, so bytes found on disk at the start never count as speed): what
+    ``progress`` shows beside the bytes, and its ETA."""
 
     def __init__(self, clock: Callable[[], float] = time.monotonic):
         self._clock = clock
-        self._samples: list[tuple[float, int]] = [(clock(), 0)]
+        self._samples: list[tuple[float, int]] = []
         self._lock = threading.Lock()
 
-    def __call__(self, received: int) -> int:
+    def __call__(self, done: int) -> int:
         now = self._clock()
         with self._lock:
             samples = self._samples
             while len(samples) > 1 and now - samples[1][0] >= RATE_WINDOW:
                 samples.pop(0)
-            since, then = samples[0]
-            samples.append((now, received))
-        return int((received - then) / (now - since)) if now - since >= 0.5 else 0
+            since, then = samples[0] if samples else (now, done)
+            samples.append((now, done))
+        return int(max(0, done - then) / (now - since)) if now - since >= 0.5 else 0
 
 
 @dataclass
@@ -119,7 +120,7 @@ class Job:
             "downloadedBytes": download.downloaded_bytes,
             "sizeBytes": download.size,
             "source": source_of(download.source_bytes),
-            "bytesPerSecond": self.rate(download.stats["network_bytes"]),
+            "bytesPerSecond": self.rate(download.downloaded_bytes),
         }
 
     def finished(self, seconds: float) -> dict:

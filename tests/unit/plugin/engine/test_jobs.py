@@ -60,7 +60,7 @@ def test_the_live_rate_is_measured_over_the_last_ten_seconds_of_received_bytes()
 
     now = [100.0]
     rate = Rate(clock=lambda: now[0])
-    assert rate(0) == 0  # no time has passed
+    assert rate(0) == 0  # the first ask takes a sample: bytes already there are no speed
     now[0] += 2
     assert rate(4_000_000) == 2_000_000  # since the start
     now[0] += 8
