@@ -27,7 +27,9 @@ def when(value) -> str:
 def capacity(store) -> str:
     """A node store's (or the stores' sum's) one capacity figure: ``8% of 252.0Gi used (the model cache
     holds 24.0Mi)``."""
-    return formatting.capacity_text(store.total_bytes, store.stored_bytes, store.used_percent)
+    fields = ("total_bytes", "stored_bytes", "used_percent")
+    values = [store[f] if isinstance(store, dict) else getattr(store, f) for f in fields]
+    return formatting.capacity_text(*values)
 
 
 @register.simple_tag(takes_context=True)
