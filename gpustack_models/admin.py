@@ -1,15 +1,17 @@
 """The admin console's model pages: read-only views of the mirror (Kubernetes is the store of record).
 
-The dashboard and the tenant pages are the console's site (``console/site.py``); the node store and
-artifact pages take their numbers from ``console/pages.py``."""
+The dashboard, the tenant pages, an artifact's page, the node stores' list and a node's page are the
+console's site (``console/site.py``), each linked by name; the stock pages of an artifact or a node store
+by row number, and the stock list of node stores, redirect there. Times print as the console prints them
+(``config/formats``)."""
 
 from django.contrib import admin
 from django.contrib.auth.models import Group, User
-from django.db.models import Count, Exists, OuterRef, Subquery
-from django.db.models.functions import Coalesce
+from django.db.models import Exists, OuterRef, Subquery
+from django.shortcuts import get_object_or_404, redirect
+from django.urls import reverse
 from django.utils.html import format_html
 
-from gpustack_models.console import pages
 from gpustack_models.kinds import FAILURE_REASONS
 from gpustack_models.kinds.formatting import human_bytes
 from gpustack_models.models import (
@@ -32,7 +34,7 @@ for account_model in (User, Group):
 
 
 class FailureReasonFilter(admin.SimpleListFilter):
-    """Rows with a Failed entry of this reason (a node store with one; an artifact whose digest has one)."""
+    """Artifacts whose digest has a Failed entry of this reason (the node stores' list has its own: ``failed``)."""
 
     title = "failed entries"
     parameter_name = "failed"
@@ -44,8 +46,6 @@ class FailureReasonFilter(admin.SimpleListFilter):
         if not self.value():
             return queryset
         failed = StoreEntry.objects.filter(state=EntryState.FAILED, reason=self.value())
-        if queryset.model is NodeStore:
-            return queryset.filter(Exists(failed.filter(store=OuterRef("pk"))))
         return queryset.filter(Exists(failed.filter(digest=OuterRef("digest"))))
 
 
@@ -70,18 +70,26 @@ class ReadOnlyAdmin(admin.ModelAdmin):
         return qs.filter(deleted=False) if hasattr(self.model, "deleted") else qs
 
 
+def artifact_link(namespace: str, name: str, text: str | None = None) -> str:
+    return format_html('<a href="{}">{}</a>', reverse("admin:artifact", args=[namespace, name]), text or name)
+
+
 @admin.register(Artifact)
 class ArtifactAdmin(ReadOnlyAdmin):
-    list_display = ("name", "namespace", "source_display", "state", "revision_short", "size", "nodes_display")
+    list_display = ("name_link", "namespace", "source_display", "state", "revision_short", "size", "nodes_display")
+    list_display_links = None
     list_filter = ("namespace", "source", "resolved_status", FailureReasonFilter)
     search_fields = ("name", "namespace", "repository", "digest")
     ordering = ("namespace", "name")
-    readonly_fields = [f.name for f in Artifact._meta.fields]
-    change_form_template = "admin/console/artifact.html"
 
-    def render_change_form(self, request, context, *args, obj=None, **kwargs):
-        context.update(pages.artifact_page(request, obj))
-        return super().render_change_form(request, context, *args, obj=obj, **kwargs)
+    def change_view(self, request, object_id, form_url="", extra_context=None):
+        """The artifact's page is linked by namespace and name: the row number's URL redirects there."""
+        artifact = get_object_or_404(self.get_queryset(request), pk=object_id)
+        return redirect("admin:artifact", artifact.namespace, artifact.name, permanent=True)
+
+    @admin.display(description="name", ordering="name")
+    def name_link(self, obj):
+        return artifact_link(obj.namespace, obj.name)
 
     @admin.display(description="source")
     def source_display(self, obj):
@@ -109,60 +117,21 @@ class ArtifactAdmin(ReadOnlyAdmin):
 
 @admin.register(NodeStore)
 class NodeStoreAdmin(ReadOnlyAdmin):
-    list_display = ("name", "used", "used_percent", "models", "ready", "downloading", "failed")
-    list_filter = (FailureReasonFilter,)
-    search_fields = ("name",)
-    ordering = ("name",)
-    change_form_template = "admin/console/nodestore.html"
+    """Node stores are listed and shown by the console's site (``nodes/``, ``nodes/<name>/``): the stock
+    list (with its search and failure filter) and a store's page by row number redirect there."""
 
-    def render_change_form(self, request, context, *args, obj=None, **kwargs):
-        context.update(pages.node_store(request, obj))
-        return super().render_change_form(request, context, *args, obj=obj, **kwargs)
+    def changelist_view(self, request, extra_context=None):
+        params = request.GET.urlencode()
+        return redirect(reverse("admin:nodes") + (f"?{params}" if params else ""))
 
-    def get_queryset(self, request):
-        """Entry counts in the list's one query, each a subquery by the store's key: the database counts the
-        entries of the rows shown only, not of every store (unless the list is sorted by a count)."""
-
-        def entries(state=None):
-            rows = StoreEntry.objects.filter(store=OuterRef("pk"), **({"state": state} if state else {}))
-            counted = rows.order_by().values("store").annotate(n=Count("pk")).values("n")
-            return Coalesce(Subquery(counted), 0)
-
-        return (
-            super()
-            .get_queryset(request)
-            .annotate(
-                model_count=entries(),
-                ready_count=entries(EntryState.READY),
-                downloading_count=entries(EntryState.DOWNLOADING),
-                failed_count=entries(EntryState.FAILED),
-            )
-        )
-
-    @admin.display(description="used", ordering="stored_bytes")
-    def used(self, obj):
-        return human_bytes(obj.stored_bytes)
-
-    @admin.display(description="models", ordering="model_count")
-    def models(self, obj):
-        return obj.model_count
-
-    @admin.display(description="ready", ordering="ready_count")
-    def ready(self, obj):
-        return obj.ready_count
-
-    @admin.display(description="downloading", ordering="downloading_count")
-    def downloading(self, obj):
-        return obj.downloading_count
-
-    @admin.display(description="failed", ordering="failed_count")
-    def failed(self, obj):
-        return obj.failed_count
+    def change_view(self, request, object_id, form_url="", extra_context=None):
+        store = get_object_or_404(self.get_queryset(request), pk=object_id)
+        return redirect("admin:node", store.name, permanent=True)
 
 
 @admin.register(Prefetch)
 class PrefetchAdmin(ReadOnlyAdmin):
-    list_display = ("name", "namespace", "artifact_name", "desired", "ready", "downloading", "available")
+    list_display = ("name", "namespace", "artifact", "desired", "ready", "downloading", "lapsed", "available")
     list_filter = ("namespace",)
     search_fields = ("name", "namespace", "artifact_name")
     ordering = ("namespace", "name")
@@ -180,11 +149,23 @@ class PrefetchAdmin(ReadOnlyAdmin):
     def downloading(self, obj):
         return (obj.status or {}).get("downloadingNodes", 0)
 
+    @admin.display(description="artifact", ordering="artifact_name")
+    def artifact(self, obj):
+        return artifact_link(obj.namespace, obj.artifact_name)
+
+    @admin.display(description="lapsed")
+    def lapsed(self, obj):
+        return (obj.status or {}).get("lapsedNodes", 0)
+
     @admin.display(description="available")
     def available(self, obj):
+        """The Available condition's status; when not True, its reason and message too (``Lapsed``: how to
+        place the prefetch again)."""
         for cond in (obj.status or {}).get("conditions") or []:
             if cond.get("type") == "Available":
-                return cond.get("status")
+                if cond.get("status") == "True":
+                    return "True"
+                return f"{cond.get('status')} ({cond.get('reason')}): {cond.get('message')}"
         return "Unknown"
 
 

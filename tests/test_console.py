@@ -85,21 +85,20 @@ def test_it_shows_artifacts_node_stores_and_prefetches(console, nodes, resolved,
 
         artifacts = rows("artifact", artifact)
         assert namespace in artifacts and "Resolved" in artifacts
-        stores = rows("nodestore", a)
-        assert a in stores
 
         def counts(node):
-            page.goto(f"{url}/admin/gpustack_models/nodestore/?q={node}")
-            row = page.locator("#result_list tbody tr", has_text=node)
-            return {c: row.locator(f"td.field-{c}").inner_text() for c in ("models", "ready", "downloading", "failed")}
+            page.goto(f"{url}/admin/nodes/?q={node}")
+            row = page.locator(f"#node-list tr#node-{node}")
+            return {c: row.locator(f"td.{c}").inner_text() for c in ("entries", "ready", "downloading", "failed")}
 
-        assert wait_for(lambda: counts(a) == {"models": "1", "ready": "0", "downloading": "1", "failed": "0"}, 30)
-        assert wait_for(lambda: counts(b) == {"models": "1", "ready": "1", "downloading": "0", "failed": "0"}, 30)
+        assert wait_for(lambda: counts(a) == {"entries": "1", "ready": "0", "downloading": "1", "failed": "0"}, 30)
+        assert wait_for(lambda: counts(b) == {"entries": "1", "ready": "1", "downloading": "0", "failed": "0"}, 30)
         prefetches = rows("prefetch", "warm-console")
         assert artifact in prefetches
-        # A node store's page lists its entries with their progress.
-        page.goto(f"{url}/admin/gpustack_models/nodestore/?q={a}")
-        page.click(f"text={a}")
+        # A node store's page, from the nodes' list, lists its entries with their progress.
+        page.goto(f"{url}/admin/nodes/?q={a}")
+        page.click(f"#node-list >> text={a}")
+        assert page.url == f"{url}/admin/nodes/{a}/"
         detail = wait_for(
             lambda: (t := page.inner_text("body")) and "42%" in t and t,
             timeout=30,
@@ -112,7 +111,7 @@ def test_it_shows_artifacts_node_stores_and_prefetches(console, nodes, resolved,
 
 @pytest.mark.django_db
 def test_it_computes_list_columns_in_the_database(admin_client):
-    """The node store and node lists cost the same number of queries for 3 rows as for 40."""
+    """The node stores' and the nodes' lists cost the same number of queries for 3 rows as for 40."""
     from django.db import connection
     from django.test.utils import CaptureQueriesContext
 
@@ -136,14 +135,14 @@ def test_it_computes_list_columns_in_the_database(admin_client):
         return len(captured), response.content.decode()
 
     add(0, 3)
-    few, _ = queries("/admin/gpustack_models/nodestore/")
+    few, _ = queries("/admin/nodes/")
     few_nodes, _ = queries("/admin/gpustack_models/node/")
     add(3, 37)
-    many, page = queries("/admin/gpustack_models/nodestore/")
+    many, page = queries("/admin/nodes/")
     many_nodes, nodes_page = queries("/admin/gpustack_models/node/")
     assert (many, many_nodes) == (few, few_nodes)
-    assert page.count('<td class="field-models">4</td>') == 40
-    assert page.count('<td class="field-ready">2</td>') == 40
+    assert page.count('<td class="entries">4</td>') == 40
+    assert page.count('<td class="ready state-ready">2</td>') == 40
     assert nodes_page.count("10.0.0.1 (ready)") == 40
 
 
@@ -228,7 +227,9 @@ def test_its_pages_show_the_cluster_live_and_offer_no_write(
 ):
     from playwright.sync_api import sync_playwright
 
+    from gpustack_models.console import queries
     from gpustack_models.informers.mirror import KINDS
+    from gpustack_models.kinds.formatting import capacity_text
     from gpustack_models.models import InformerState, NodeStore, PluginPod
 
     url, password = console
@@ -255,7 +256,10 @@ def test_its_pages_show_the_cluster_live_and_offer_no_write(
             plugins = _db(lambda: PluginPod.objects.live().exclude(node="").values("node").distinct().count())
             total = _db(lambda: sum(NodeStore.objects.live().values_list("total_bytes", flat=True)))
             shown = page.inner_text("#node-count")
-            return shown == str(plugins) and total >= 3 * TIB and "TiB" in page.inner_text("#capacity") and shown
+            summed = _db(queries.cluster_capacity)  # the stores' one figure, summed
+            figure = capacity_text(summed["total_bytes"], summed["stored_bytes"], summed["used_percent"])
+            shown_figure = page.inner_text("#capacity")
+            return shown == str(plugins) and total >= 3 * TIB and shown_figure.startswith(figure) and shown
 
         assert int(wait_for(dashboard, timeout=30, interval=1, message="the dashboard's nodes and capacity")) >= 3
         assert page.locator("#tile-capacity .bar .fill").count() == 1
@@ -296,12 +300,13 @@ def test_its_pages_show_the_cluster_live_and_offer_no_write(
         _put_status(worker_kube, c, [entry(digest, "Failed", 10, reason="IntegrityMismatch")])
         failed = NodeStore.objects.filter(name=c, entries__reason="IntegrityMismatch")
         pk = wait_for(lambda: _db(lambda: failed.values_list("pk", flat=True).first()), message="the failure mirrored")
-        page.goto(f"{url}/admin/gpustack_models/nodestore/{pk}/change/")
+        page.goto(f"{url}/admin/gpustack_models/nodestore/{pk}/change/")  # the row number's URL: to the name's
+        assert page.url == f"{url}/admin/nodes/{c}/"
         assert page.locator("#capacity-bar .mark.high").count() == 1
         assert page.locator("#capacity-bar .mark.low").count() == 1
-        assert "256.0GiB used of 1.0TiB" in page.inner_text("#capacity")
+        assert "25% of 1.0Ti used (the model cache holds 256.0Gi)" in page.inner_text("#capacity")
         entries = page.inner_text("#entry-list")
-        assert "IntegrityMismatch" in entries and "2030-01-01 00:00:00" in entries
+        assert "IntegrityMismatch" in entries and "2030-01-01T00:00:00Z (in " in entries
         assert f"{namespace}/{artifact}" in entries
         assert "not placed on this node" in entries  # c was never given it: shown, and counted nowhere
         _offers_no_write(page)
@@ -309,19 +314,25 @@ def test_its_pages_show_the_cluster_live_and_offer_no_write(
 
         # The artifact's page: its source, files, prefetches, nodes, conditions and kubectl commands.
         page.click(f"text={namespace}/{artifact}")
+        assert page.url == f"{url}/admin/artifacts/{namespace}/{artifact}/"
         body = page.inner_text("#content-main")
         assert digest in body and "config.json" in body and "model.safetensors" in body and "warm-live" in body
         assert f"kubectl get mart {artifact} -n {namespace} --subresource=progress" in body
-        assert "Resolved" in page.inner_text("#conditions")
+        assert "Resolved" in page.inner_text("#conditions") and "Z (" in page.inner_text("#conditions")
         _offers_no_write(page)
         _shot(page, "artifact")
         # Every list page shows what this test made (and what the informers hold), and offers no write.
         (row,) = _changelist(page, url, "artifact", "artifact", namespace)
         assert row.split("\t")[:4] == [artifact, namespace, f"huggingFace:{repository}", "Resolved"], row
-        # The node stores' counts (models, ready, downloading, failed) as the test wrote them: a Ready, c Failed.
+        # The node stores' counts (entries, ready, downloading, failed) as the test wrote them: a Ready, c Failed.
         for node, counts in ((a, ["1", "1", "0", "0"]), (b, ["0", "0", "0", "0"]), (c, ["1", "0", "0", "1"])):
-            (row,) = _changelist(page, url, "nodestore", "node store", node)
-            assert row.split("\t")[0] == node and row.split("\t")[3:] == counts, row
+            page.goto(f"{url}/admin/gpustack_models/nodestore/?q={node}")  # the stock list: the console's
+            assert page.url == f"{url}/admin/nodes/?q={node}" and page.title() == "Nodes | GPUStack models"
+            _offers_no_write(page)
+            (row,) = page.locator("#node-list tbody tr").all_inner_texts()
+            cells = row.split("\t")
+            assert cells[:2] == [node, "25% of 1.0Ti used (the model cache holds 256.0Gi)"], row
+            assert cells[2:6] == counts and cells[6].endswith(" ago)"), row
             (row,) = _changelist(page, url, "node", "node", node)
             assert row.split("\t")[0] == node and row.split("\t")[1].endswith(" (ready)"), row
         (row,) = _changelist(page, url, "prefetch", "prefetch", namespace)
@@ -399,7 +410,7 @@ def test_it_shows_a_real_download_move_and_a_real_failure(
             # The dashboard: the download in flight and a rate above zero, measured between refreshes.
             def rate():
                 value = int(board.get_attribute("#download-rate", "data-rate") or 0)
-                return value > 0 and board.inner_text("#download-rate").endswith("B/s") and value
+                return value > 0 and board.inner_text("#download-rate").endswith("/s") and value
 
             shown = wait_for(rate, timeout=30, interval=0.5, message="a download rate on the dashboard")
             assert shown <= 600_000  # no faster than the hub sends (bytes are reported a chunk at a time)
@@ -440,14 +451,14 @@ def test_it_shows_a_real_download_move_and_a_real_failure(
             # The retry base of an hour (also the backoff's cap) after the failure, to the second.
             assert int(before) + 3600 <= retry.timestamp() <= after + 3600, (before, failed["retryTime"], after)
             mirrored = NodeStore.objects.filter(name=failing.node, entries__reason="IntegrityMismatch")
-            pk = wait_for(lambda: _db(lambda: mirrored.values_list("pk", flat=True).first()), message="mirrored")
-            page.goto(f"{url}/admin/gpustack_models/nodestore/{pk}/change/")
+            wait_for(lambda: _db(mirrored.exists), message="mirrored")
+            page.goto(f"{url}/admin/nodes/{failing.node}/")
             assert page.locator("#capacity-bar .fill").count() == 1
             assert page.locator("#capacity-bar .mark.high").count() == 1
-            assert " used of " in page.inner_text("#capacity-text")
+            assert " used (the model cache holds " in page.inner_text("#capacity-text")
             failure = page.locator("#entry-list tr.entry", has_text="IntegrityMismatch")
             assert "Failed" in failure.inner_text() and f"{namespace}/broken" in failure.inner_text()
-            assert failure.locator("td.retry").inner_text().startswith(retry.strftime("%Y-%m-%d %H:%M:%S"))
+            assert failure.locator("td.retry").inner_text().startswith(retry.strftime("%Y-%m-%dT%H:%M:%SZ (in "))
             _offers_no_write(page)
             _shot(page, "node-failure")
             board.goto(f"{url}/admin/")
@@ -457,7 +468,10 @@ def test_it_shows_a_real_download_move_and_a_real_failure(
         hub.faults.clear()
 
 
-CONSOLE_PAGES = ("/admin/", "/admin/tenants/", "/admin/tenants/ns-000/", "nodestore", "artifact")
+CONSOLE_PAGES = (
+    "/admin/", "/admin/tenants/", "/admin/tenants/ns-000/", "/admin/nodes/", "/admin/nodes/node-000/",
+    "/admin/artifacts/ns-000/art/",
+)  # fmt: skip
 
 
 def _mirror(first, count):
@@ -496,16 +510,9 @@ def test_its_pages_cost_a_fixed_number_of_queries(admin_client):
     from django.db import connection
     from django.test.utils import CaptureQueriesContext
 
-    from gpustack_models.models import Artifact, NodeStore
-
     def costs():
         out = {}
         for page in CONSOLE_PAGES:
-            if page == "nodestore":
-                page = f"/admin/gpustack_models/nodestore/{NodeStore.objects.get(name='node-000').pk}/change/"
-            elif page == "artifact":
-                art = Artifact.objects.get(namespace="ns-000", name="art")
-                page = f"/admin/gpustack_models/artifact/{art.pk}/change/"
             with CaptureQueriesContext(connection) as captured:
                 response = admin_client.get(page)
             assert response.status_code == 200, page
@@ -548,3 +555,106 @@ def test_it_serves_its_icon_where_browsers_ask_for_one(admin_client):
     icon = admin_client.get(moved["Location"])
     assert icon.status_code == 200 and icon["Content-Type"].startswith("image/svg+xml")
     assert b"<svg" in b"".join(icon.streaming_content)
+
+
+LAPSED = "0 of 1 nodes ready, 1 lapsed: change the prefetch's spec (its retention, for example) to place it again"
+
+
+def _named_rows():
+    """A node with 8 % of its 252 GiB volume used, its cache holding 24 MiB: one artifact Ready there (its
+    content shared with another namespace's artifact), one downloading, one failed; a prefetch lapsed."""
+    from datetime import UTC
+
+    from gpustack_models.models import Artifact, Holding, Manifest, NodeStore, Prefetch, StoreEntry
+
+    gib, mib = 2**30, 2**20
+    node = NodeStore.objects.create(
+        name="node-x", resource_version=1, total_bytes=252 * gib, stored_bytes=24 * mib, used_percent=8
+    )
+    NodeStore.objects.create(name="node-y", resource_version=1)  # no report yet, no failure
+    ready, moving, broken = (f"sha256:{c * 64}" for c in "abc")
+    resolved = {
+        "type": "Resolved",
+        "status": "True",
+        "reason": "Resolved",
+        "lastTransitionTime": "2026-12-04T21:48:50Z",
+    }
+    body = {"status": {"conditions": [resolved]}}
+    for namespace, name, digest in (
+        ("tenant-a", "llama", ready),
+        ("tenant-b", "copy", ready),
+        ("tenant-a", "dl", moving),
+    ):
+        Artifact.objects.create(
+            namespace=namespace, name=name, resource_version=1, digest=digest, size_bytes=16 * mib,
+            resolved_status="True", body=body,
+        )  # fmt: skip
+    Manifest.objects.create(digest=ready, files=[], file_count=0, size_bytes=16 * mib)
+    retry = datetime(2030, 1, 1, tzinfo=UTC)
+    for digest, state, done, reason in ((ready, "Ready", 961, ""), (moving, "Downloading", 10 * mib, ""),
+                                        (broken, "Failed", 0, "AccessDenied")):  # fmt: skip
+        Holding.objects.create(node="node-x", digest=digest)
+        StoreEntry.objects.create(
+            store=node, node="node-x", digest=digest, state=state, size_bytes=961 if state == "Ready" else 16 * mib,
+            downloaded_bytes=done, reason=reason, retry_time=retry if reason else None,
+        )  # fmt: skip
+    lapse = {"type": "Available", "status": "False", "reason": "Lapsed", "message": LAPSED}
+    status = {"desiredNodes": 1, "readyNodes": 0, "lapsedNodes": 1, "conditions": [lapse]}
+    Prefetch.objects.create(namespace="tenant-a", name="warm", artifact_name="llama", resource_version=1, status=status)
+    return node
+
+
+@pytest.mark.django_db
+def test_it_links_by_name_and_prints_one_capacity_figure_one_size_and_one_time(admin_client):
+    """An artifact's page and a node's are linked by name (the row numbers' URLs redirect there); the node
+    stores' list replaces the stock one; the capacity figure, sizes and times print one way everywhere; the
+    tenant's page says what its bytes are, that ready counts shared copies, and which prefetches lapsed."""
+    from html import unescape
+
+    from gpustack_models.kinds.formatting import timestamp
+    from gpustack_models.models import Artifact, Manifest
+
+    node = _named_rows()
+    figure = "8% of 252.0Gi used (the model cache holds 24.0Mi)"
+
+    def page(path):
+        response = admin_client.get(path)
+        assert response.status_code == 200, path
+        return unescape(response.content.decode())
+
+    llama = Artifact.objects.get(namespace="tenant-a", name="llama")
+    moved = admin_client.get(f"/admin/gpustack_models/artifact/{llama.pk}/change/")
+    assert (moved.status_code, moved["Location"]) == (301, "/admin/artifacts/tenant-a/llama/")
+    assert admin_client.get("/admin/artifacts/tenant-a/nothing/").status_code == 404
+    artifact = page("/admin/artifacts/tenant-a/llama/")
+    assert llama.digest in artifact and '<a href="/admin/nodes/node-x/">node-x</a>' in artifact
+    assert "2026-12-04T21:48:50Z (" in artifact and " ago)" in artifact  # the condition's time
+    assert "copies placed there for another namespace" in artifact
+    assert '<td class="lapsed">1</td>' in artifact and f"Lapsed</span>: {LAPSED}" in artifact
+
+    moved = admin_client.get(f"/admin/gpustack_models/nodestore/{node.pk}/change/")
+    assert (moved.status_code, moved["Location"]) == (301, "/admin/nodes/node-x/")
+    store = page("/admin/nodes/node-x/")
+    assert f"{figure}; downloads stop" in store and "961B" in store and "2030-01-01T00:00:00Z (in " in store
+    assert '<a href="/admin/artifacts/tenant-a/llama/">tenant-a/llama</a>' in store
+
+    stock = admin_client.get("/admin/gpustack_models/nodestore/?failed=AccessDenied")
+    assert stock["Location"] == "/admin/nodes/?failed=AccessDenied"
+    nodes = page(stock["Location"])
+    assert "node-x" in nodes and "node-y" not in nodes  # only the stores with such a failure
+    assert f'<td class="capacity">{figure}</td><td class="entries">3</td>' in nodes
+    assert f'<td class="updated">{timestamp(node.updated_at)} (' in nodes
+    assert "no capacity reported yet" in page("/admin/nodes/?q=node-y")
+    assert f"{figure} across" in page("/admin/")  # one store: the dashboard's sum is its figure
+
+    tenant = page("/admin/tenants/tenant-a/")
+    assert '<a href="/admin/artifacts/tenant-a/llama/">llama</a>' in tenant
+    assert "16.0Mi on each ready node" in tenant and "10.0Mi downloaded so far" in tenant
+    assert "copies placed there for another namespace" in tenant
+    assert f"warm</span>: 1 node lapsed (Lapsed: {LAPSED})" in tenant
+
+    assert '<a href="/admin/artifacts/tenant-b/copy/">copy</a>' in page("/admin/gpustack_models/artifact/")
+    prefetches = page("/admin/gpustack_models/prefetch/")
+    assert '<td class="field-lapsed">1</td>' in prefetches and f"False (Lapsed): {LAPSED}" in prefetches
+    created = Manifest.objects.get().created_at
+    assert f'<td class="field-created_at nowrap">{timestamp(created)}</td>' in page("/admin/gpustack_models/manifest/")

@@ -118,6 +118,6 @@ def test_it_tells_administrators_what_happened_on_a_node(nodes, worker_kube, cor
 
     found = wait_for(recorded, timeout=30, message="the store's events")
     assert found["DownloadFailed"].type == "Warning" and "SourceUnavailable" in found["DownloadFailed"].message
-    assert digest[:19] in found["DownloadReady"].message and "2.0MiB" in found["DownloadReady"].message
+    assert digest[:19] in found["DownloadReady"].message and "(2.0Mi)" in found["DownloadReady"].message
     described = kubectl("describe", "nodemodelstore", node).stdout
     assert "(x3 over" in described and "Collected" in described, described

@@ -293,19 +293,19 @@ def test_console_object_pages(plans, console):
     plans(
         lambda: [
             _get(console, reverse("admin:tenant", args=["sq-ns-017"])),
-            _get(console, reverse("admin:gpustack_models_nodestore_change", args=[store.pk])),
-            _get(console, reverse("admin:gpustack_models_artifact_change", args=[artifact.pk])),
+            _get(console, reverse("admin:node", args=[store.name])),
+            _get(console, reverse("admin:artifact", args=[artifact.namespace, artifact.name])),
         ]
     )
+
+
+LIST_PAGES = ("admin:gpustack_models_artifact_changelist", "admin:nodes", "admin:gpustack_models_node_changelist")
 
 
 def test_console_lists(plans, console):
     """The lists read one page each; only their row count (for the paginator) reads a table whole."""
     plans(
-        lambda: [
-            _get(console, reverse(f"admin:gpustack_models_{name}_changelist"))
-            for name in ("artifact", "nodestore", "node")
-        ],
+        lambda: [_get(console, reverse(name)) for name in LIST_PAGES],
         LISTS,
     )
     # Artifacts with a failure of a reason somewhere: the filter may match a large share of them (here about

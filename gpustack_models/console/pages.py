@@ -1,4 +1,4 @@
-"""The context of the node store and artifact pages (their change pages, shown read-only)."""
+"""The context of a node's page and an artifact's page (``console/site.py`` routes them by name)."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ def node_store(request, store) -> dict:
     wanted = queries.wanted_by(e.digest for e in page)
     for entry in page:
         entry.wanted = wanted.get(entry.digest, [])
-    used = int(store.stored_bytes * 100 / store.total_bytes) if store.total_bytes else store.used_percent
+    used = store.used_percent  # the volume's, as the watermarks and CapacityLow read it
     return {
         "title": f"Node {store.name}",
         "store": store,
@@ -41,6 +41,9 @@ def artifact_page(request, artifact) -> dict:
     resolution = Resolution.objects.select_related("manifest").filter(artifact=artifact).first()
     files = resolution.manifest.files if resolution else []
     prefetches = Prefetch.objects.live().filter(namespace=artifact.namespace, artifact_name=artifact.name)
+    prefetches = Paginator(prefetches.order_by("name"), PER_PAGE).get_page(request.GET.get("pp"))
+    for prefetch in prefetches:
+        prefetch.lapse = queries.lapses(prefetch)
     entries = queries.with_percent(queries.claimed_entries([artifact.digest or "-"]))
     numbers = queries.progress([artifact.digest]).get(artifact.digest)
     target = f"mart {artifact.name} -n {artifact.namespace}"
@@ -49,7 +52,7 @@ def artifact_page(request, artifact) -> dict:
         "artifact": artifact,
         "resolution": resolution,
         "files": Paginator(files, PER_PAGE).get_page(request.GET.get("fp")),
-        "prefetches": Paginator(prefetches.order_by("name"), PER_PAGE).get_page(request.GET.get("pp")),
+        "prefetches": prefetches,
         "entries": Paginator(entries.order_by("state", "node"), PER_PAGE).get_page(request.GET.get("p")),
         "numbers": numbers,
         "bar": queries.bar_percent(numbers),

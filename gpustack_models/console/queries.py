@@ -28,6 +28,7 @@ from gpustack_models.models import (
     Manifest,
     NodeStore,
     PluginPod,
+    Prefetch,
     StoreEntry,
 )
 
@@ -67,10 +68,7 @@ def dashboard() -> dict:
         nodes=Count("node", distinct=True), ready=Count("node", distinct=True, filter=Q(ready=True))
     )
     plugins["not_ready"] = plugins["nodes"] - plugins["ready"]
-    capacity = NodeStore.objects.live().aggregate(
-        stores=Count("id"), total=Coalesce(Sum("total_bytes"), 0), used=Coalesce(Sum("stored_bytes"), 0)
-    )
-    capacity["percent"] = int(capacity["used"] * 100 / capacity["total"]) if capacity["total"] else 0
+    capacity = cluster_capacity()
     artifacts = Artifact.objects.live().aggregate(
         total=Count("id"),
         resolved=Count("id", filter=Q(resolved_status=ConditionStatus.TRUE)),
@@ -92,6 +90,44 @@ def dashboard() -> dict:
         "downloads": in_flight(),
         "failures": list(entry_failures()[:50]),
     }
+
+
+def cluster_capacity() -> dict:
+    """The stores' capacity figure summed: their volumes' bytes, their caches' bytes, and the volumes' used
+    percent weighted by their size (each store's ``usedPercent``, what its watermarks use)."""
+    sums = NodeStore.objects.live().aggregate(
+        stores=Count("id"),
+        total=Coalesce(Sum("total_bytes"), 0),
+        stored=Coalesce(Sum("stored_bytes"), 0),
+        weighted=Coalesce(Sum(F("used_percent") * F("total_bytes"), output_field=BigIntegerField()), 0),
+    )
+    total = sums["total"]
+    return {
+        "stores": sums["stores"],
+        "total_bytes": total,
+        "stored_bytes": sums["stored"],
+        "used_percent": min(100, int(sums["weighted"] / total)) if total else 0,
+    }
+
+
+def node_stores(search: str = "", failed: str = ""):
+    """The live stores (named like ``search``; with a Failed entry of reason ``failed``) with their entries
+    counted by state, each count a subquery by the store's key: the database counts the entries of the rows
+    shown only, not of every store (unless the list is sorted by a count)."""
+
+    def entries(state=None):
+        rows = StoreEntry.objects.filter(store=OuterRef("pk"), **({"state": state} if state else {}))
+        counted = rows.order_by().values("store").annotate(n=Count("pk")).values("n")
+        return Coalesce(Subquery(counted), 0)
+
+    rows = NodeStore.objects.live()
+    if search:
+        rows = rows.filter(name__icontains=search)
+    if failed:
+        rows = rows.filter(Exists(StoreEntry.objects.filter(store=OuterRef("pk"), state=FAILED, reason=failed)))
+    return rows.annotate(
+        entry_count=entries(), ready=entries(READY), downloading=entries(DOWNLOADING), failed=entries(FAILED)
+    )
 
 
 def in_flight() -> dict:
@@ -202,11 +238,35 @@ def bar_percent(numbers: dict | None) -> int:
 
 
 def wanted_by(digests) -> dict[str, list]:
-    """digest -> the live artifacts (namespace, name, pk) resolved to it."""
+    """digest -> the live artifacts (namespace, name) resolved to it."""
     out = defaultdict(list)
     rows = Artifact.objects.live().filter(digest__in=[d for d in digests if d]).order_by("namespace", "name")
-    for pk, digest, namespace, name in rows.values_list("pk", "digest", "namespace", "name"):
-        out[digest].append({"pk": pk, "namespace": namespace, "name": name})
+    for digest, namespace, name in rows.values_list("digest", "namespace", "name"):
+        out[digest].append({"namespace": namespace, "name": name})
+    return out
+
+
+def lapses(prefetch) -> dict | None:
+    """A prefetch whose retention ran out on some of its nodes: how many, and its Available condition's
+    reason and message (which say how to place it again); None for one that did not lapse."""
+    status = prefetch.status or {}
+    if not status.get("lapsedNodes"):
+        return None
+    available = next((c for c in status.get("conditions") or [] if c.get("type") == "Available"), {})
+    return {
+        "nodes": status["lapsedNodes"],
+        "reason": available.get("reason", ""),
+        "message": available.get("message", ""),
+    }
+
+
+def lapsed_prefetches(namespace: str, artifact_names) -> dict[str, list]:
+    """artifact name -> its namespace's prefetches that lapsed somewhere, each with ``lapse`` (one query)."""
+    out = defaultdict(list)
+    rows = Prefetch.objects.live().filter(namespace=namespace, artifact_name__in=list(artifact_names))
+    for prefetch in rows.filter(status__lapsedNodes__gt=0).order_by("name"):
+        prefetch.lapse = lapses(prefetch)
+        out[prefetch.artifact_name].append(prefetch)
     return out
 
 

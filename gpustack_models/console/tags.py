@@ -1,18 +1,35 @@
-"""Template helpers of the console's pages: sizes, sort links, page links that keep the other parameters."""
+"""Template helpers of the console's pages: sizes, times, capacity, sort links, page links that keep the
+other parameters. Values print through ``kinds.formatting``, as in ``kubectl get`` and the plugin's messages."""
 
 from __future__ import annotations
 
 from django import template
 from django.utils.html import format_html
 
-from gpustack_models.kinds.formatting import human_bytes
+from gpustack_models.kinds import formatting
 
 register = template.Library()
 
 
 @register.filter
 def size(value) -> str:
-    return human_bytes(value or 0) + "B" if value and value >= 1024 else f"{value or 0} B"
+    """``16.0Mi``, ``961B`` (no size reads ``0B``)."""
+    return formatting.human_bytes(value or 0)
+
+
+@register.filter
+def when(value) -> str:
+    """``2026-12-04T21:48:50Z (5m ago)``: the time in UTC to the second, and how long ago (or ahead) it is."""
+    return formatting.timestamp(value, age=True)
+
+
+@register.filter
+def capacity(store) -> str:
+    """A node store's (or the stores' sum's) one capacity figure: ``8% of 252.0Gi used (the model cache
+    holds 24.0Mi)``."""
+    fields = ("total_bytes", "stored_bytes", "used_percent")
+    values = [store[f] if isinstance(store, dict) else getattr(store, f) for f in fields]
+    return formatting.capacity_text(*values)
 
 
 @register.simple_tag(takes_context=True)

@@ -1,9 +1,13 @@
-"""How values print in tables: sizes like ``135.4Gi`` and ages exactly as kubectl prints them."""
+"""How values print in tables, the console and messages: sizes like ``135.4Gi``, ages exactly as kubectl
+prints them, times as RFC 3339 UTC to the second, and a node store's capacity as one figure.
+
+One formatter per kind of value, free of Django, so the API's tables, the console's pages and the node
+plugin's messages (which import no Django) print the same value the same way."""
 
 from __future__ import annotations
 
 import re
-from datetime import datetime
+from datetime import UTC, datetime
 
 _UNITS = ("Ki", "Mi", "Gi", "Ti", "Pi", "Ei")
 
@@ -63,6 +67,43 @@ def parse_time(value: str | None) -> datetime | None:
     if not value:
         return None
     return datetime.fromisoformat(value.replace("Z", "+00:00"))
+
+
+def _as_time(value) -> datetime | None:
+    """A datetime from a datetime (naive ones are UTC, as the service stores them) or an RFC 3339 string."""
+    if isinstance(value, str):
+        try:
+            value = parse_time(value)
+        except ValueError:
+            return None
+    if not isinstance(value, datetime):
+        return None
+    return value.replace(tzinfo=UTC) if value.tzinfo is None else value
+
+
+def timestamp(value, now: datetime | None = None, age: bool = False) -> str:
+    """``2026-12-04T21:48:50Z``: RFC 3339 in UTC to the second, as Kubernetes writes times; with ``age``,
+    how long ago (``(5m ago)``) or how far ahead (``(in 59m)``) as kubectl's AGE prints it. The one time
+    formatter of the console; empty for no time."""
+    when = _as_time(value)
+    if when is None:
+        return ""
+    when = when.replace(microsecond=0)  # the age of the time shown
+    text = when.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    if not age:
+        return text
+    seconds = ((now or datetime.now(UTC)) - when).total_seconds()
+    relative = f"{human_duration(seconds)} ago" if seconds >= 0 else f"in {human_duration(-seconds)}"
+    return f"{text} ({relative})"
+
+
+def capacity_text(total_bytes: int, stored_bytes: int, used_percent: int) -> str:
+    """A node store's capacity as one figure, from its status: ``8% of 252.0Gi used (the model cache holds
+    24.0Mi)``. ``used_percent`` and ``total_bytes`` are the volume's (whatever else shares it), which the
+    watermarks and ``CapacityLow`` use; ``stored_bytes`` are the model cache's own bytes on it."""
+    if not total_bytes:
+        return "no capacity reported yet"
+    return f"{used_percent}% of {human_bytes(total_bytes)} used (the model cache holds {human_bytes(stored_bytes)})"
 
 
 _DURATION_UNITS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}

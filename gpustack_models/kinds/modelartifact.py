@@ -147,7 +147,12 @@ _MODEL_ARTIFACT_STATUS = obj(
     nodes=obj(
         "Nodes holding the content, among those it was placed on (a node's report of content it was not given "
         "counts for nothing), rolled up on thresholds; the progress subresource is exact.",
-        ready=integer("Nodes holding the content published.", minimum=0),
+        ready=integer(
+            "Nodes holding the content published. Content is shared across namespaces by manifestDigest: this "
+            "counts every node holding it, including copies placed there for another namespace's artifact or "
+            "prefetch of the same content.",
+            minimum=0,
+        ),
         downloading=integer("Nodes downloading it.", minimum=0),
         failed=integer("Nodes waiting to retry a failed attempt.", minimum=0),
         downloadingPercent=integer(

@@ -35,7 +35,7 @@ STATE_EVENTS = {
 
 def _what(digest: str, entry: dict) -> str:
     size = entry.get("sizeBytes")
-    return f"{short_digest(digest)} ({human_bytes(size)}B)" if size else f"{short_digest(digest)} (size unknown)"
+    return f"{short_digest(digest)} ({human_bytes(size)})" if size else f"{short_digest(digest)} (size unknown)"
 
 
 def _changed(digest: str, old: dict, new: dict) -> list[str] | None:

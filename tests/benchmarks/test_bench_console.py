@@ -77,9 +77,9 @@ def pages(prefix: str) -> dict[str, str]:
         "tenants": "/admin/tenants/",
         "tenant": f"/admin/tenants/{artifact.namespace}/",
         "artifacts": "/admin/gpustack_models/artifact/",
-        "nodes": "/admin/gpustack_models/nodestore/",
-        "node": f"/admin/gpustack_models/nodestore/{store.pk}/change/",
-        "artifact": f"/admin/gpustack_models/artifact/{artifact.pk}/change/",
+        "nodes": "/admin/nodes/",
+        "node": f"/admin/nodes/{store.name}/",
+        "artifact": f"/admin/artifacts/{artifact.namespace}/{artifact.name}/",
     }
 
 

@@ -2,6 +2,7 @@
 
 The kubelet shows NodePublishVolume's error in the Pod's events and tries again, so the message says
 what the node is doing with the model: waiting, downloading (percent and bytes), or failed and retrying.
+Sizes print as everywhere else (``3.1Gi``): ``kinds.formatting.human_bytes``.
 """
 
 from __future__ import annotations
@@ -9,17 +10,8 @@ from __future__ import annotations
 import time
 from datetime import UTC, datetime
 
+from gpustack_models.kinds.formatting import human_bytes
 from gpustack_models.plugin.engine.jobs import DOWNLOADING, FAILED, Entry
-
-_UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB")
-
-
-def human_bytes(n: int) -> str:
-    """``3.1 GiB``, ``512 B``: binary units, one decimal above bytes."""
-    value, unit = float(max(0, n)), 0
-    while value >= 1024 and unit < len(_UNITS) - 1:
-        value, unit = value / 1024, unit + 1
-    return f"{int(value)} B" if unit == 0 else f"{value:.1f} {_UNITS[unit]}"
 
 
 def _retry(entry: Entry, now: float) -> str:

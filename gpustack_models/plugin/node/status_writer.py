@@ -16,6 +16,7 @@ from datetime import UTC, datetime
 
 from gpustack_models import kube
 from gpustack_models.kinds import GROUP, STORAGE_VERSION
+from gpustack_models.kinds.formatting import capacity_text
 
 log = logging.getLogger(__name__)
 
@@ -62,7 +63,7 @@ class StatusWriter:
                     "CapacityLow",
                     "True" if low else "False",
                     "AboveHighWatermark" if low else "BelowWatermarks",
-                    f"{capacity['usedPercent']}% of the cache volume is used",
+                    capacity_text(capacity["totalBytes"], capacity["storedBytes"], capacity["usedPercent"]),
                 ),
             ],
         }

@@ -1,7 +1,8 @@
 // The console's numbers refresh in place: every few seconds the page is fetched again and each element
 // marked data-live is replaced by its newer copy; the page itself is never reloaded.
 // An element with data-rate-of="BYTES" (a byte count the page carries) shows how fast that count grows:
-// the difference between the refreshes of the last minute over the time between them.
+// the difference between the refreshes of the last minute over the time between them, printed as the pages
+// print sizes (kinds.formatting.human_bytes: "961B", "16.0Mi"), per second.
 (function () {
   "use strict";
   var EVERY_MS = 2000;
@@ -13,7 +14,7 @@
 
   function perSecond(bytes) {
     if (bytes < 1024) {
-      return Math.round(bytes) + " B/s";
+      return Math.round(bytes) + "B/s";
     }
     var unit = "";
     for (var i = 0; i < UNITS.length; i += 1) {
@@ -23,7 +24,7 @@
         break;
       }
     }
-    return bytes.toFixed(1) + unit + "B/s";
+    return bytes.toFixed(1) + unit + "/s";
   }
 
   function rate(el, now) {

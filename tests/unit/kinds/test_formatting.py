@@ -1,8 +1,11 @@
-"""Sizes and ages as kubectl prints them, and Go durations read."""
+"""Sizes and ages as kubectl prints them, times in UTC to the second, a store's capacity figure, and Go durations
+read."""
+
+from datetime import UTC, datetime, timedelta, timezone
 
 import pytest
 
-from gpustack_models.kinds.formatting import human_bytes, human_duration, parse_duration
+from gpustack_models.kinds.formatting import capacity_text, human_bytes, human_duration, parse_duration, timestamp
 
 
 @pytest.mark.parametrize(
@@ -32,3 +35,29 @@ def test_it_prints_sizes_with_binary_suffixes(value, text):
 )  # fmt: skip
 def test_go_durations(text, seconds):
     assert parse_duration(text) == seconds
+
+
+NOW = datetime(2026, 12, 4, 21, 53, 50, 400000, tzinfo=UTC)
+
+
+@pytest.mark.parametrize(
+    "value, age, text",
+    [
+        (datetime(2026, 12, 4, 21, 48, 50, 900000, tzinfo=UTC), False, "2026-12-04T21:48:50Z"),
+        (datetime(2026, 12, 4, 21, 48, 50, 900000, tzinfo=UTC), True, "2026-12-04T21:48:50Z (5m ago)"),
+        (datetime(2026, 12, 4, 22, 48, 50, tzinfo=timezone(timedelta(hours=1))), True, "2026-12-04T21:48:50Z (5m ago)"),
+        (datetime(2026, 12, 4, 21, 48, 50), False, "2026-12-04T21:48:50Z"),  # naive: UTC, as stored
+        ("2026-12-04T21:48:50Z", True, "2026-12-04T21:48:50Z (5m ago)"),  # a condition's lastTransitionTime
+        (NOW + timedelta(minutes=59, seconds=1), True, "2026-12-04T22:52:51Z (in 59m)"),  # a retry time ahead
+        (None, True, ""), ("", True, ""), ("not a time", False, ""),
+    ],
+)  # fmt: skip
+def test_it_prints_times_in_utc_to_the_second(value, age, text):
+    assert timestamp(value, now=NOW, age=age) == text
+
+
+def test_it_prints_one_capacity_figure():
+    """The volume's used percent and size (what the watermarks and CapacityLow use), then the cache's bytes."""
+    assert capacity_text(252 * 2**30, 24 * 2**20, 8) == "8% of 252.0Gi used (the model cache holds 24.0Mi)"
+    assert capacity_text(2**40, 961, 0) == "0% of 1.0Ti used (the model cache holds 961B)"
+    assert capacity_text(0, 0, 0) == "no capacity reported yet"

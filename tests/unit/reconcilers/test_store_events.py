@@ -22,10 +22,8 @@ def test_it_names_each_state_a_download_reaches():
     before = store([], [A])
     started = store([entry(A, "Downloading")], [A])
     ready = store([entry(A, "Ready")], [A])
-    assert transitions(before, started) == [
-        ["Normal", "DownloadStarted", "downloading sha256:aaaaaaaaaaaa (3.0MiB)", A]
-    ]
-    assert transitions(started, ready) == [["Normal", "DownloadReady", "sha256:aaaaaaaaaaaa (3.0MiB) is ready", A]]
+    assert transitions(before, started) == [["Normal", "DownloadStarted", "downloading sha256:aaaaaaaaaaaa (3.0Mi)", A]]
+    assert transitions(started, ready) == [["Normal", "DownloadReady", "sha256:aaaaaaaaaaaa (3.0Mi) is ready", A]]
     assert transitions(ready, ready) == []  # progress or nothing: no event
 
 

@@ -1,10 +1,10 @@
-"""The messages a Pod's events show while its model is not Ready on the node, and sizes in binary units."""
+"""The messages a Pod's events show while its model is not Ready on the node, sizes as the tables print them."""
 
 from __future__ import annotations
 
 import pytest
 
-from gpustack_models.plugin.csi.progress_text import human_bytes, not_ready_message
+from gpustack_models.plugin.csi.progress_text import not_ready_message
 from gpustack_models.plugin.engine.jobs import Entry
 
 GiB = 1024**3
@@ -17,7 +17,7 @@ GiB = 1024**3
         (Entry("d", "Downloading", 0, 0), "model qwen is waiting to be downloaded on this node"),
         (
             Entry("d", "Downloading", int(7.4 * GiB), int(3.1 * GiB)),
-            "model qwen is downloading on this node: 41 % (3.1 GiB of 7.4 GiB)",
+            "model qwen is downloading on this node: 41 % (3.1Gi of 7.4Gi)",
         ),
         (
             Entry("d", "Failed", 10, 0, reason="IntegrityMismatch", message="a.bin: bad", retry_time=1_000_030.5),
@@ -33,11 +33,7 @@ def test_it_tells_a_person_what_the_node_does_with_the_model(entry, says):
     assert not_ready_message("qwen", entry, now=1_000_000.0).startswith(says)
 
 
-def test_it_writes_sizes_in_binary_units():
-    assert [human_bytes(n) for n in (0, 1023, 1024, 1536 * 1024, 7 * GiB)] == [
-        "0 B",
-        "1023 B",
-        "1.0 KiB",
-        "1.5 MiB",
-        "7.0 GiB",
-    ]
+def test_its_sizes_are_the_tables_sizes():
+    """The plugin prints sizes with the one formatter of ``kubectl get`` and the console, not one of its own."""
+    message = not_ready_message("qwen", Entry("d", "Downloading", 1023 + 1024, 1023), now=0.0)
+    assert message.endswith("(1023B of 2.0Ki)")

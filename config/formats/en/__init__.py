@@ -1,0 +1,1 @@
+"""The formats of ``LANGUAGE_CODE`` (``en-us``)."""
