@@ -12,10 +12,12 @@ from gpustack_models.install import policy_objects
 from gpustack_models.install import volume_checks as install
 from gpustack_models.install.webhooks import MOUNTS_A_MODEL
 from gpustack_models.kube.volumes import ATTRIBUTES, KUBE_PREFIX, NOT_READ_ONLY, UNKNOWN
-from gpustack_models.models import Artifact
-from gpustack_models.webhooks.volume_warnings import VolumeWarningsView, named_artifacts, not_resolved
+from gpustack_models.models import Artifact, SourceKind
+from gpustack_models.webhooks.volume_warnings import VolumeWarningsView, named_artifacts, not_resolved, problem
 from tests.unit.kube.test_volumes import model_volume
 from tests.unit.urlconfs import for_role
+
+DIGEST = "sha256:" + "a" * 64
 
 
 def test_the_policy_refuses_pod_creates_mounting_a_model_and_fails_open_on_its_own_errors():
@@ -63,7 +65,8 @@ def test_the_view_has_no_open_mode():
 def test_a_malformed_pod_names_no_artifact_to_warn_about():
     pod = {"spec": {"volumes": [model_volume("a", artifact="qwen"), {"name": "c", "emptyDir": {}},
                                 model_volume("b", artifact="llama")]}}  # fmt: skip
-    assert named_artifacts(pod) == [("a", "qwen"), ("b", "llama")]
+    pod["spec"]["volumes"][2]["csi"]["volumeAttributes"]["expectedDigest"] = DIGEST
+    assert named_artifacts(pod) == [("a", "qwen", ""), ("b", "llama", DIGEST)]
     pod["spec"]["volumes"][2]["csi"]["readOnly"] = False
     assert named_artifacts(pod) == []
 
@@ -87,3 +90,19 @@ def test_an_unresolved_artifact_is_worded_with_its_condition(reason, body, says)
         assert text == says
     else:
         assert text.startswith("is not resolved yet (R: mmm") and text.endswith("...)") and len(text) < 150
+
+
+def test_each_refusal_the_mount_would_meet_is_a_warning_and_a_mountable_artifact_none():
+    resolved = dict(resolved_status="True", digest=DIGEST, body={})
+    assert problem("team-a", "", None).startswith('does not exist in namespace "team-a"')
+    assert problem("team-a", "", Artifact(resolved_status="False", resolved_reason="R")).startswith(
+        "is not resolved yet (R); the Pod will wait at mount until it resolves"
+    )
+    deleting = Artifact(**dict(resolved, body={"metadata": {"deletionTimestamp": "2026-01-01T00:00:00Z"}}))
+    assert problem("team-a", "", deleting).startswith("is being deleted")
+    claim = Artifact(**dict(resolved, source=SourceKind.CLAIM, digest=""))
+    assert "mount the claim itself" in problem("team-a", "", claim)
+    other = "sha256:" + "b" * 64
+    assert problem("team-a", other, Artifact(**resolved)).startswith(f"has digest {DIGEST}, not the volume's")
+    assert problem("team-a", DIGEST, Artifact(**resolved)) is None
+    assert problem("team-a", "", Artifact(**resolved)) is None
