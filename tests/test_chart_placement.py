@@ -56,6 +56,11 @@ def test_the_node_labels_mode_lets_the_service_patch_nodes_and_nothing_more(helm
         return dict(hook, clientConfig={k: v for k, v in hook["clientConfig"].items() if k != "caBundle"})
 
     assert webhook(objects) == webhook(render(helm))
+    # The volume warnings' webhook is not installed (it would answer anyone); the volumes' policy still is.
+    names = {(o["kind"], o["metadata"]["name"]) for o in objects}
+    assert not {("ValidatingWebhookConfiguration", "gpustack-models-volumes"),
+                ("ClusterRole", "gpustack-models:volume-warnings-caller")} & names  # fmt: skip
+    assert ("ValidatingAdmissionPolicy", "gpustack-models-model-volumes") in names
 
 
 def test_leaving_the_mode_may_keep_the_right_to_remove_the_labels(helm):

@@ -1,7 +1,7 @@
 """Everything installed into a cluster besides the CRDs (``kinds.crd``), from the same definitions:
 the namespace and ServiceAccounts, RBAC (``rbac``), the admission policies guarding the storage version
-(``policies``), the aggregation (``aggregation``), the placement webhook (``webhooks``) and the CSIDriver
-object of the node plugin's CSI driver (``csi``).
+(``policies``), the aggregation (``aggregation``), the placement webhook (``webhooks``), the checks of a
+Pod's model volumes (``volume_checks``) and the CSIDriver object of the node plugin's CSI driver (``csi``).
 
 ``python manage.py writemanifests`` writes the static ones to ``deploy/``; the local launcher and the
 test fixtures apply them, plus the APIService for the local API with its serving CA.
@@ -17,6 +17,7 @@ from gpustack_models.install.common import render
 from gpustack_models.install.csi import csi_driver_objects
 from gpustack_models.install.policies import policy_objects
 from gpustack_models.install.rbac import namespace_objects, rbac_objects
+from gpustack_models.install.volume_checks import volume_caller_objects, volume_warning_objects, volume_warnings_webhook
 from gpustack_models.install.webhooks import caller_objects, label_writer_objects, placement_webhook, webhook_objects
 from gpustack_models.kinds.crd import crd_files
 
@@ -31,6 +32,8 @@ def manifest_files() -> dict[Path, str]:
         DEPLOY_DIR / "service" / "placement-webhook.yaml": render(webhook_objects()),
         # Applied instead of the caller's right above where the API runs with GPUSTACK_PLACEMENT_MODE=nodeLabels.
         DEPLOY_DIR / "service" / "placement-labels.yaml": render(label_writer_objects()),
+        # Not applied where the API runs with GPUSTACK_PLACEMENT_MODE=nodeLabels (install/volume_checks.py says why).
+        DEPLOY_DIR / "service" / "volume-warnings.yaml": render(volume_warning_objects()),
         DEPLOY_DIR / "csi" / "csidriver.yaml": render(csi_driver_objects()),
     }
 
@@ -58,5 +61,8 @@ __all__ = [
     "render",
     "serving_names",
     "stale_files",
+    "volume_caller_objects",
+    "volume_warning_objects",
+    "volume_warnings_webhook",
     "webhook_objects",
 ]

@@ -18,6 +18,7 @@ from gpustack_models.install.common import render
 from gpustack_models.install.csi import csi_driver_objects
 from gpustack_models.install.policies import policy_objects
 from gpustack_models.install.rbac import rbac_objects, service_accounts
+from gpustack_models.install.volume_checks import volume_caller_objects, volume_warnings_webhook
 from gpustack_models.install.webhooks import caller_objects, label_writer_objects, placement_webhook
 from gpustack_models.kinds.crd import crd_files
 
@@ -96,4 +97,14 @@ def chart_files() -> dict[Path, str]:
         files[CHART_DIR / "templates" / "generated" / "placement-labels.yaml"] = (
             labels[0] + "\n" + condition + labels[1] + "{{- end }}\n"
         )
+        files[CHART_DIR / "templates" / "generated" / "volume-warnings.yaml"] = _volume_warnings()
     return files
+
+
+def _volume_warnings() -> str:
+    """The warnings webhook and its caller's right, except in the node-labels mode (``install.volume_checks``)."""
+    webhook = volume_warnings_webhook()
+    _with_ca(webhook, webhook["webhooks"][0]["clientConfig"])
+    text = templated([*volume_caller_objects(), webhook]).split("\n", 1)
+    condition = '{{- if ne (.Values.placement).mode "nodeLabels" }}\n'
+    return text[0] + "\n" + condition + text[1] + "{{- end }}\n"

@@ -4,12 +4,14 @@ RBAC has no version field, so anyone with write RBAC on the group could reach v1
 the service creates objects or changes spec/status; a node's plugin writes its own NodeModelStore's
 status. Metadata-only updates and deletes stay open (the garbage collector and kubectl label rely on
 them, and the service's own finalizer on mounted ModelArtifacts is one). The service, which may patch
-Nodes in the node-labels placement mode, changes only their placement labels.
+Nodes in the node-labels placement mode, changes only their placement labels. A Pod's model volumes are
+checked at its creation (``volume_checks.model_volumes_policy``).
 """
 
 from __future__ import annotations
 
 from gpustack_models.install.common import meta
+from gpustack_models.install.volume_checks import model_volumes_policy
 from gpustack_models.kinds import GROUP, KINDS, PUBLIC_VERSION
 from gpustack_models.kinds.placement_labels import LABEL_PREFIX
 from gpustack_models.kube.identity import NODE_NAME_EXTRA, plugin_user, service_user
@@ -119,7 +121,7 @@ def node_writes_policy() -> dict:
 
 
 def policy_objects() -> list[dict]:
-    policies = [storage_writes_policy(), status_writes_policy(), node_writes_policy()]
+    policies = [storage_writes_policy(), status_writes_policy(), node_writes_policy(), model_volumes_policy()]
     bindings = [
         {
             "apiVersion": ADMISSION,

@@ -16,27 +16,33 @@ from django.conf import settings
 
 from gpustack_models.install.common import meta, service_account_subject
 from gpustack_models.install.rbac import binding, role
+from gpustack_models.kube.volumes import MODEL_DRIVER
 
 NAME = "gpustack-models-placement"
 PATH = "/internal/v1/placement"
-DRIVER = "model.csi.gpustack.ai"
+DRIVER = MODEL_DRIVER
 # Only Pods with a model volume ever reach the webhook.
 MOUNTS_A_MODEL = (
     "has(object.spec.volumes) && object.spec.volumes.exists(v, has(v.csi) && v.csi.driver == '" + DRIVER + "')"
 )
 
 
-def placement_webhook(url: str | None = None, ca_bundle: bytes | None = None) -> dict:
-    """The configuration, calling ``url`` (a local API process) or else the API's Service."""
+def client_config(path: str, url: str | None = None, ca_bundle: bytes | None = None) -> dict:
+    """How kube-apiserver reaches the API's ``path``: ``url`` (a local API process) or else its Service."""
     if url:
         client = {"url": url}
     else:
-        service = {"namespace": settings.NAMESPACE, "name": settings.API_SERVICE_NAME, "path": PATH, "port": 443}
+        service = {"namespace": settings.NAMESPACE, "name": settings.API_SERVICE_NAME, "path": path, "port": 443}
         client = {"service": service}
     if ca_bundle:
         client["caBundle"] = base64.b64encode(ca_bundle).decode()
-    webhook = {
-        "name": "placement.model.csi.gpustack.ai",
+    return client
+
+
+def pod_create_webhook(name: str, client: dict) -> dict:
+    """A webhook on Pod creates that mount a model, failing open within 2 s (the fields both webhooks share)."""
+    return {
+        "name": name,
         "clientConfig": client,
         "rules": [
             {
@@ -51,10 +57,15 @@ def placement_webhook(url: str | None = None, ca_bundle: bytes | None = None) ->
         "failurePolicy": "Ignore",
         "sideEffects": "None",
         "timeoutSeconds": 2,
-        "reinvocationPolicy": "Never",
         "matchPolicy": "Equivalent",
         "admissionReviewVersions": ["v1"],
     }
+
+
+def placement_webhook(url: str | None = None, ca_bundle: bytes | None = None) -> dict:
+    """The configuration, calling ``url`` (a local API process) or else the API's Service."""
+    webhook = pod_create_webhook("placement.model.csi.gpustack.ai", client_config(PATH, url, ca_bundle))
+    webhook["reinvocationPolicy"] = "Never"
     return {
         "apiVersion": "admissionregistration.k8s.io/v1",
         "kind": "MutatingWebhookConfiguration",
@@ -63,10 +74,9 @@ def placement_webhook(url: str | None = None, ca_bundle: bytes | None = None) ->
     }
 
 
-def caller_objects() -> list[dict]:
+def caller_objects(name: str = "gpustack-models:placement-caller", path: str = PATH) -> list[dict]:
     """``post`` on the webhook's path for its caller, and nobody else."""
-    name = "gpustack-models:placement-caller"
-    rules = [{"nonResourceURLs": [PATH], "verbs": ["post"]}]
+    rules = [{"nonResourceURLs": [path], "verbs": ["post"]}]
     subjects = [{"kind": "User", "apiGroup": "rbac.authorization.k8s.io", "name": settings.PLACEMENT_CALLER}]
     return [role("ClusterRole", name, rules), binding("ClusterRoleBinding", name, "ClusterRole", name, subjects)]
 

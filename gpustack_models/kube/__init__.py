@@ -6,7 +6,7 @@
 - ``watch``: the one list-then-watch loop every watcher uses;
 - ``reviews``: TokenReview answers, cached briefly;
 - ``identity``: the service's own ServiceAccounts;
-- ``volumes``: the volume ids the kubelet gives a Pod's inline CSI volumes.
+- ``volumes``: the volume ids the kubelet gives a Pod's inline CSI volumes, and what a model volume must be.
 
 Nothing here imports the API, the reconcilers or the plugin.
 """

@@ -86,6 +86,7 @@ class Launcher:
             "--timeout=60s",
         )
         objects = install.namespace_objects() + install.rbac_objects() + install.caller_objects()
+        objects += install.volume_caller_objects()
         self.apply(objects + install.csi_driver_objects())
         self.install_policies()
 
@@ -158,17 +159,23 @@ class Launcher:
         return crt, key, ca.read_bytes()
 
     def register(self, port: int) -> None:
-        """The APIService, and the placement webhook by URL (the local API process is outside the cluster)."""
+        """The APIService, and the webhooks by URL (the local API process is outside the cluster): the
+        placement webhook, and the model volumes' warnings but in the node-labels placement mode."""
         _crt, _key, ca = self.serving_pki()
-        url = f"https://127.0.0.1:{port}{install.webhooks.PATH}"
-        self.apply(install.api_service(ca, port) + [install.placement_webhook(url, ca)])
+        base = f"https://127.0.0.1:{port}"
+        objects = install.api_service(ca, port) + [install.placement_webhook(base + install.webhooks.PATH, ca)]
+        if settings.PLACEMENT_MODE != "nodeLabels":
+            objects.append(install.volume_warnings_webhook(base + install.volume_checks.PATH, ca))
+        self.apply(objects)
 
     def unregister(self, timeout: float | None = None) -> None:
         """Remove the APIService (an unavailable one blocks namespace deletion and garbage collection) and
-        the placement webhook (a stopped one only delays Pod creates: it fails open)."""
+        the webhooks (a stopped one only delays Pod creates: they fail open)."""
+        webhooks = "/apis/admissionregistration.k8s.io/v1"
         for path in (
             f"/apis/apiregistration.k8s.io/v1/apiservices/{PUBLIC_VERSION}.{GROUP}",
-            f"/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations/{install.webhooks.NAME}",
+            f"{webhooks}/mutatingwebhookconfigurations/{install.webhooks.NAME}",
+            f"{webhooks}/validatingwebhookconfigurations/{install.volume_checks.NAME}",
         ):
             try:
                 self.admin.delete(path, timeout=timeout)

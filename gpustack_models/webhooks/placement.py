@@ -7,7 +7,8 @@ per mounted artifact: ``matchFields metadata.name In [...]``, at most ``MAX_NODE
 artifact's digest Ready, weight 1 (the lowest weight that still breaks a tie). Never a required term: GPU
 fit and every other rule of the scheduler come first, and a Pod whose resources fit only elsewhere still
 schedules. The webhook never refuses a Pod (``failurePolicy: Ignore`` besides): what it cannot place it
-admits unchanged.
+admits unchanged, and so a Pod with a malformed model volume (``kube.volumes.pod_problems``, which the
+admission policy ``install.volume_checks`` refuses after the mutating webhooks ran).
 
 Who may call: the answer names nodes holding a namespace's model, which a tenant never sees. The caller
 authenticates (kube-apiserver with the client certificate its admission configuration gives it, or a
@@ -36,6 +37,7 @@ from gpustack_models.api.authentication import ClientCertificateAuthentication, 
 from gpustack_models.api.views import KubeAPIView
 from gpustack_models.kinds.placement_labels import label_key
 from gpustack_models.kube.errors import BadRequest
+from gpustack_models.kube.volumes import pod_problems
 from gpustack_models.models import Artifact, EntryState, SourceKind, StoreEntry
 
 log = logging.getLogger(__name__)
@@ -145,6 +147,8 @@ def patch_for(request: dict, by_labels: bool = False) -> list[dict]:
         return []
     if (pod.get("spec") or {}).get("nodeName"):
         return []  # already bound: nothing to prefer
+    if pod_problems(pod):
+        return []  # a model volume the admission policy refuses (and the driver would): nothing to place
     metadata = pod.get("metadata") if isinstance(pod.get("metadata"), dict) else {}
     namespace = request.get("namespace") or metadata.get("namespace") or ""
     artifacts = mounted_artifacts(pod)

@@ -16,19 +16,27 @@ from dataclasses import dataclass
 
 import grpc
 
+from gpustack_models.kube.volumes import (
+    ARTIFACT,
+    ATTRIBUTES,
+    DIGEST_PATTERN,
+    EXPECTED_DIGEST,
+    KUBE_PREFIX,
+    NAME_MAX,
+    NAME_PATTERN,
+    unknown_attributes,
+)
 from gpustack_models.plugin.csi.generated import csi_pb2
 
-KUBE_PREFIX = "csi.storage.k8s.io/"
 EPHEMERAL = KUBE_PREFIX + "ephemeral"
 POD_NAMESPACE, POD_NAME, POD_UID = (KUBE_PREFIX + k for k in ("pod.namespace", "pod.name", "pod.uid"))
-ARTIFACT, EXPECTED_DIGEST = "artifact", "expectedDigest"
 VOLUME_ID_MAX = 128  # bytes, as the CSI spec bounds identifiers
 PATH_MAX = 4096
 
 _LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
-_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+_SUBDOMAIN = re.compile(NAME_PATTERN)
 _UID = re.compile(r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}")
-_DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
+_DIGEST = re.compile(DIGEST_PATTERN)
 _Mode = csi_pb2.VolumeCapability.AccessMode
 # Read-only content is the same for one reader or many; SINGLE_NODE_WRITER is what the kubelet sends
 # for every inline volume (readonly=true still mounts read-only). Modes of several writers are refused.
@@ -129,14 +137,14 @@ def _pod(context: dict) -> Pod:
 
 
 def _attributes(context: dict) -> tuple[str, str | None]:
-    unknown = sorted(k for k in context if not k.startswith(KUBE_PREFIX) and k not in (ARTIFACT, EXPECTED_DIGEST))
+    unknown = unknown_attributes(context)
     if unknown:
         shown = ", ".join(repr(k[:64]) for k in unknown[:5])
-        raise invalid(f"unknown volume attributes {shown}: only {ARTIFACT} and {EXPECTED_DIGEST} are read")
+        raise invalid(f"unknown volume attributes {shown}: only {' and '.join(ATTRIBUTES)} are read")
     artifact = context.get(ARTIFACT, "")
     if not artifact:
         raise invalid(f"the volume attribute {ARTIFACT} is required (the ModelArtifact's name in the Pod's namespace)")
-    if len(artifact) > 253 or not _SUBDOMAIN.fullmatch(artifact):
+    if len(artifact) > NAME_MAX or not _SUBDOMAIN.fullmatch(artifact):
         raise invalid(f"{ARTIFACT} {artifact[:80]!r} is not a ModelArtifact name")
     expected = context.get(EXPECTED_DIGEST) or None
     if expected is not None and not _DIGEST.fullmatch(expected):

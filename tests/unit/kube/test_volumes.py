@@ -1,6 +1,14 @@
-"""The kubelet's volume ids of a Pod's inline CSI volumes, and the volume of a Pod an id names."""
+"""The kubelet's volume ids of a Pod's inline CSI volumes, the volume of a Pod an id names, and what is wrong
+with a model volume (the rules the admission policy and the webhooks share with the driver)."""
 
-from gpustack_models.kube.volumes import MODEL_DRIVER, model_attributes, volume_handle, volume_of
+from gpustack_models.kube.volumes import (
+    MODEL_DRIVER,
+    model_attributes,
+    pod_problems,
+    volume_handle,
+    volume_of,
+    volume_problems,
+)
 
 UID = "0b6c8a9e-3f3c-4c55-9a4e-2f4d2b7c1e10"
 
@@ -29,3 +37,43 @@ def test_only_a_volume_of_the_model_driver_has_model_attributes():
     assert model_attributes({"csi": {"driver": "other.example.com", "volumeAttributes": {"artifact": "a"}}}) is None
     assert model_attributes({"emptyDir": {}}) is None
     assert model_attributes({"csi": "x"}) is None
+
+
+def model_volume(name="m", read_only=True, **attributes):
+    csi = {"driver": MODEL_DRIVER, "volumeAttributes": attributes}
+    if read_only is not None:
+        csi["readOnly"] = read_only
+    return {"name": name, "csi": csi}
+
+
+def test_a_well_formed_model_volume_has_no_problem_and_other_volumes_are_not_looked_at():
+    digest = "sha256:" + "a" * 64
+    volumes = [
+        {"name": "cache", "emptyDir": {}},
+        {"name": "ebs", "csi": {"driver": "ebs.csi.aws.com", "volumeAttributes": {"revision": "x"}}},
+        model_volume(artifact="qwen.v2", expectedDigest=digest),
+        model_volume(artifact="llama", expectedDigest="", **{"csi.storage.k8s.io/pod.name": "p"}),
+    ]
+    assert pod_problems({"spec": {"volumes": volumes}}) == []
+    for hostile in (None, "x", {"spec": None}, {"spec": {"volumes": "x"}}, {"spec": {"volumes": [None, 3]}}):
+        assert pod_problems(hostile) == []
+
+
+def test_each_problem_names_its_field_in_the_admission_policys_words():
+    path = "spec.volumes[1].csi"
+    volumes = [
+        {"name": "cache", "emptyDir": {}},
+        model_volume(read_only=None, artifact="Qwen", revision="main", expectedDigest="sha256:x", zeta="1"),
+        model_volume(read_only=False),
+    ]
+    assert pod_problems({"spec": {"volumes": volumes}}) == [
+        f'{path}.volumeAttributes: unknown attribute "revision": model volumes take artifact, expectedDigest',
+        f'{path}.volumeAttributes: unknown attribute "zeta": model volumes take artifact, expectedDigest',
+        f"{path}.volumeAttributes.artifact: must be a ModelArtifact name (a DNS subdomain of at most 253 characters)",
+        f"{path}.volumeAttributes.expectedDigest: must be sha256:<64 lowercase hex digits>",
+        f"{path}.readOnly: must be true for model volumes",
+        "spec.volumes[2].csi.volumeAttributes.artifact: required: the name of a ModelArtifact in the Pod's namespace",
+        "spec.volumes[2].csi.readOnly: must be true for model volumes",
+    ]
+    assert volume_problems(0, model_volume(artifact="a" * 254))[0].endswith("at most 253 characters)")
+    assert volume_problems(0, model_volume(artifact=["x"]))[0].endswith("at most 253 characters)")

@@ -34,6 +34,12 @@ def model_pod(*artifacts, **spec):
     return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"}, "spec": {"volumes": volumes, **spec}}
 
 
+def malformed_pod():
+    pod = model_pod("qwen", "llama")
+    pod["spec"]["volumes"][1]["csi"]["volumeAttributes"]["revision"] = "main"
+    return pod
+
+
 def test_it_reads_the_artifacts_a_pod_mounts_in_order_each_once():
     pod = model_pod("qwen", "llama", "qwen")
     pod["spec"]["volumes"] += [{"name": "data", "emptyDir": {}}, volume("other", driver="ebs.csi.aws.com")]
@@ -142,6 +148,7 @@ def test_a_malformed_review_is_a_bad_request_naming_what_is_wrong(body, says):
         {"operation": "CREATE", "namespace": "team-a", "object": model_pod("qwen", nodeName="n1")},  # bound
         {"operation": "CREATE", "object": model_pod("qwen")},  # no namespace anywhere
         {"operation": "CREATE", "namespace": "team-a", "object": model_pod()},  # mounts no model
+        {"operation": "CREATE", "namespace": "team-a", "object": malformed_pod()},  # the admission policy refuses it
     ],
 )
 def test_what_it_need_not_place_is_admitted_unchanged_without_looking_for_holders(request_):
