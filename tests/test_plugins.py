@@ -209,8 +209,10 @@ def test_it_downloads_to_three_nodes_with_live_progress(scenario, hub, kubectl, 
             assert (scenario.tree(p) / path).read_bytes() == data
     listing = kubectl("get", "nms", *[p.node for p in plugins], "-o", "wide").stdout
     rows = {line.split()[0]: line.split() for line in listing.splitlines()[1:]}
-    for p in plugins:
-        assert rows[p.node][1:4] == ["1", "8.0Mi", "1"]  # READY, USED, MODELS
+    assert listing.split()[:5] == ["NAME", "READY", "CACHE", "VOLUME", "MODELS"], listing
+    for p in plugins:  # READY, CACHE, VOLUME ("<percent>% of <size>", the capacity figure's), MODELS
+        cells = rows[p.node]
+        assert cells[1:3] == ["1", "8.0Mi"] and cells[3].endswith("%") and cells[4] == "of" and cells[6] == "1", cells
 
 
 def test_it_answers_zeros_and_a_reason_for_unresolved_and_claim_artifacts(scenario):

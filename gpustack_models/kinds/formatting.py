@@ -103,7 +103,12 @@ def capacity_text(total_bytes: int, stored_bytes: int, used_percent: int) -> str
     watermarks and ``CapacityLow`` use; ``stored_bytes`` are the model cache's own bytes on it."""
     if not total_bytes:
         return "no capacity reported yet"
-    return f"{used_percent}% of {human_bytes(total_bytes)} used (the model cache holds {human_bytes(stored_bytes)})"
+    return f"{volume_used(total_bytes, used_percent)} used (the model cache holds {human_bytes(stored_bytes)})"
+
+
+def volume_used(total_bytes: int, used_percent: int) -> str:
+    """The volume's part of the capacity figure, ``8% of 252.0Gi`` (``kubectl get nms``'s VOLUME column)."""
+    return f"{used_percent or 0}% of {human_bytes(total_bytes)}" if total_bytes else ""
 
 
 _DURATION_UNITS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from gpustack_models.kinds.base import Column, Field, ResourceKind, age_column, store_models
-from gpustack_models.kinds.formatting import human_bytes
+from gpustack_models.kinds.formatting import human_bytes, volume_used
 from gpustack_models.kinds.schema import Rule, array, boolean, conditions, digest, integer, obj, string, timestamp
 
 # The states of a digest on a node, and where its bytes came from (shared by the plugin's engine, the
@@ -136,11 +136,22 @@ NODE_MODEL_STORE = ResourceKind(
     columns=(
         Column("Ready", "integer", "Models published on the node.", object_render=lambda o: store_models(o, "Ready")),
         Column(
-            "Used",
+            "Cache",
             "string",
-            "Bytes the cache holds.",
+            "Bytes the model cache holds.",
             fields=(Field("Stored", ".status.capacity.storedBytes", "integer", "Bytes the cache holds.", 0),),
             render=lambda v: human_bytes(v.get("Stored") or 0),
+        ),
+        Column(
+            "Volume",
+            "string",
+            "The cache volume's used percent of its size, whatever else shares it: what the watermarks and "
+            "CapacityLow go by.",
+            fields=(
+                Field("Total", ".status.capacity.totalBytes", "integer", "Bytes of the cache's volume."),
+                Field("Used Percent", ".status.capacity.usedPercent", "integer", "Percent of the volume in use."),
+            ),
+            render=lambda v: volume_used(v.get("Total") or 0, v.get("Used Percent") or 0),
         ),
         Column("Models", "integer", "Models on the node.", object_render=store_models),
         Column(

@@ -68,18 +68,20 @@ def test_it_sends_column_definitions_on_the_first_watch_event_only():
 
 def store(name: str, states: list[str]) -> dict:
     models = [{"digest": DIGEST[:-1] + str(i), "state": s} for i, s in enumerate(states)]
+    capacity = {"storedBytes": 3 * 1024**3, "totalBytes": 252 * 1024**3, "usedPercent": 8}
     return {"apiVersion": "worker.gpustack.ai/v1alpha1", "kind": "NodeModelStore",
             "metadata": {"name": name, "resourceVersion": "9", "creationTimestamp": "2026-01-01T00:00:00Z"},
-            "spec": {}, "status": {"models": models, "capacity": {"storedBytes": 3 * 1024**3}}}  # fmt: skip
+            "spec": {}, "status": {"models": models, "capacity": capacity}}  # fmt: skip
 
 
 def test_it_renders_counting_columns_from_objects():
     items = [store("n1", ["Ready", "Downloading", "Ready"]), store("n2", [])]
     data = json.dumps({"kind": "NodeModelStoreList", "metadata": {"resourceVersion": "9"}, "items": items}).encode()
     table = json.loads(table_from_objects(NODE_MODEL_STORE, data, is_list=True, include_object="None"))
-    assert [c["name"] for c in table["columnDefinitions"]] == ["Name", "Ready", "Used", "Models", "Downloading", "Age"]
-    assert table["rows"][0]["cells"][:5] == ["n1", 2, "3.0Gi", 3, 1]
-    assert table["rows"][1]["cells"][:5] == ["n2", 0, "3.0Gi", 0, 0]
+    names = [c["name"] for c in table["columnDefinitions"]]
+    assert names == ["Name", "Ready", "Cache", "Volume", "Models", "Downloading", "Age"]
+    assert table["rows"][0]["cells"][:6] == ["n1", 2, "3.0Gi", "8% of 252.0Gi", 3, 1]
+    assert table["rows"][1]["cells"][:6] == ["n2", 0, "3.0Gi", "8% of 252.0Gi", 0, 0]
     assert "object" not in table["rows"][0]
 
 

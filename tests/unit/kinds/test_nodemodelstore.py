@@ -78,6 +78,8 @@ def test_the_columns_count_the_models_from_the_whole_object():
     assert not NODE_MODEL_STORE.table_from_fields
     assert [(f.name, f.json_path) for f in NODE_MODEL_STORE.fields] == [
         ("Stored", ".status.capacity.storedBytes"),
+        ("Total", ".status.capacity.totalBytes"),
+        ("Used Percent", ".status.capacity.usedPercent"),
         ("Age", ".metadata.creationTimestamp"),
     ]
     store = {
@@ -91,5 +93,7 @@ def test_the_columns_count_the_models_from_the_whole_object():
         if column.object_render:
             row[column.name] = column.object_render(store)
         else:
-            row[column.name] = column.render({"Stored": 1536 * 1024, "Age": "2d"})
-    assert row == {"Ready": 2, "Used": "1.5Mi", "Models": 4, "Downloading": 1, "Age": "2d"}
+            row[column.name] = column.render(
+                {"Stored": 1536 * 1024, "Total": 2 * 1024**3, "Used Percent": 8, "Age": "2d"}
+            )
+    assert row == {"Ready": 2, "Cache": "1.5Mi", "Volume": "8% of 2.0Gi", "Models": 4, "Downloading": 1, "Age": "2d"}
