@@ -272,11 +272,9 @@ def test_the_console_shows_a_nodes_claim_to_administrators_only_escaped_and_coun
     for cell, value in (("ready", 1), ("downloading", 0), ("failed", 0)):
         assert f'<td class="{cell}">{value}</td>' in tenant, tenant
     assert "SourceUnavailable" not in tenant
-    artifact_page = admin_client.get(reverse("admin:gpustack_models_artifact_change", args=[art.pk])).content.decode()
+    artifact_page = admin_client.get(reverse("admin:artifact", args=[art.namespace, art.name])).content.decode()
     assert "honest-node" in artifact_page and "claiming-node" not in artifact_page
     assert_nowhere(artifact_page + tenant, ["claiming-node"])
-    node_page = admin_client.get(
-        reverse("admin:gpustack_models_nodestore_change", args=[rows["claiming-node"].pk])
-    ).content.decode()
+    node_page = admin_client.get(reverse("admin:node", args=["claiming-node"])).content.decode()
     assert "not placed on this node" in node_page and "&lt;img src=x onerror=alert(1)&gt;" in node_page
     assert "<img src=x" not in node_page  # the node's text, escaped

@@ -98,7 +98,7 @@ def measure(prefix: str, nodes: int, per_node: int, samples: int) -> tuple[float
         started = time.perf_counter()
         due = collection_pass()
         pass_seconds = time.perf_counter() - started
-        assert set(names) <= due
+        assert set(names) <= set(due)
         timings = []
         for name in names[:: max(1, nodes // samples)][:samples]:
             started = time.perf_counter()

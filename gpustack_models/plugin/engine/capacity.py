@@ -129,27 +129,33 @@ class Retention:
         return touched
 
     def removal_time(self, item: Item) -> float | None:
-        """When ``item`` is removed (out of ``spec.models``, not mounted), else ``None``."""
-        if self.wanted is None or item.absent_since is None or item.digest in self.wanted:
+        """When ``item`` is removed unless referenced again (``None``: referenced, mounted, or the spec not
+        known yet). The delay (``removal_delay`` for a published tree, ``partial_retention`` for partial
+        work) runs from the ``collectTime`` its ``spec.models`` item announced, or, for a digest that left
+        with none, from when it left: so the time the status shows is known, and kept, from the moment the
+        grace begins."""
+        if self.wanted is None or item.digest in self.mounted:
             return None
-        if item.digest in self.mounted:
+        wanted = self.wanted.get(item.digest)
+        if wanted is not None and wanted.collect_time is None:
             return None
         published = item.state == READY and item.digest not in self.running()
-        if not published:
-            return item.absent_since + self.partial_retention
-        if item.collect_time is not None:
-            # The service gave the grace (the collectTime its item announced): the tree goes when that
-            # time is reached and the digest has left the spec, with no delay of the node's own on top.
-            return max(item.collect_time, item.absent_since)
-        return item.absent_since + self.removal_delay
+        delay = self.removal_delay if published else self.partial_retention
+        if wanted is not None:  # unreferenced, in its grace
+            return wanted.collect_time + delay
+        if item.absent_since is None:
+            return None
+        if item.collect_time is not None:  # left after its grace: the time announced holds
+            return max(item.collect_time + delay, item.absent_since)
+        return item.absent_since + delay
 
     def due(self, now: float) -> list[Item]:
-        """The items whose removal time has come (none runs)."""
+        """The items out of ``spec.models`` whose removal time has come (none runs)."""
         running = self.running()
         out = []
         for digest, item in self.records.items.items():
             removal = self.removal_time(item)
-            if removal is not None and now >= removal and digest not in running:
+            if removal is not None and now >= removal and digest not in running and digest not in self.wanted:
                 out.append(item)
         return out
 

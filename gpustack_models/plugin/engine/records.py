@@ -102,8 +102,8 @@ class Item:
     last_used: float | None = None
     last_used_saved: float | None = None
     absent_since: float | None = None
-    # The collectTime its spec.models item announced while unreferenced (epoch seconds): the grace the
-    # service gave, which the node keeps once the digest leaves the spec rather than adding its own delay.
+    # The collectTime its spec.models item announced while unreferenced (epoch seconds): the node's removal
+    # delay runs from it once the digest leaves the spec, so the removal time shown never moves.
     collect_time: float | None = None
     source: str = SOURCE_HUB
 
@@ -167,9 +167,8 @@ def entry_of(
     item: Item, running: Progress | None = None, wanted: Wanted | None = None, removal_time: float | None = None
 ) -> Entry:
     """The entry of ``item``: ``Downloading`` with the bytes so far while ``running`` (its download) runs;
-    the failure only when ``Failed``; ``pinned`` and ``collectTime`` from its ``spec.models`` item
-    ``wanted``, else its ``removal_time`` (a digest out of ``spec.models``; the collectTime the spec
-    announced, when the removal keeps to it, so the time a user was shown does not move)."""
+    the failure only when ``Failed``; ``pinned`` from its ``spec.models`` item ``wanted``; ``collectTime``
+    its ``removal_time`` (when the node removes it unless referenced again)."""
     downloaded = running.downloaded_bytes if running is not None else item.downloaded
     state = DOWNLOADING if running is not None else item.state
     source = source_of(running.source_bytes) if running is not None else item.source
@@ -185,14 +184,8 @@ def entry_of(
         last_used_time=item.last_used,
         source=source,
         pinned=wanted is not None and wanted.pinned,
-        collect_time=wanted.collect_time if wanted is not None else _announced(item, removal_time),
+        collect_time=removal_time,
     )
-
-
-def _announced(item: Item, removal_time: float | None) -> float | None:
-    if removal_time is None or item.collect_time is None:
-        return removal_time
-    return item.collect_time if removal_time <= max(item.collect_time, item.absent_since or 0.0) else removal_time
 
 
 def checkpoint_progress(path: Path) -> tuple[int, int]:

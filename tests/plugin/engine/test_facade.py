@@ -328,39 +328,44 @@ def test_it_resumes_an_interrupted_download_after_restart(fakehub, make_engine):
     assert restarted.stats(ticket.digest)["resumed_hash_bytes"] >= 1 * MiB
 
 
-def test_a_tree_whose_spec_announced_a_collect_time_goes_at_it_and_the_time_shown_does_not_move(
+def test_the_removal_time_runs_from_the_announced_collect_time_and_the_time_shown_never_moves(
     fakehub, make_engine, clock
 ):
-    """The service gave the grace: the collectTime its spec item announced is the one the status keeps once
-    the digest leaves the spec, and the tree goes then, with no removal delay of the node's own on top."""
+    """The node's removal delay runs from the collectTime the spec announced: the status shows that time plus
+    the delay from the moment the grace begins, and keeps it when the digest leaves the spec (a little late,
+    as the service's reconcile may be), across a restart; still in the spec, a tree is never removed."""
     commit = fakehub.add_hf_repo("org/graced", {"config.json": b'{"g": 1}'})
     ticket = ticket_for(fakehub, "org/graced", commit)
-    delay = 600
+    delay = 60
     engine = make_engine(clock=clock, removal_delay=delay)
     engine.ensure(ticket)
     assert engine.wait(ticket.digest, timeout=30).state == READY
-    announced = clock.now + 30
+    announced = float(int(clock.now)) + 30  # collectTime is to the second
     engine.set_wanted([{"digest": ticket.digest, "collectTime": rfc3339(announced)}])
-    assert engine.entry(ticket.digest).status()["collectTime"] == rfc3339(announced)
-    assert engine.collect() == []
+    shown = rfc3339(announced + delay)
+    assert engine.entry(ticket.digest).status()["collectTime"] == shown
+    clock.advance(40)
     engine.close()
 
-    # A restart keeps what was announced; the digest leaves the spec a second after its time.
     restarted = make_engine(clock=clock, removal_delay=delay)
     restarted.set_wanted([{"digest": ticket.digest, "collectTime": rfc3339(announced)}])
-    clock.advance(31)
-    restarted.set_wanted([])
-    assert restarted.entry(ticket.digest).status()["collectTime"] == rfc3339(announced)
+    restarted.set_wanted([])  # it leaves the spec 10 s after its collectTime
+    assert restarted.entry(ticket.digest).status()["collectTime"] == shown
+    clock.advance(announced + delay - clock.now - 1)
+    assert restarted.collect() == []
+    clock.advance(1)
     assert restarted.collect() == [ticket.digest]
-    assert restarted.path(ticket.digest) is None
 
-    # Referenced again, then dropped with no grace (no collectTime announced): the node's own delay applies.
+    # Past its removal time while the spec still lists it: kept until it leaves, then removed at once.
     restarted.set_wanted([{"digest": ticket.digest}])
     restarted.ensure(ticket)
     assert restarted.wait(ticket.digest, timeout=30).state == READY
-    restarted.set_wanted([])
-    assert restarted.entry(ticket.digest).status()["collectTime"] == rfc3339(clock.now + delay)
+    announced = float(int(clock.now)) + 5
+    restarted.set_wanted([{"digest": ticket.digest, "collectTime": rfc3339(announced)}])
+    clock.advance(5 + delay + 10)
     assert restarted.collect() == []
+    restarted.set_wanted([])
+    assert restarted.collect() == [ticket.digest]
 
 
 def test_it_removes_a_tree_only_after_the_removal_delay(fakehub, make_engine, clock):
@@ -430,7 +435,8 @@ def test_it_downloads_only_referenced_items_and_keeps_unreferenced_trees(fakehub
     assert engine.ensure(absent) is None  # not referenced: not started
     assert engine.entry(absent.digest) is None and not engine.running()
     status = engine.entry(held.digest).status()
-    assert status["state"] == READY and status["collectTime"] == collect_at and status["pinned"] is True
+    # The status says when the node removes it: the spec's collectTime plus the node's removal delay (60 s).
+    assert status["state"] == READY and status["collectTime"] == "2030-01-01T00:01:00Z" and status["pinned"] is True
     assert engine.ensure(held).state == READY
     assert engine.collect() == []
 

@@ -223,7 +223,8 @@ def test_an_entry_of_a_running_download_shows_its_bytes_and_source():
     "wanted, removal, pinned, collect",
     [
         (Wanted(digest(1), pinned=True), None, True, None),
-        (Wanted(digest(1), referenced=False, collect_time=NOW + 3600), NOW + 60, False, NOW + 3600),
+        # unreferenced in spec.models: when the node removes it (its collectTime plus the node's delay)
+        (Wanted(digest(1), referenced=False, collect_time=NOW + 3600), NOW + 3660, False, NOW + 3660),
         (None, NOW + 60, False, NOW + 60),  # out of spec.models: when it is removed
     ],
 )
