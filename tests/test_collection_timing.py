@@ -43,13 +43,13 @@ def test_a_grace_shorter_than_the_interval_sends_a_reconcile_for_its_end(
 ):
     sent = []
     monkeypatch.setattr(node_stores, "send_at", lambda eta, name, *args: sent.append((eta, name, args)))
-    now = timezone.now()
+    now = timezone.now().replace(microsecond=250_000)
     node_stores.desired_models("n1", Assignment(held={DIGEST: False}), now)
     assert sent == []
 
     with django_capture_on_commit_callbacks(execute=True):
         spec = node_stores.desired_models("n1", Assignment(), now)  # nothing references it any more
-    end = now + timedelta(seconds=30)
+    end = now.replace(microsecond=0) + timedelta(seconds=31)  # the grace, rounded up to whole seconds
     assert spec == [{"digest": DIGEST, "pinned": False, "collectTime": end.strftime("%Y-%m-%dT%H:%M:%SZ")}]
     assert sent == [(end, RECONCILE_NODE_STORE, ("n1",))]
 
@@ -63,7 +63,7 @@ def test_a_grace_shorter_than_the_interval_sends_a_reconcile_for_its_end(
 def test_a_grace_longer_than_the_interval_is_left_to_the_pass(monkeypatch):
     sent = []
     monkeypatch.setattr(node_stores, "send_at", lambda eta, name, *args: sent.append((eta, name, args)))
-    now = timezone.now()
+    now = timezone.now().replace(microsecond=0)
     node_stores.desired_models("n2", Assignment(held={DIGEST: False}), now)
     node_stores.desired_models("n2", Assignment(), now)
     assert sent == []

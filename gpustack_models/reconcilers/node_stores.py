@@ -49,7 +49,10 @@ def _spec_item(holding: Holding) -> dict:
 def _release(node: str, holding: Holding, now: datetime, grace: timedelta) -> bool:
     """An unreferenced holding: start its grace, or end it; True if it stays in spec.models."""
     if holding.collect_time is None:
-        holding.collect_time = now + grace
+        # Whole seconds, rounded up, as the spec writes them: what nodes are told is the time itself, and
+        # never before the grace has run.
+        end = now + grace
+        holding.collect_time = end + timedelta(microseconds=(1_000_000 - end.microsecond) % 1_000_000)
         holding.save(update_fields=["collect_time"])
         log.info(
             "node %s: %s no longer referenced; it leaves spec.models at %s unless referenced again",

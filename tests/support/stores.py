@@ -141,10 +141,10 @@ def epoch(timestamp: str) -> float:
 
 def assert_grace(collect_time: str, ended_after: float, seen_by: float):
     """``collect_time`` is the collection grace after a reference that ended after ``ended_after`` and before
-    ``seen_by`` (wall clock, ``time.time()``); the API writes whole seconds."""
+    ``seen_by`` (wall clock, ``time.time()``); the service rounds it up to whole seconds."""
     at = epoch(collect_time)
     ended = [datetime.fromtimestamp(t, UTC).strftime("%H:%M:%S.%f") for t in (ended_after, seen_by)]
-    assert math.floor(ended_after + COLLECTION_GRACE) <= at <= seen_by + COLLECTION_GRACE, (
+    assert ended_after + COLLECTION_GRACE <= at <= math.ceil(seen_by + COLLECTION_GRACE), (
         f"collectTime {collect_time} is not {COLLECTION_GRACE} s after the reference ended (between {ended[0]} "
         f"and {ended[1]})"
     )
