@@ -157,9 +157,12 @@ def retarget_prefetch(namespace: str, name: str) -> int:
 
 def _roll_up(namespace: str, artifact: str | None) -> None:
     """The artifact's roll-up (its ``Ready`` follows the nodes its namespace asks for)."""
-    row = Artifact.objects.live().filter(namespace=namespace, name=artifact).exclude(digest="").first()
-    if artifact and row is not None:
-        rollup_digest.delay(row.digest)
+    if not artifact:
+        return
+    digest = Artifact.objects.live().filter(namespace=namespace, name=artifact).values_list("digest", flat=True)
+    digest = digest.first()
+    if digest:
+        rollup_digest.delay(digest)
 
 
 def _roll_up_prefetch(namespace: str, name: str) -> None:
