@@ -6,8 +6,14 @@ and times positive, p50 at most p99, counts what was asked); a benchmark that re
 lines are printed together at the end of the run so ratios measured side by side read side by side.
 """
 
+import collections
+import contextlib
 import os
 import re
+import signal
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -48,3 +54,44 @@ def pytest_terminal_summary(terminalreporter):
         terminalreporter.section(f"benchmarks ({os.environ.get('GPUSTACK_BENCH', 'smoke')})")
         for line in RESULTS:
             terminalreporter.write_line(line)
+
+
+def hottest(folded: Path, top: int = 8) -> list[str]:
+    """The functions most often on top of the stack (self samples) in py-spy's collapsed-stack output."""
+    samples: collections.Counter = collections.Counter()
+    total = 0
+    for line in folded.read_text().splitlines():
+        stack, _, count = line.rpartition(" ")
+        if not count.isdigit():
+            continue
+        samples[stack.rsplit(";", 1)[-1]] += int(count)
+        total += int(count)
+    return [f"{100 * n / total:5.1f}% {frame}" for frame, n in samples.most_common(top)] if total else []
+
+
+@pytest.fixture
+def profiled():
+    """``with profiled(pid, name):`` samples process ``pid``'s threads holding the interpreter lock (where
+    its Python time goes) while the block runs, into ``$GPUSTACK_PROFILE_DIR/<name>.folded`` (collapsed stacks:
+    what flame graph tools draw) and prints the hottest functions; nothing without that variable. ``py-spy``
+    comes from the development requirements and needs ptrace rights over the process."""
+    out = os.environ.get("GPUSTACK_PROFILE_DIR")
+
+    @contextlib.contextmanager
+    def run(pid: int, name: str):
+        if not out:
+            yield
+            return
+        Path(out).mkdir(parents=True, exist_ok=True)
+        spy = Path(sys.executable).with_name("py-spy")
+        target = Path(out) / f"{name}.folded"
+        args = [str(spy), "record", "--pid", str(pid), "--threads", "--gil", "--rate", "100", "--format", "raw"]
+        proc = subprocess.Popen([*args, "-o", str(target)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            yield
+        finally:
+            proc.send_signal(signal.SIGINT)  # py-spy writes what it sampled on SIGINT
+            proc.wait(timeout=60)
+            print(f"profile of {name} (pid {pid}): {target}", *hottest(target), sep="\n  ")
+
+    return run

@@ -27,7 +27,10 @@ class Choosing:
     inflight: set[Segment]
     hub_active: int
     hub_allowed: bool
+    size: int
     version: int
+    have_version: int
+    _ranks: dict[tuple, bytes]
     fine: bool
     hold_until: float
     _owning: frozenset[str]
@@ -52,28 +55,73 @@ class Choosing:
     def _choose(self, now: float) -> tuple[Segment, str] | None:
         """A pending segment from its best peer, else an owned one from the hub; the hub first while
         fewer than ``hub_floor`` hub requests run (caller holds ``cond``)."""
-        peers = [p for p in self.peers.values() if not (p.dead or p.banned)]
         if self.hub_active < self.settings.hub_floor:
-            pick = self._hub_pick(peers, now)
+            pick = self._hub_pick(now)
             if pick is not None:
                 return pick, HUB
-        for seg in self.pending:
-            best = self._best([p for p in peers if p.holds(seg.f.file.path, seg.pos, seg.end)], now)
-            if best is not None:
-                return seg, best.node
-        pick = self._hub_pick(peers, now)
+        limit = self.settings.peer_connections
+        free = {n for n, p in self.peers.items() if p.usable(now) and p.active < limit}
+        if free:  # else no peer could take a segment now: none is looked at
+            for at, seg in enumerate(self.pending):
+                best = self._best([p for p in self._holders(seg) if p.node in free], now)
+                if best is not None:
+                    return self._coalesce(at, best), best.node
+        pick = self._hub_pick(now)
         return (pick, HUB) if pick is not None else None
 
-    def _hub_pick(self, peers: list[PeerState], now: float) -> Segment | None:
-        """The pending segment no peer holds that this node should ask the hub for, in this node's own
-        order (caller holds ``cond``)."""
+    def _coalesce(self, at: int, peer: PeerState) -> Segment:
+        """The pending segment at ``at`` joined with the ones right after it in its file that ``peer`` holds
+        too, up to what it sent in ``coalesce_seconds`` so far and at most ``coalesce_bytes``: one request
+        instead of several (caller holds ``cond``); a peer not measured yet gets one segment. The joined
+        segment is new; a remainder put back is cut on segment boundaries again."""
+        first, rate = self.pending[at], peer.rate()
+        if rate is None:  # untried: one segment, until it shows its speed
+            return first
+        reach = max(
+            first.end - first.pos, min(self.settings.coalesce_bytes, int(rate * self.settings.coalesce_seconds))
+        )
+        end, count, limit = first.end, 1, first.pos + reach
+        path = first.f.file.path
+        for nxt in self.pending[at + 1 :]:
+            if nxt.f is not first.f or nxt.epoch != first.epoch or nxt.start != end or nxt.end > limit:
+                break
+            if not peer.holds(path, first.pos, nxt.end):
+                break
+            end, count = nxt.end, count + 1
+        if count == 1:
+            return first
+        waited = min(s.waiting_since for s in self.pending[at : at + count])
+        del self.pending[at : at + count]
+        return Segment(first.f, first.index, first.pos, end, first.epoch, waited)
+
+    def _holders(self, seg: Segment) -> tuple[PeerState, ...]:
+        """The peers holding what is left of ``seg``, dead or alive: worked out again only when what the peers
+        hold changed (``have_version``) or the segment moved (caller holds ``cond``)."""
+        key = (self.have_version, seg.pos, seg.end)
+        if seg.holders_key != key:
+            path = seg.f.file.path
+            seg.holders = tuple(p for p in self.peers.values() if p.holds(path, seg.pos, seg.end))
+            seg.holders_key = key
+        return seg.holders
+
+    def _rank(self, node: str, seg: Segment) -> bytes:
+        """``node``'s rendezvous rank for ``seg``, computed once (caller holds ``cond``)."""
+        key = (node, seg.f.file.path, seg.index)
+        rank = self._ranks.get(key)
+        if rank is None:
+            rank = self._ranks[key] = node_rank(node, self.digest, seg.f.file.path, seg.index)
+        return rank
+
+    def _hub_pick(self, now: float) -> Segment | None:
+        """The pending segment no live peer holds that this node should ask the hub for, in this node's
+        own order (caller holds ``cond``)."""
         pick, best = None, None
         for seg in self.pending:
-            if any(p.holds(seg.f.file.path, seg.pos, seg.end) for p in peers) or not self._hub_ok(seg, now):
+            if not self._hub_ok(seg, now) or any(not (p.dead or p.banned) for p in self._holders(seg)):
                 continue
             # Our surest share first: the segments where our own hash ranks highest stay ours however
             # many nodes we have not heard of yet; the doubtful ones wait until the peer list is fuller.
-            rank = (0, -int.from_bytes(node_rank(self.node, self.digest, seg.f.file.path, seg.index)[:8], "big"))
+            rank = (0, -int.from_bytes(self._rank(self.node, seg)[:8], "big"))
             rank = rank if self.fine else (1, (seg.f.file.path, seg.start))
             if best is None or rank < best:
                 pick, best = seg, rank
@@ -113,7 +161,7 @@ class Choosing:
                 cut = reach + max(MIN_PIECE, ((seg.end - reach) // 2) // MIN_PIECE * MIN_PIECE)
                 if seg.end - cut < MIN_PIECE:
                     continue
-                tail = Segment(seg.f, seg.index, cut, seg.end, seg.epoch, seg.waiting_since)
+                tail = Segment(seg.f, cut // self.size, cut, seg.end, seg.epoch, seg.waiting_since)
                 others = [p for n, p in self.peers.items() if n != seg.source and not (p.dead or p.banned)]
                 holders = [p for p in others if p.holds(seg.f.file.path, cut, tail.end)]
                 best = self._best(holders, now)
@@ -142,8 +190,7 @@ class Choosing:
             return seg.owner
         stall = self.settings.peer_stall
         nodes = [self.node] + [n for n, p in self.peers.items() if p.owns(now, stall)]
-        path = seg.f.file.path
-        owner = max(nodes, key=lambda n: node_rank(n, self.digest, path, seg.index))
+        owner = max(nodes, key=lambda n: self._rank(n, seg))
         seg.owner, seg.owner_version = owner, self.version
         return owner
 

@@ -142,22 +142,27 @@ class PeerClient:
     # ---------------------------------------------------------------- the tree
 
     def tree(self, peer: PeerSource, sizes: dict[str, int]) -> tuple[str, dict[str, list[tuple[int, int]]]]:
+        """What ``peer`` holds; its connection kept for the next poll when the answer was read whole (a poll
+        every ``peer_poll`` seconds must not cost a TLS handshake on both nodes each time)."""
         response = self._get(self._polls, peer, "", {})
         answer = peer_reason(response.status, tree=True)
+        reuse = False
         try:
             if answer == ACCESS_DENIED:
                 raise PeerRefused(f"tree answered HTTP {response.status}")
             if answer in (NOT_HELD, BUSY):  # nothing held yet, or busy: nothing to take from it now
-                response.drain_small()
+                reuse = True
+                response._resp.read(_MAX_TREE_BYTES + 1)  # a short Status
                 return "Downloading", {}
             if response.status != 200 or (response.length or 0) > _MAX_TREE_BYTES:
                 raise PeerError(f"tree answered HTTP {response.status}")
             body = response._resp.read(_MAX_TREE_BYTES + 1)
             document = json.loads(body)
+            reuse = True
         except (OSError, http.client.HTTPException, ValueError) as exc:
             raise PeerError(f"tree: {type(exc).__name__}: {exc}") from None
         finally:
-            response.close(reuse=False)
+            response.close(reuse=reuse)
         return parse_tree(document, sizes)
 
     # ---------------------------------------------------------------- a segment

@@ -34,7 +34,9 @@ class SwarmSettings:
     peer_poll: float = 0.5  # seconds between tree answers asked of each Downloading peer
     straggle_seconds: float = 2.0  # a segment in flight is never a straggler sooner
     hub_floor: int = 2  # hub requests kept running while owned segments wait
-    max_segments: int = 1024
+    max_segments: int = 256
+    coalesce_bytes: int = 4 * MiB  # pending segments a peer holds one after another: asked for together, up to this
+    coalesce_seconds: float = 0.5  # ... and up to what the peer's measured rate sends in this long
 
 
 def segment_size(total: int, part_size: int, max_segments: int = 1024) -> int:
@@ -67,6 +69,8 @@ class Segment:
     splittable: bool = False
     owner: str = ""
     owner_version: int = -1
+    holders: tuple = ()  # the peers holding [pos, end) when ``holders_key`` was the board's
+    holders_key: tuple | None = None
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def __post_init__(self):

@@ -6,12 +6,16 @@ byte verified against the manifest as from the hub (``frontier``). The ``Board``
 what (it keeps the segments and the peers' state, ``segments``; how it chooses is ``choosing``'s):
 
 - **Segments.** The missing bytes are cut into segments: a file smaller than the segment size is
-  one; bigger files are cut every ``segment_size`` bytes (the total over about 1,024 segments, at
-  least 256 KiB and at most ``part_size``), so many nodes share a model evenly.
+  one; bigger files are cut every ``segment_size`` bytes (the total over about 256 segments, at
+  least 256 KiB and at most ``part_size``), so many nodes share a model evenly, and few enough that
+  each request's own cost (its headers, its admission, its thread's turn) stays small beside its bytes.
 - **Peers first.** A segment that a usable peer holds (a Ready peer holds everything; a Downloading
   one the ranges its last tree answer listed) is fetched from the peer that promises the best
   throughput: measured bytes per busy second over its finished segments, divided by its requests in
-  flight (an untried peer is tried first), at most ``peer_connections`` requests per peer.
+  flight (an untried peer is tried first), at most ``peer_connections`` requests per peer. The
+  pending segments right after it that the same peer holds go in the same request, up to what
+  that peer sent in ``coalesce_seconds`` at its measured rate and at most ``coalesce_bytes`` (a fast
+  Ready peer's file in a few requests, not one per segment; an untried or slow peer one segment).
 - **The hub only for what no peer can give, and only "its" share.** Nodes starting together hold
   nothing: each segment is *owned* by one of the live nodes wanting the digest (this node and the
   ticket's peers not dead, banned or stalled), chosen by rendezvous hashing of node name, digest,
@@ -107,6 +111,8 @@ class Board(Choosing):
         self.hub_active = 0
         self.hub_allowed = True
         self.version = 0  # of the set of nodes that may own segments
+        self.have_version = 0  # of what the peers hold (a segment's holders are kept while it is the same)
+        self._ranks: dict[tuple, bytes] = {}  # (node, path, index) -> its rendezvous rank
         self._owning: frozenset[str] = frozenset()
         files = list(files)
         total = total if total is not None else sum(f.size for f in files)
@@ -151,6 +157,7 @@ class Board(Choosing):
                     state.dead = True
             if listed and not self.fine:
                 self._refine(now)
+            self.have_version += 1
             self._changed()
 
     def _refine(self, now: float) -> None:
@@ -173,6 +180,7 @@ class Board(Choosing):
             peer = self.peers.get(node)
             if peer is not None:
                 peer.update_have(state, files, time.monotonic())
+                self.have_version += 1
                 self.cond.notify_all()
 
     def peer_failed(self, node: str, *, fatal: bool = False, busy: float = 0.0) -> None:
@@ -197,6 +205,7 @@ class Board(Choosing):
             if peer is not None:
                 peer.have.pop(path, None)
                 peer.ready, peer.demoted = False, True
+                self.have_version += 1
 
     def ban(self, nodes: Iterable[str]) -> list[str]:
         with self.cond:
@@ -289,9 +298,10 @@ class Board(Choosing):
         with self.cond:
             self._finish(seg, moved, seconds)
             seg.source = None
-            if seg.remaining and seg.epoch == seg.f.epoch:
-                rest = Segment(seg.f, seg.index, seg.pos, seg.end, seg.epoch, seg.waiting_since)
-                self.pending.insert(self._position(rest), rest)
+            if seg.remaining and seg.epoch == seg.f.epoch:  # cut again: it may have been several joined
+                rest = self._cut(seg.f, seg.pos, seg.end, seg.waiting_since)
+                at = self._position(rest[0])
+                self.pending[at:at] = rest
 
     def _position(self, seg: Segment) -> int:
         for i, other in enumerate(self.pending):
