@@ -71,10 +71,11 @@ def hottest(folded: Path, top: int = 8) -> list[str]:
 
 @pytest.fixture
 def profiled():
-    """``with profiled(pid, name):`` samples process ``pid``'s threads holding the interpreter lock (where
-    its Python time goes) while the block runs, into ``$GPUSTACK_PROFILE_DIR/<name>.folded`` (collapsed stacks:
-    what flame graph tools draw) and prints the hottest functions; nothing without that variable. ``py-spy``
-    comes from the development requirements and needs ptrace rights over the process."""
+    """``with profiled(pid, name):`` samples the threads of process ``pid`` and its children that hold the
+    interpreter lock (where their Python time goes) while the block runs, into
+    ``$GPUSTACK_PROFILE_DIR/<name>.folded`` (collapsed stacks: what flame graph tools draw) and prints the
+    hottest functions; nothing without that variable. ``py-spy`` comes from the development requirements
+    and needs ptrace rights over the process."""
     out = os.environ.get("GPUSTACK_PROFILE_DIR")
 
     @contextlib.contextmanager
@@ -85,7 +86,8 @@ def profiled():
         Path(out).mkdir(parents=True, exist_ok=True)
         spy = Path(sys.executable).with_name("py-spy")
         target = Path(out) / f"{name}.folded"
-        args = [str(spy), "record", "--pid", str(pid), "--threads", "--gil", "--rate", "100", "--format", "raw"]
+        args = [str(spy), "record", "--pid", str(pid), "--threads", "--subprocesses", "--gil", "--rate", "100"]
+        args += ["--format", "raw"]
         proc = subprocess.Popen([*args, "-o", str(target)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         try:
             yield

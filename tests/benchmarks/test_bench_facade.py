@@ -22,7 +22,7 @@ def timed(session, url, headers=None):
     return elapsed, resp
 
 
-def test_bench_facade_overhead(worker_api, cluster, admin_http, storage_http, core, bench_scale, record):
+def test_bench_facade_overhead(worker_api, cluster, admin_http, storage_http, core, bench_scale, record, profiled):
     from kubernetes import client as k8s
 
     full = bench_scale == "full"
@@ -49,10 +49,11 @@ def test_bench_facade_overhead(worker_api, cluster, admin_http, storage_http, co
             timed(admin_http, f"{public}/m-00000")
             timed(admin_http, f"{storage}/m-00000")
         get_v1, get_crd, list_v1, list_crd = [], [], [], []
-        for i in range(gets):
-            name = f"m-{i % count:05d}"
-            get_v1.append(timed(admin_http, f"{public}/{name}")[0])
-            get_crd.append(timed(admin_http, f"{storage}/{name}")[0])
+        with profiled(worker_api.proc.pid, "facade-get"):
+            for i in range(gets):
+                name = f"m-{i % count:05d}"
+                get_v1.append(timed(admin_http, f"{public}/{name}")[0])
+                get_crd.append(timed(admin_http, f"{storage}/{name}")[0])
         for _ in range(lists):
             elapsed, resp = timed(admin_http, public, {"Accept": TABLE})
             assert len(resp.json()["rows"]) == count

@@ -243,10 +243,49 @@ def test_the_hub_is_asked_only_once_owned_segments_wait_and_after_the_bound(tmp_
     assert board.take()[1] == HUB
 
 
-def test_segments_are_a_thousandth_of_the_model_within_bounds():
-    assert segment_size(10 * MiB, 16 * MiB) == 256 * KiB
-    assert segment_size(100 * 1024 * MiB, 16 * MiB) == 16 * MiB
-    assert segment_size(1024 * MiB, 16 * MiB) == 1 * MiB
+def test_segments_are_about_a_256th_of_the_model_within_bounds():
+    most = SwarmSettings().max_segments
+    assert segment_size(10 * MiB, 16 * MiB, most) == 256 * KiB
+    assert segment_size(100 * 1024 * MiB, 16 * MiB, most) == 16 * MiB
+    assert segment_size(1024 * MiB, 16 * MiB, most) == 4 * MiB
+
+
+def test_consecutive_segments_a_measured_peer_holds_go_in_one_request_cut_again_when_put_back(tmp_path):
+    f = progress("a.bin", 64 * MiB, tmp_path)
+    board = Board("me", "sha256:" + "e" * 64, [f], SwarmSettings(hub_floor=0), 16 * MiB)
+    board.set_peers([PeerSource(n, "https://127.0.0.1:1", "Ready") for n in ("new", "fast", "slow")])
+    size = board.size
+    assert size == 256 * KiB and len(board.pending) == 256
+    board.peers["fast"].active = board.peers["slow"].active = board.settings.peer_connections
+    seg, source = board.take()  # an untried peer: one segment, until it shows its speed
+    assert source == "new" and (seg.start, seg.end) == (0, size)
+    board.peers["new"].active = board.settings.peer_connections
+    board.peers["fast"].active, board.peers["fast"].bytes, board.peers["fast"].busy_seconds = 0, 100 * MiB, 1.0
+    seg, source = board.take()  # 100 MiB/s: half a second is more than the 4 MiB a request may reach
+    assert source == "fast" and (seg.start, seg.end) == (size, size + 4 * MiB)
+    assert board.pending[0].start == size + 4 * MiB  # the joined segments left the queue
+    board.peers["fast"].active = board.settings.peer_connections
+    board.peers["slow"].active, board.peers["slow"].bytes, board.peers["slow"].busy_seconds = 0, 1 * MiB, 1.0
+    slow, source = board.take()  # 1 MiB/s: half a second of it, two segments
+    assert source == "slow" and (slow.start, slow.end) == (size + 4 * MiB, size + 4 * MiB + 2 * size)
+    seg.pos = size + MiB + 100  # the fast peer failed part-way: its remainder waits, on segment boundaries
+    board.put_back(seg, MiB + 100, 0.1)
+    back = [(s.start, s.end, s.index) for s in board.pending if s.start < size + 4 * MiB]
+    assert back[0] == (size + MiB + 100, 2 * size + MiB, (size + MiB) // size)
+    assert [b[1] - b[0] for b in back[1:]] == [size] * (len(back) - 1) and back[-1][1] == size + 4 * MiB
+    assert all(start // size == index for start, _, index in back)
+
+
+def test_a_peer_s_new_ranges_are_seen_by_the_next_take(tmp_path):
+    f = progress("a.bin", 4 * MiB, tmp_path)
+    board = Board("me", "sha256:" + "f" * 64, [f], SwarmSettings(hub_floor=0, peer_wait=3600), 16 * MiB)
+    board.set_peers([PeerSource(f"p{i}", "https://127.0.0.1:1", "Downloading") for i in range(40)])
+    waiting = [s for s in board.pending if not board._hub_ok(s, time.monotonic())]
+    last = waiting[-1]
+    while (choice := board.take()) is not None:  # our own share from the hub: the rest waits for holders
+        assert choice[1] == HUB
+    board.polled("p7", "Downloading", {"a.bin": [(last.start, last.end)]})
+    assert board.take() == (last, "p7")
 
 
 def test_tree_answers_are_bounded_to_the_manifest():

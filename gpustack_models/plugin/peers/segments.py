@@ -39,7 +39,7 @@ class SwarmSettings:
     coalesce_seconds: float = 0.5  # ... and up to what the peer's measured rate sends in this long
 
 
-def segment_size(total: int, part_size: int, max_segments: int = 1024) -> int:
+def segment_size(total: int, part_size: int, max_segments: int = 256) -> int:
     """The segment size for ``total`` bytes: about ``max_segments`` segments, 256 KiB to ``part_size``."""
     size = -(-max(total, 1) // max_segments)
     size = -(-size // MIN_PIECE) * MIN_PIECE
