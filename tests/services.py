@@ -24,7 +24,7 @@ import tempfile
 import time
 from pathlib import Path
 
-DEBIAN_PACKAGES = {"postgres": "postgresql", "redis-server": "redis-server", "chromium": "chromium"}
+DEBIAN_PACKAGES = {"postgres": "postgresql", "redis-server": "redis-server", "chromium": "chromium", "aria2c": "aria2"}
 # The real test node: each package and a file that shows it is installed.
 NODE_PACKAGES = {
     "containerd": "/usr/bin/containerd",
@@ -88,6 +88,8 @@ def ensure_packages() -> None:
         missing.append(DEBIAN_PACKAGES["redis-server"])
     if shutil.which("chromium") is None:
         missing.append(DEBIAN_PACKAGES["chromium"])
+    if shutil.which("aria2c") is None:  # the download benchmark's anchor: a download accelerator
+        missing.append(DEBIAN_PACKAGES["aria2c"])
     apt_install(missing)
 
 

@@ -27,7 +27,7 @@ def create_pods(admin, namespace: str, artifact: str, count: int) -> tuple[list[
 
 
 def test_pod_create_with_and_without_the_placement_webhook(
-    launcher, worker_api, worker_kube, nodes, namespace, resolved, bench_scale, record
+    launcher, worker_api, worker_kube, nodes, namespace, resolved, bench_scale, record, profiled
 ):
     from gpustack_models import install
 
@@ -40,7 +40,8 @@ def test_pod_create_with_and_without_the_placement_webhook(
     count = 200 if bench_scale == "full" else 5
     # Warm up both paths (connections, caches), and wait until the mirror knows the holder.
     wait_for(lambda: create_pods(admin, namespace, name, 1)[1] == 1, timeout=30, message="a preferred placement")
-    with_hook, preferred = create_pods(admin, namespace, name, count)
+    with profiled(worker_api.proc.pid, "placement-webhook"):
+        with_hook, preferred = create_pods(admin, namespace, name, count)
     assert preferred == count, f"only {preferred} of {count} Pods got a placement preference"
     webhook = admin.get(f"{WEBHOOKS}/{install.webhooks.NAME}")
     admin.delete(f"{WEBHOOKS}/{install.webhooks.NAME}")

@@ -6,7 +6,10 @@ neither client shares an interpreter with the server), into fresh directories:
 - the engine: ``Engine.ensure(ticket)`` until the digest is ``Ready`` (every byte hashed, sizes and
   the manifest digest verified, the tree published);
 - ``hf download <repo> --revision <commit> --cache-dir <fresh>`` with ``HF_ENDPOINT`` at the fake
-  hub (huggingface_hub's own CLI: one connection per file, 8 files at a time, no hashing).
+  hub (huggingface_hub's own CLI: one connection per file, 8 files at a time, no hashing);
+- ``aria2c -x8 -s8 -j1`` (Debian's aria2, a download accelerator: 8 connections per file, one file at a
+  time, so the same 8 connections as the engine's node-wide default; no hashing, no preallocation)
+  fetching the same ``resolve`` URLs into a fresh directory.
 
 Two scenarios: unthrottled, and with the hub sending every file body at ``per_connection_bps`` per
 connection (a CDN's per-connection cap, where parallel ranges win). ``hf`` is timed as the wall time
@@ -160,6 +163,26 @@ def _run_hf(hub: _Hub, work: Path, size: int) -> tuple[float, Path]:
     return elapsed, snapshot
 
 
+def _run_aria2(hub: _Hub, work: Path, size: int) -> float:
+    """Seconds ``aria2c -x8`` takes to fetch every file (sizes checked; aria2c verifies no hash)."""
+    out = work / "aria2"
+    urls = "".join(f"{hub.url}/{REPOSITORY}/resolve/{hub.commit}/{f['path']}\n  out={f['path']}\n" for f in hub.files)
+    (work / "aria2.txt").write_text(urls)
+    cmd = ["aria2c", "-x8", "-s8", "-j1", "--min-split-size=1M", "--file-allocation=none", "--dir", str(out)]
+    cmd += ["--input-file", str(work / "aria2.txt"), "--console-log-level=warn", "--summary-interval=0", "-q"]
+    cmd += ["--no-conf", "--allow-overwrite=true", "--auto-file-renaming=false", "--check-certificate=false"]
+    env = {k: v for k, v in os.environ.items() if "proxy" not in k.lower()}
+    t0 = time.perf_counter()
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1800)
+    elapsed = time.perf_counter() - t0
+    if proc.returncode != 0:
+        raise RuntimeError(f"aria2c failed ({proc.returncode}): {(proc.stdout + proc.stderr)[-2000:]}")
+    got = sum(p.stat().st_size for p in out.rglob("*") if p.is_file())
+    if got != size:
+        raise RuntimeError(f"aria2c fetched {got} bytes, expected {size}")
+    return elapsed
+
+
 def _run_engine(hub: _Hub, work: Path, size: int, settings=None) -> float:
     from gpustack_models.plugin.engine import Engine, FetchTicket
     from gpustack_models.sources.manifest import ManifestFile, manifest_digest
@@ -210,19 +233,22 @@ def run(files_mb: list[int], per_connection_bps: int | None, *, repeat: int = 2,
             scenarios.append(("throttled", per_connection_bps))
         for name, bps in scenarios:
             hub.throttle(bps)
-            engine_times, hf_times = [], []
+            times: dict[str, list[float]] = {"engine": [], "hf": [], "aria2": []}
+            runners = {
+                "engine": lambda w: _run_engine(hub, w, size, settings),
+                "hf": lambda w: _run_hf(hub, w, size)[0],
+                "aria2": lambda w: _run_aria2(hub, w, size),
+            }
             for i in range(repeat):
-                for who in ("engine", "hf") if i % 2 == 0 else ("hf", "engine"):
+                for who in ("engine", "hf", "aria2") if i % 2 == 0 else ("aria2", "hf", "engine"):
                     work = work_root / f"{name}-{who}-{i}"
                     work.mkdir()
                     try:
-                        if who == "engine":
-                            engine_times.append(_run_engine(hub, work, size, settings))
-                        else:
-                            hf_times.append(_run_hf(hub, work, size)[0])
+                        times[who].append(runners[who](work))
                     finally:
                         shutil.rmtree(work, ignore_errors=True)
-            engine_s, hf_s = min(engine_times), min(hf_times)
+            engine_times, hf_times = times["engine"], times["hf"]
+            engine_s, hf_s, aria2_s = min(engine_times), min(hf_times), min(times["aria2"])
             # No adjusted figure where hf's start-up (timed apart, on a machine whose load varies) takes as
             # long as its whole download: a few megabytes in the smoke run.
             hf_adjusted = hf_s - startup if hf_s > startup else None
@@ -232,6 +258,9 @@ def run(files_mb: list[int], per_connection_bps: int | None, *, repeat: int = 2,
                 "hf_mb_s_without_startup": hf_adjusted and round(size / hf_adjusted / 1e6, 1),
                 "ratio": hf_adjusted and round(hf_adjusted / engine_s, 2),
                 "ratio_vs_hf_wall": round(hf_s / engine_s, 2),
+                "aria2_mb_s": round(size / aria2_s / 1e6, 1),
+                "ratio_vs_aria2": round(aria2_s / engine_s, 2),
+                "aria2_seconds": [round(t, 3) for t in times["aria2"]],
                 "engine_seconds": [round(t, 3) for t in engine_times],
                 "hf_seconds": [round(t, 3) for t in hf_times],
             }

@@ -10,7 +10,9 @@ How a digest is fetched (``Download`` runs the steps; each has its module):
    (``ranges`` keeps a file's written ranges, hash frontier and hash).
 2. The missing bytes become *parts*: a small file is one part (one request); a file of at least
    ``split_threshold`` bytes is cut into ``part_size`` pieces fetched in parallel. Parts are handed
-   out in file order, so the bytes of a file arrive roughly in order (``Parts``).
+   out in file order, so the bytes of a file arrive roughly in order (``Parts``); when none is left,
+   an idle thread takes the second half of the longest part still being read (its request stops at
+   the cut), so the last parts do not leave connections idle while one reads a long tail.
 3. Fetching threads take a node-wide connection slot, then the next part, and fetch it (``fetch``)
    with an HTTP ``Range`` request, reading straight into a reusable buffer and writing it with
    ``pwrite`` at its offset. Every read first takes its bytes from the node-wide rate limiter. A
@@ -44,7 +46,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from gpustack_models.plugin.engine.cache import Cache
@@ -106,12 +108,30 @@ class DownloadSettings:
             raise ValueError("part_size >= 64 KiB, buffer_size >= 4 KiB and split_threshold >= 1 are required")
 
 
+@dataclass(eq=False)
+class Part:
+    """``[start, end)`` of ``f`` for one request; ``end`` may move down while it is read (its tail taken by an
+    idle thread), under ``lock``; ``claim`` is how far the read under way reaches (``fetch`` keeps it)."""
+
+    f: FileProgress
+    start: int
+    end: int
+    claim: int = 0
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
 class Parts:
-    """2. The missing bytes of a download's files as parts, handed out in file order to its threads."""
+    """2. The missing bytes of a download's files as parts, handed out in file order to its threads; once
+    none is left, a thread asking for one takes the second half of the part in flight with the most left
+    (at least ``2 * STEAL_MIN`` bytes), so no connection sits idle while another reads a long tail."""
+
+    STEAL_MIN = 1 * MiB
+    GRAIN = 64 * 1024
 
     def __init__(self, settings: DownloadSettings):
         self._settings = settings
-        self._parts: deque = deque()
+        self._parts: deque[Part] = deque()
+        self._inflight: set[Part] = set()
         self._lock = threading.Lock()
 
     def __len__(self) -> int:
@@ -125,14 +145,38 @@ class Parts:
             for start, end in f.missing():
                 if f.size >= settings.split_threshold:
                     for s in range(start, end, settings.part_size):
-                        self._parts.append((f, s, min(end, s + settings.part_size)))
+                        self._parts.append(Part(f, s, min(end, s + settings.part_size), s))
                 else:
-                    self._parts.append((f, start, end))
+                    self._parts.append(Part(f, start, end, start))
 
-    def take(self):
-        """The next part, ``(file, start, end)``, or ``None`` once all are taken."""
+    def take(self) -> Part | None:
+        """The next part, or the tail of the longest one in flight; ``None`` once nothing is worth taking."""
         with self._lock:
-            return self._parts.popleft() if self._parts else None
+            part = self._parts.popleft() if self._parts else self._steal()
+            if part is not None:
+                self._inflight.add(part)
+            return part
+
+    def done(self, part: Part) -> None:
+        with self._lock:
+            self._inflight.discard(part)
+
+    def _steal(self) -> Part | None:
+        """Caller holds ``_lock``."""
+        best, cut, most = None, 0, 2 * self.STEAL_MIN - 1
+        for part in self._inflight:
+            with part.lock:
+                reach = max(part.start, part.claim)
+                if part.end - reach > most:
+                    best, most = part, part.end - reach
+                    cut = reach + (most // 2) // self.GRAIN * self.GRAIN
+        if best is None:
+            return None
+        with best.lock:
+            if cut < max(best.start, best.claim) or best.end - cut < self.STEAL_MIN:
+                return None  # its read moved on meanwhile: the next ask looks again
+            tail, best.end = Part(best.f, cut, best.end, cut), cut
+        return tail
 
 
 class Download:
@@ -359,7 +403,10 @@ class Download:
                 part = self._parts.take()
                 if part is None:
                     return
-                self._fetcher.fetch(*part, view)
+                try:
+                    self._fetcher.fetch(part.f, part.start, part.end, view, part)
+                finally:
+                    self._parts.done(part)
             finally:
                 slots.release()
 

@@ -14,6 +14,8 @@ import pytest
 
 from gpustack_models.plugin.engine import FAILED, READY, Cache, Download, FetchTicket, Limits
 from gpustack_models.plugin.engine.cache import read_json
+from gpustack_models.plugin.engine.download import Parts
+from gpustack_models.plugin.engine.ranges import FileProgress
 from gpustack_models.sources.manifest import ManifestFile, manifest_digest
 from tests.plugin.conftest import (
     InFlight,
@@ -372,3 +374,36 @@ def test_it_downloads_with_the_downloader_alone(fakehub, tmp_path):
     assert tree_files(tree) == fakehub.files("org/solo", commit)
     assert download.downloaded_bytes == download.size == ticket.size
     assert download.remaining_bytes == 0
+
+
+def test_an_idle_thread_takes_the_second_half_of_the_longest_part_still_being_read(tmp_path):
+    f = FileProgress(ManifestFile("a.bin", 40 * MiB, "sha256", "0" * 64, True), tmp_path / "a.bin")
+    f.new_hash()
+    parts = Parts(settings(split_threshold=1 * MiB, part_size=16 * MiB))
+    parts.plan([f])
+    a, b, c = parts.take(), parts.take(), parts.take()
+    assert [(p.start, p.end) for p in (a, b, c)] == [(0, 16 * MiB), (16 * MiB, 32 * MiB), (32 * MiB, 40 * MiB)]
+    a.claim, b.claim = 4 * MiB, 31 * MiB  # a's read reaches 4 MiB (12 left), b's 31 MiB; c not started (8 left)
+    tail = parts.take()
+    assert (tail.start, tail.end) == (10 * MiB, 16 * MiB) and a.end == 10 * MiB  # a stops at the cut
+    a.claim, tail.claim, c.claim = a.end - KiB, tail.end - MiB, c.end - MiB
+    parts.done(b)
+    assert parts.take() is None  # no part has 2 MiB left: nothing worth another request
+
+
+def test_a_slow_connection_s_tail_is_fetched_by_an_idle_one_and_no_byte_twice(fakehub, make_engine):
+    data = random_bytes(8 * MiB, seed=31)
+    commit = fakehub.add_hf_repo("org/tail", {"model.safetensors": data})
+    fakehub.faults.throttle("/repos/", 1 * MiB, times=1)  # one part's connection only: 4 s alone
+    engine = make_engine(settings=settings(split_threshold=1 * MiB, part_size=4 * MiB), concurrency=2)
+    ticket = ticket_for(fakehub, "org/tail", commit)
+
+    engine.ensure(ticket)
+    entry = engine.wait(ticket.digest, timeout=30)
+
+    assert entry.state == READY, entry
+    assert (engine.path(ticket.digest) / "model.safetensors").read_bytes() == data
+    starts = sorted({range_start_end(r.range, len(data))[0] for r in fakehub.requests if r.range})
+    stolen = [s for s in starts if s % (4 * MiB)]  # a request starting inside a part: its tail, taken over
+    assert {0, 4 * MiB} <= set(starts) and len(stolen) >= 1, starts
+    assert engine.stats(ticket.digest)["network_bytes"] == len(data)
