@@ -20,6 +20,7 @@ import json
 import logging
 import ssl
 import threading
+import time
 from dataclasses import dataclass, field
 from urllib.parse import unquote
 
@@ -157,6 +158,8 @@ def _issued_by(cert: x509.Certificate, ca: x509.Certificate) -> bool:
         return False
 
 
+USER_CACHE_SECONDS = 300.0
+
 AUTH_CONFIGMAPS = WatchTarget(
     "/api/v1/namespaces/kube-system/configmaps", field_selector="metadata.name=extension-apiserver-authentication"
 )
@@ -172,6 +175,7 @@ class RequestHeaderSource(WatchHandler):
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
         self._verified: dict[bytes, tuple[str, bool]] = {}
+        self._users: dict[bytes, tuple[str, KubeUser | None, float]] = {}  # der -> (config, user, good until)
         self.listeners = []  # callables(config), e.g. to add a rotated CA to the TLS context
 
     @property
@@ -188,7 +192,7 @@ class RequestHeaderSource(WatchHandler):
 
     def _set(self, config: RequestHeaderConfig) -> None:
         self._config = config
-        self._verified = {}
+        self._verified, self._users = {}, {}
         for listener in self.listeners:
             try:
                 listener(config)
@@ -205,6 +209,24 @@ class RequestHeaderSource(WatchHandler):
             self._verified = {}
         self._verified[der] = (config.resource_version, ok)
         return ok
+
+    def certificate_user(self, der: bytes) -> KubeUser | None:
+        """``client_certificate_user`` of the current configuration, kept per certificate (its signature is
+        checked once, not on every webhook call) until the certificate expires, at most
+        ``USER_CACHE_SECONDS``, or the configuration changes (a rotated client CA)."""
+        config, now = self.current(), time.time()
+        hit = self._users.get(der)
+        if hit is not None and hit[0] == config.resource_version and now < hit[2]:
+            return hit[1]
+        user = config.client_certificate_user(der)
+        try:
+            expires = x509.load_der_x509_certificate(der).not_valid_after_utc.timestamp()
+        except ValueError:
+            return user
+        if len(self._users) > 64:
+            self._users = {}
+        self._users[der] = (config.resource_version, user, min(expires, now + USER_CACHE_SECONDS))
+        return user
 
     def start(self) -> None:
         if self._thread is None:
@@ -310,7 +332,7 @@ class ClientCertificateAuthentication(BaseAuthentication):
         der = peer_certificate(request)
         if der is None or requestheader.verified(der):
             return None
-        user = requestheader.current().client_certificate_user(der)
+        user = requestheader.certificate_user(der)
         return (user, "x509") if user is not None else None
 
 

@@ -24,6 +24,7 @@ from functools import wraps
 from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.core import signals
+from django.core.handlers.asgi import ASGIHandler
 from django.db import close_old_connections, reset_queries
 from django.http import HttpResponse
 from gunicorn.asgi.protocol import ASGIProtocol
@@ -200,3 +201,17 @@ def quiet_request_signals() -> None:
     signals.request_started.disconnect(reset_queries)
     signals.request_started.disconnect(close_old_connections)
     signals.request_finished.disconnect(close_old_connections)
+
+
+class APIHandler(ASGIHandler):
+    """Django's ASGI handler without its per-request ``ThreadSensitiveContext``: that context makes a new
+    thread for every request (for the thread-sensitive ``response.close()`` at its end), about a fifth of
+    a millisecond of each webhook call and facade get. The API's views run on their own pool (``threaded``),
+    never thread-sensitive, and the request signals' database handlers are detached
+    (``quiet_request_signals``); what is left thread-sensitive (closing a plain response) goes to asgiref's
+    one shared thread."""
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            raise ValueError(f"the API serves HTTP connections only, not {scope['type']}")
+        await self.handle(scope, receive, send)
