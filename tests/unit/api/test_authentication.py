@@ -59,3 +59,31 @@ def test_it_trusts_only_allowed_names_issued_by_the_requestheader_ca():
         front, "front-proxy-client", client=True, not_before=yesterday, validity=datetime.timedelta(hours=1)
     )
     assert not config.verify_front_proxy(der(expired.cert))
+
+
+def test_a_client_certificate_s_user_is_kept_only_while_the_client_ca_and_the_certificate_hold(monkeypatch):
+    from gpustack_models.api import authentication
+
+    old_ca, new_ca = pki.new_ca("client-ca"), pki.new_ca("client-ca-rotated")
+    pem = old_ca.cert.public_bytes(serialization.Encoding.PEM).decode()
+    source = authentication.RequestHeaderSource()
+    source._set(RequestHeaderConfig(client_ca_pem=pem, resource_version="1"))
+    caller = der(pki.issue(old_ca, "system:kube-apiserver", client=True).cert)
+    forged = der(pki.issue(new_ca, "system:kube-apiserver", client=True).cert)
+    assert source.certificate_user(caller).username == "system:kube-apiserver"
+    assert source.certificate_user(caller).username == "system:kube-apiserver"  # from the cache
+    assert source.certificate_user(forged) is None and source.certificate_user(forged) is None
+    rotated = new_ca.cert.public_bytes(serialization.Encoding.PEM).decode()
+    source._set(RequestHeaderConfig(client_ca_pem=rotated, resource_version="2"))  # the old CA is no longer trusted
+    assert source.certificate_user(caller) is None and source.certificate_user(forged).username
+    config = source.current()
+    checked = []
+    real = config.client_certificate_user
+    monkeypatch.setattr(config, "client_certificate_user", lambda d: checked.append(d) or real(d))
+    short = der(pki.issue(new_ca, "short-lived", client=True, validity=datetime.timedelta(minutes=10)).cert)
+    assert source.certificate_user(short).username == "short-lived" and source.certificate_user(short).username
+    assert checked == [short]  # checked once
+    ends = x509.load_der_x509_certificate(short).not_valid_after_utc.timestamp()
+    monkeypatch.setattr(authentication.time, "time", lambda: ends + 1)  # past the certificate's end
+    source.certificate_user(short)
+    assert checked == [short, short]  # checked again, not taken from the cache
