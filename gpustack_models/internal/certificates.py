@@ -29,6 +29,7 @@ token's node (``system:gpustack-models-plugin:<node>``) and may only authenticat
 
 from __future__ import annotations
 
+import datetime
 import logging
 import threading
 
@@ -122,10 +123,11 @@ class PluginCertificateView(KubeAPIView):
         ca = authority.get()
         csr, client_csr = requests_of(request.data)
         addresses = pod_addresses(read_pod(node, name, uid))
-        cert = ca.issue(csr.public_key(), node, addresses, settings.PLUGIN_CERT_SECONDS)
+        now = datetime.datetime.now(datetime.UTC)  # one moment for both: they end together, to the second
+        cert = ca.issue(csr.public_key(), node, addresses, settings.PLUGIN_CERT_SECONDS, now)
         answer = {"certificate": _pem(cert), "ca": ca.bundle_pem.decode()}
         if client_csr is not None:
-            client = ca.issue_client(client_csr.public_key(), node, settings.PLUGIN_CERT_SECONDS)
+            client = ca.issue_client(client_csr.public_key(), node, settings.PLUGIN_CERT_SECONDS, now)
             answer["clientCertificate"] = _pem(client)
         log.info(
             "issued plugin certificate %x%s for node %s, pod %s (uid %s), IPs %s, until %s",

@@ -123,7 +123,8 @@ class Part:
 class Parts:
     """2. The missing bytes of a download's files as parts, handed out in file order to its threads; once
     none is left, a thread asking for one takes the second half of the part in flight with the most left
-    (at least ``2 * STEAL_MIN`` bytes), so no connection sits idle while another reads a long tail."""
+    (at least ``2 * STEAL_MIN`` bytes, of a file big enough to be split), so no connection sits idle while
+    another reads a long tail. A file under ``split_threshold`` stays one request."""
 
     STEAL_MIN = 1 * MiB
     GRAIN = 64 * 1024
@@ -165,6 +166,8 @@ class Parts:
         """Caller holds ``_lock``."""
         best, cut, most = None, 0, 2 * self.STEAL_MIN - 1
         for part in self._inflight:
+            if part.f.size < self._settings.split_threshold:  # a file fetched whole stays one request
+                continue
             with part.lock:
                 reach = max(part.start, part.claim)
                 if part.end - reach > most:

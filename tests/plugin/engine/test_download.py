@@ -407,3 +407,12 @@ def test_a_slow_connection_s_tail_is_fetched_by_an_idle_one_and_no_byte_twice(fa
     stolen = [s for s in starts if s % (4 * MiB)]  # a request starting inside a part: its tail, taken over
     assert {0, 4 * MiB} <= set(starts) and len(stolen) >= 1, starts
     assert engine.stats(ticket.digest)["network_bytes"] == len(data)
+
+
+def test_a_file_under_the_split_threshold_stays_one_request(tmp_path):
+    f = FileProgress(ManifestFile("b.bin", 8 * MiB, "sha256", "0" * 64, True), tmp_path / "b.bin")
+    f.new_hash()
+    parts = Parts(settings(split_threshold=64 * MiB))
+    parts.plan([f])
+    whole = parts.take()
+    assert (whole.start, whole.end) == (0, 8 * MiB) and parts.take() is None and whole.end == 8 * MiB
