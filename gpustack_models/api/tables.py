@@ -56,23 +56,22 @@ class TableConverter:
 
     def __init__(self, kind: ResourceKind):
         self.kind = kind
-        self.index = {"Name": 0} | {f.name: i + 1 for i, f in enumerate(kind.fields)}
+        self.names = ["Name"] + [f.name for f in kind.fields]  # the upstream cells, in order
+        self.renders = tuple(column.render for column in kind.columns)
 
     def _row(self, row: _Row) -> dict:
         cells = row.cells
-        index = self.index
-        out = [cells[0]]
-        for column in self.kind.columns:
-            out.append(column.render({f.name: cells[index[f.name]] for f in column.fields}))
-        converted = {"cells": out}
+        values = dict(zip(self.names, cells))  # every column reads its own fields by name
+        converted = {"cells": [cells[0], *[render(values) for render in self.renders]]}
         if len(row.object):
-            converted["object"] = msgspec.Raw(public_bytes(bytes(row.object)))
+            converted["object"] = row.object
         return converted
 
     def table(self, data: bytes, with_columns: bool = True) -> bytes:
-        table = _decode_table(data)
+        # Rewritten as a whole, as a list is: the rows' objects are then v1 as they stand.
+        table = _decode_table(public_bytes(data))
         if table.columnDefinitions:
-            self.index = {c["name"]: i for i, c in enumerate(table.columnDefinitions)}
+            self.names = [c["name"] for c in table.columnDefinitions]
         return encode(
             {
                 "kind": "Table",

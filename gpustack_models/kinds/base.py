@@ -48,9 +48,10 @@ class Field:
 class Column:
     """A v1 printer column.
 
-    ``fields`` are the raw values it needs and ``render`` turns them (a dict by field name) into the
-    cell. A column JSONPath cannot feed (counting list entries) has ``object_render`` instead, taking the
-    whole object; a kind with such a column renders its Tables from full objects.
+    ``fields`` are the raw values it needs and ``render`` turns them (a dict by field name, which may
+    hold the row's other fields too) into the cell. A column JSONPath cannot feed (counting list entries)
+    has ``object_render`` instead, taking the whole object; a kind with such a column renders its Tables
+    from full objects.
     """
 
     name: str

@@ -39,6 +39,7 @@ from gpustack_models.kinds.placement_labels import label_key
 from gpustack_models.kube.errors import BadRequest
 from gpustack_models.kube.volumes import pod_problems
 from gpustack_models.models import Artifact, EntryState, SourceKind, StoreEntry
+from gpustack_models.prepared import Prepared
 
 log = logging.getLogger(__name__)
 
@@ -64,28 +65,31 @@ def mounted_artifacts(pod: dict) -> list[str]:
     return names
 
 
+def _digests(namespace: str, names: list[str]):
+    artifacts = Artifact.objects.live().filter(namespace=namespace, name__in=names)
+    return artifacts.exclude(digest="").exclude(source=SourceKind.CLAIM).values_list("name", "digest")
+
+
+def _ready_nodes(digest: str):
+    entries = StoreEntry.objects.claimed().filter(digest=digest, state=EntryState.READY)
+    return entries.order_by("node").values_list("node")[:MAX_NODES]
+
+
+# Compiled once per process: on every Pod create Django's compilation cost more than the two queries.
+_DIGESTS = Prepared(_digests)
+_READY_NODES = Prepared(_ready_nodes)
+
+
 def holders(namespace: str, artifacts: list[str]) -> list[list[str]]:
     """For each resolved, downloadable artifact of ``namespace`` among ``artifacts``: the nodes holding its
     digest Ready (at most ``MAX_NODES``, by name). Artifacts held nowhere give no list."""
-    rows = (
-        Artifact.objects.live()
-        .filter(namespace=namespace, name__in=artifacts)
-        .exclude(digest="")
-        .exclude(source=SourceKind.CLAIM)
-        .values_list("name", "digest")
-    )
-    digests = dict(rows)
+    digests = dict(_DIGESTS.rows(namespace, artifacts))
     out = []
     for name in artifacts:
         digest = digests.get(name)
         if not digest:
             continue
-        nodes = list(
-            StoreEntry.objects.claimed()
-            .filter(digest=digest, state=EntryState.READY)
-            .order_by("node")
-            .values_list("node", flat=True)[:MAX_NODES]
-        )
+        nodes = [node for (node,) in _READY_NODES.rows(digest)]
         if nodes:
             out.append(nodes)
     return out
