@@ -3,12 +3,15 @@ the big file over one connection and as four parallel ranges, beside ``openssl s
 file with the same certificate to the same client (the C library's own loop: what this machine's TLS can do),
 and the fake hub over plain HTTP."""
 
+import os
+import resource
 import socket
 import subprocess
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import psutil
 import pytest
 
 from gpustack_models.plugin.peers.contract import file_url
@@ -51,6 +54,22 @@ def best(runs: int, measure) -> float:
     return max(measure() for _ in range(runs))
 
 
+def cores_busy(server_pid: int, measure) -> tuple[float, float]:
+    """How many cores one ``measure()`` kept busy: the server process's CPU time and the clients' (curl, this
+    process's children), each over the wall time."""
+    server = psutil.Process(server_pid)
+
+    def cpu():
+        own = server.cpu_times()
+        children = resource.getrusage(resource.RUSAGE_CHILDREN)
+        return own.user + own.system, children.ru_utime + children.ru_stime
+
+    (server0, client0), started = cpu(), time.monotonic()
+    measure()
+    (server1, client1), wall = cpu(), time.monotonic() - started
+    return (server1 - server0) / wall, (client1 - client0) / wall
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -91,6 +110,8 @@ def test_bench_peer_serving(bench_scale, record, profiled, scenario, hub, launch
     with profiled(a.proc.pid, "peer-serving-one-connection"):
         one = best(runs, lambda: read_ranges(url, tls, size, 1))
     four = best(runs, lambda: read_ranges(url, tls, size, 4))
+    server_cores, client_cores = cores_busy(a.proc.pid, lambda: read_ranges(url, tls, size, 1))
+    busy_four = sum(cores_busy(a.proc.pid, lambda: read_ranges(url, tls, size, 4)))
 
     tree = a.cache / "models" / scenario.digest.removeprefix("sha256:")
     assert (tree / WEIGHTS).stat().st_size == size
@@ -106,5 +127,7 @@ def test_bench_peer_serving(bench_scale, record, profiled, scenario, hub, launch
     record(
         f"peer serving of a {size / 1e6:.0f} MB file (TLS, read by curl): one connection {one:.1f} MB/s"
         f" ({one / openssl:.2f}x openssl s_server -WWW's {openssl:.1f} MB/s), four ranges {four:.1f} MB/s"
-        f" ({four / one:.2f}x one); the fake hub over plain HTTP {hub_mb_s:.1f} MB/s"
+        f" ({four / one:.2f}x one); the fake hub over plain HTTP {hub_mb_s:.1f} MB/s; one connection keeps"
+        f" {server_cores + client_cores:.2f} of {os.cpu_count()} cores busy (server {server_cores:.2f},"
+        f" curl {client_cores:.2f}), four ranges {busy_four:.2f}: ranges scale only where cores are left"
     )
