@@ -3,7 +3,7 @@
 #   python manage.py runinformers            list/watch into Celery
 #   celery -A config worker                  the reconcilers
 #   celery -A config beat                    periodic work (one in the cluster)
-#   python manage.py runplugin --node $NODE  the node plugin (DaemonSet; HTTPS :9443)
+#   python -m gpustack_models.plugin --node $NODE  the node plugin (DaemonSet; HTTPS :9443)
 #   gunicorn config.wsgi:application         the admin console
 # Only the runtime requirements are installed; tests, linters and the local control plane stay out
 # (.dockerignore). It builds from a fresh clone (`docker build .`, nothing to run first): a build stage

@@ -7,126 +7,27 @@ plane's kubeconfig under ``GPUSTACK_DATA_DIR``.
 """
 
 import importlib.util
-import ipaddress
-import logging
-import os
 from datetime import timedelta
-from pathlib import Path
-from urllib.parse import urlsplit
 
 import dj_database_url
-from django.core.exceptions import ImproperlyConfigured
 
-BASE_DIR = Path(__file__).resolve().parent.parent
-_log = logging.getLogger(__name__)
-
-
-def env_renamed(name, old):
-    """The variable to read for a setting renamed from ``old`` to ``name``: the new name when it is set
-    (it wins over the old one), else the old one when set, which is deprecated and said so once, at start."""
-    if old not in os.environ:
-        return name
-    if name in os.environ:
-        _log.warning("%s is deprecated and ignored: %s is set", old, name)
-        return name
-    _log.warning("%s is deprecated: set %s instead", old, name)
-    return old
-
-
-def env_ports(name, default, count):
-    """``count`` (a word: "five") ports separated by commas, or "free"; the setting's text, stripped."""
-    value = env_str(name, default).strip()
-    ports = value.split(",")
-    number = {"three": 3, "five": 5}[count]
-    if value != "free" and not (
-        len(ports) == number and all(p.strip().isdigit() and 0 < int(p) < 65536 for p in ports)
-    ):
-        raise ImproperlyConfigured(f"{name}={value!r}: expected {count} ports separated by commas, or free")
-    return value
-
-
-def env_str(name, default=""):
-    return os.environ.get(name, default)
-
-
-def env_bool(name, default=False):
-    raw = os.environ.get(name)
-    if raw is None or raw == "":
-        return default
-    value = raw.strip().lower()
-    if value in ("1", "true", "yes", "on"):
-        return True
-    if value in ("0", "false", "no", "off"):
-        return False
-    raise ImproperlyConfigured(f"{name}={raw!r}: expected one of true/false/1/0/yes/no/on/off")
-
-
-def env_int(name, default, minimum=None, maximum=None):
-    raw = os.environ.get(name)
-    if raw is None or raw == "":
-        return default
-    try:
-        value = int(raw)
-    except ValueError:
-        raise ImproperlyConfigured(f"{name}={raw!r}: expected an integer") from None
-    if minimum is not None and value < minimum:
-        raise ImproperlyConfigured(f"{name}={value}: must be at least {minimum}")
-    if maximum is not None and value > maximum:
-        raise ImproperlyConfigured(f"{name}={value}: must be at most {maximum}")
-    return value
-
-
-def env_float(name, default, minimum=None):
-    raw = os.environ.get(name)
-    if raw is None or raw == "":
-        return default
-    try:
-        value = float(raw)
-    except ValueError:
-        raise ImproperlyConfigured(f"{name}={raw!r}: expected a number") from None
-    if minimum is not None and value < minimum:
-        raise ImproperlyConfigured(f"{name}={value}: must be at least {minimum}")
-    return value
-
-
-def env_list(name, default=()):
-    raw = os.environ.get(name)
-    if raw is None:
-        return list(default)
-    return [item.strip() for item in raw.split(",") if item.strip()]
-
-
-def env_networks(name):
-    """Comma-separated IP addresses or CIDR networks, each normalised to a network ("10.0.0.0/8"); [] when unset."""
-    networks = []
-    for item in env_list(name):
-        try:
-            networks.append(str(ipaddress.ip_network(item, strict=False)))
-        except ValueError:
-            raise ImproperlyConfigured(f"{name}: {item!r} is not an IP address or CIDR network") from None
-    return networks
-
-
-def env_abs_path(name):
-    """An absolute path, or "" when unset."""
-    raw = os.environ.get(name, "")
-    if raw and not os.path.isabs(raw):
-        raise ImproperlyConfigured(f"{name}={raw!r}: must be an absolute path")
-    return raw
-
-
-def env_url(name, default, schemes):
-    raw = os.environ.get(name) or default
-    parts = urlsplit(raw)
-    if parts.scheme not in schemes:
-        raise ImproperlyConfigured(f"{name}={raw!r}: scheme must be one of {', '.join(sorted(schemes))}")
-    if parts.scheme in ("http", "https", "redis", "rediss", "amqp") and not parts.hostname:
-        raise ImproperlyConfigured(f"{name}={raw!r}: no host")
-    return raw
-
+from gpustack_models import env_vars
+from gpustack_models.env_vars import (
+    BASE_DIR,
+    ImproperlyConfigured,
+    env_bool,
+    env_float,
+    env_int,
+    env_list,
+    env_networks,
+    env_ports,
+    env_renamed,
+    env_str,
+    env_url,
+)
 
 # --- Core ------------------------------------------------------------------------------------------
-DATA_DIR = Path(env_str("GPUSTACK_DATA_DIR", str(BASE_DIR / ".local"))).resolve()
+DATA_DIR = env_vars.data_dir()
 # A checkout with the development tools (the local control plane, `runlocal`, the tests); never the image.
 LOCAL_TOOLS = importlib.util.find_spec("gpustack_models.local") is not None
 LOCAL_SECRET_KEY = "insecure-local-only-change-me-in-any-deployment"
@@ -254,9 +155,9 @@ CELERY_WORKER_CANCEL_LONG_RUNNING_TASKS_ON_CONNECTION_LOSS = True
 
 # --- Kubernetes ------------------------------------------------------------------------------------
 # KUBECONFIG unset: in-cluster credentials when running in a Pod, the local control plane's otherwise.
-KUBECONFIG = env_str("KUBECONFIG", "")
+KUBECONFIG = env_vars.kubeconfig()
 LOCAL_KUBECONFIG = DATA_DIR / "kubeconfig"
-KUBE_REQUEST_TIMEOUT = env_float("KUBE_REQUEST_TIMEOUT", 30.0, minimum=1.0)
+KUBE_REQUEST_TIMEOUT = env_vars.kube_request_timeout()
 KUBE_VERSION_FILE = BASE_DIR / "deploy" / "controlplane" / "go.mod"
 # Compaction interval passed to the local kube-apiserver (Go duration); short values exercise 410 Expired.
 ETCD_COMPACTION_INTERVAL = env_str("GPUSTACK_ETCD_COMPACTION_INTERVAL", "5m")
@@ -269,7 +170,7 @@ LOCAL_METRICS_PORTS = env_ports("GPUSTACK_LOCAL_METRICS_PORTS", "9101,9102,9103"
 
 # --- The aggregated API server ---------------------------------------------------------------------
 # Seconds a TokenReview or SubjectAccessReview answer is reused.
-AUTH_CACHE_TTL = env_float("GPUSTACK_AUTH_CACHE_TTL", 10.0, minimum=0.0)
+AUTH_CACHE_TTL = env_vars.auth_cache_ttl()
 # At most this many answers kept per cache (TokenReviews; SubjectAccessReviews): the oldest go first.
 AUTH_CACHE_SIZE = env_int("GPUSTACK_AUTH_CACHE_SIZE", 16384, minimum=1)
 # Where the service's objects live and who it is; the admission policies name these accounts. The service's
@@ -281,7 +182,7 @@ SERVICE_ACCOUNT = env_str(
 )
 PLUGIN_SERVICE_ACCOUNT = env_str("GPUSTACK_PLUGIN_SERVICE_ACCOUNT", "gpustack-models-plugin")
 API_SERVICE_NAME = env_str("GPUSTACK_API_SERVICE", "gpustack-models-api")
-API_PORT = env_int("GPUSTACK_API_PORT", 8443, minimum=1, maximum=65535)
+API_PORT = env_vars.api_port()
 API_BIND = env_list("GPUSTACK_API_BIND", [f"127.0.0.1:{API_PORT}", f"[::1]:{API_PORT}"])
 API_WORKERS = env_int("GPUSTACK_API_WORKERS", 2, minimum=1)
 # Threads per API worker process for request handling (an open watch holds none).
@@ -349,8 +250,8 @@ UPLOAD_BYTES_PER_SECOND = env_int("GPUSTACK_UPLOAD_BYTES_PER_SECOND", 0, minimum
 
 # The node plugin, as the API reaches it: its HTTPS port on the plugin Pod's IP, and the CA its
 # serving certificates are checked against.
-PLUGIN_PORT = env_int("GPUSTACK_PLUGIN_PORT", 9443, minimum=1, maximum=65535)
-PLUGIN_CA_FILE = env_str("GPUSTACK_PLUGIN_CA_FILE", str(DATA_DIR / "plugin-pki" / "ca.crt"))
+PLUGIN_PORT = env_vars.plugin_port()
+PLUGIN_CA_FILE = env_vars.plugin_ca_file(DATA_DIR)
 if SERVER_ROLE == "api" and not PLUGIN_CA_FILE:
     # progress reads the plugins over HTTPS, always verified: there is no setting that turns that off.
     raise ImproperlyConfigured("GPUSTACK_PLUGIN_CA_FILE is empty: the API checks the plugins' certificates against it")
@@ -373,7 +274,7 @@ if SERVER_ROLE == "api" and CA_CONFIGMAP and not API_SERVING_CA_FILE:
 # CA key for its live reads of the plugins (an hour, renewed at 2/3). No token is ever sent to a node.
 # Peer fan-out: the plugins' peer port (service and plugin; 0: no peer server, no peers in tickets), and
 # whether tickets list nodes still downloading a digest.
-PLUGIN_PEER_PORT = env_int("GPUSTACK_PLUGIN_PEER_PORT", 8444, minimum=0, maximum=65535)
+PLUGIN_PEER_PORT = env_vars.plugin_peer_port()
 PEER_DOWNLOADING_ALLOWED = env_bool("GPUSTACK_PEER_DOWNLOADING_ALLOWED", True)
 TICKET_PEERS_MAX = env_int("GPUSTACK_TICKET_PEERS_MAX", 16, minimum=0)
 # progress: live reads of at most this many downloading nodes, each within the timeout, the whole
@@ -382,54 +283,7 @@ PROGRESS_LIVE_MAX = env_int("GPUSTACK_PROGRESS_LIVE_MAX", 64, minimum=0)
 PROGRESS_LIVE_TIMEOUT = env_float("GPUSTACK_PROGRESS_LIVE_TIMEOUT", 2.0, minimum=0.1)
 PROGRESS_DEADLINE = env_float("GPUSTACK_PROGRESS_DEADLINE", 13.0, minimum=1.0)
 
-# --- The node plugin (manage.py runplugin) -----------------------------------------------------------
-# Where the plugin finds the API (its Service: tickets, mounts, certificates) and the CA of its certificate.
-# GPUSTACK_WORKER_URL and GPUSTACK_WORKER_CA_FILE are their deprecated names.
-API_URL = env_url(env_renamed("GPUSTACK_API_URL", "GPUSTACK_WORKER_URL"), f"https://127.0.0.1:{API_PORT}", {"https"})
-API_CA_FILE = env_str(
-    env_renamed("GPUSTACK_API_CA_FILE", "GPUSTACK_WORKER_CA_FILE"), str(DATA_DIR / "api-pki" / "ca.crt")
-)
-PLUGIN_CACHE_DIR = env_str("GPUSTACK_PLUGIN_CACHE_DIR", "")  # default: $GPUSTACK_DATA_DIR/plugin/<node>
-PLUGIN_ADDRESS = env_str("GPUSTACK_PLUGIN_ADDRESS", "")  # default: 0.0.0.0:$GPUSTACK_PLUGIN_PORT
-PLUGIN_TLS_CERT_FILE = env_str("GPUSTACK_PLUGIN_TLS_CERT_FILE", "")
-PLUGIN_TLS_KEY_FILE = env_str("GPUSTACK_PLUGIN_TLS_KEY_FILE", "")
-# With no certificate files: ask the API for a serving certificate for the Pod IP (a key made on the node,
-# the certificate renewed at 2/3 of its validity), kept in the plugin's directory. False: the files are required.
-# GPUSTACK_PLUGIN_CERT_FROM_WORKER is its deprecated name.
-PLUGIN_CERT_FROM_API = env_bool(env_renamed("GPUSTACK_PLUGIN_CERT_FROM_API", "GPUSTACK_PLUGIN_CERT_FROM_WORKER"), False)
-# A published tree whose digest left spec.models is removed after this many seconds (a short safety delay:
-# the collection grace is the service's, before the digest leaves spec.models).
-PLUGIN_REMOVAL_DELAY_SECONDS = env_float("GPUSTACK_PLUGIN_REMOVAL_DELAY_SECONDS", 60.0, minimum=0.0)
-# Partial downloads (and failure records) of digests out of spec.models are removed after this many seconds.
-PLUGIN_PARTIAL_RETENTION_SECONDS = env_float("GPUSTACK_PLUGIN_PARTIAL_RETENTION_SECONDS", 86400.0, minimum=0.0)
-# Progress fields are written at most this often (and only after a 5 % move).
-PLUGIN_PROGRESS_INTERVAL = env_float("GPUSTACK_PLUGIN_PROGRESS_INTERVAL", 30.0, minimum=0.1)
-# The first wait after a failed download (seconds); it doubles per failure up to an hour.
-PLUGIN_RETRY_BASE = env_float("GPUSTACK_PLUGIN_RETRY_BASE", 60.0, minimum=1.0)
-# Treat the cache volume as this many bytes (0: the volume's real size).
-PLUGIN_CAPACITY_BYTES = env_int("GPUSTACK_PLUGIN_CAPACITY_BYTES", 0, minimum=0)
-# The CSI driver's unix socket (default: $GPUSTACK_DATA_DIR/plugin/<node>/csi.sock; at most 107 bytes).
-PLUGIN_CSI_SOCKET = env_abs_path("GPUSTACK_PLUGIN_CSI_SOCKET")
-# The kubelet's plugin registration directory (<kubelet root>/plugins_registry); empty: do not register.
-PLUGIN_REGISTRATION_DIR = env_abs_path("GPUSTACK_PLUGIN_REGISTRATION_DIR")
-# The kubelet's root directory: CSI target paths must then be under its pods/ directory.
-PLUGIN_KUBELET_DIR = env_abs_path("GPUSTACK_PLUGIN_KUBELET_DIR")
-# Where the CSI driver keeps its mount records and tells the node role which digests are mounted (default:
-# $GPUSTACK_PLUGIN_CACHE_DIR/mounts). With runplugin --role mounter|node, a directory only the mounter writes.
-PLUGIN_MOUNTS_DIR = env_abs_path("GPUSTACK_PLUGIN_MOUNTS_DIR")
-# The mounter's own Pod annotations (a downwardAPI volume's file). When the uninstall hook has marked the Pod
-# (worker.gpustack.ai/uninstalling: "true"), a stopped mounter keeps serving NodeUnpublish until its node has
-# no publication left, then exits; and deletes the node's cache first when GPUSTACK_PLUGIN_PURGE_ON_UNINSTALL.
-PLUGIN_POD_ANNOTATIONS_FILE = env_abs_path("GPUSTACK_PLUGIN_POD_ANNOTATIONS_FILE")
-PLUGIN_PURGE_ON_UNINSTALL = env_bool("GPUSTACK_PLUGIN_PURGE_ON_UNINSTALL", False)
-# Peers: the CA other plugins' certificates (serving and client) are checked against, and the node-wide upload
-# limits used until its store's spec.upload says otherwise (the service's GPUSTACK_UPLOAD_* and the Node's
-# annotations). A plugin presents its own client certificate (from the API, with its serving one) to its peers.
-PLUGIN_PEER_CA_FILE = env_str("GPUSTACK_PLUGIN_PEER_CA_FILE", "") or PLUGIN_CA_FILE
-PLUGIN_PEER_MAX_CONNECTIONS = env_int("GPUSTACK_PLUGIN_PEER_MAX_CONNECTIONS", 8, minimum=1)
-PLUGIN_PEER_MAX_BYTES_PER_SECOND = env_int("GPUSTACK_PLUGIN_PEER_MAX_BYTES_PER_SECOND", 0, minimum=0)
-# Downloads take what the tickets' peers hold (fan-out); false: every byte from the hubs.
-PLUGIN_FANOUT = env_bool("GPUSTACK_PLUGIN_FANOUT", True)
+# The node plugin's own variables are read by the plugin (gpustack_models/plugin/environment.py).
 
 # --- The informers --------------------------------------------------------------------------------------
 # Watch events are coalesced per object (the latest state wins) and sent as one Celery task per resource
@@ -568,12 +422,11 @@ DATA_UPLOAD_MAX_MEMORY_SIZE = 3 * 1024 * 1024
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
-    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
+    "formatters": {"plain": {"format": env_vars.LOG_FORMAT}},
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
-    "root": {"handlers": ["console"], "level": env_str("LOG_LEVEL", "INFO").upper()},
+    "root": {"handlers": ["console"], "level": env_vars.log_level()},
     "loggers": {
-        "kubernetes": {"level": "WARNING"},
-        "urllib3": {"level": "WARNING"},
+        **{name: {"level": "WARNING"} for name in env_vars.QUIET_LOGGERS},
         # Every 4xx is a Status the client reads; logging each one as a warning is noise.
         "django.request": {"level": "ERROR"},
     },

@@ -171,11 +171,11 @@ def assert_split_by_privilege(pod: dict, node: str) -> None:
     contexts = {c["name"]: c["securityContext"] for c in pod["spec"]["containers"]}
     assert contexts["plugin"]["runAsNonRoot"] is True and contexts["plugin"]["capabilities"] == {"drop": ["ALL"]}
     assert contexts["mounter"]["privileged"] is True
-    plugin = process_status("runplugin", "--role", "node", "--node", node)
+    plugin = process_status("gpustack_models.plugin", "--role", "node", "--node", node)
     assert plugin["Uid"].split() == [str(contexts["plugin"]["runAsUser"])] * 4 != ["0"] * 4, plugin["Uid"]
     assert all(int(plugin[cap], 16) == 0 for cap in ("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb")), plugin
     assert plugin["NoNewPrivs"].strip() == "1", plugin["NoNewPrivs"]
-    mounter = process_status("runplugin", "--role", "mounter", "--node", node)
+    mounter = process_status("gpustack_models.plugin", "--role", "mounter", "--node", node)
     assert mounter["Uid"].split() == ["0"] * 4 and int(mounter["CapEff"], 16) != 0, mounter
 
 

@@ -1,5 +1,5 @@
 """The node plugin's CSI driver ``model.csi.gpustack.ai``, driven as the kubelet drives it: gRPC over the
-real ``runplugin`` process's unix socket, the worker authorizing each mount, real read-only bind mounts.
+real ``gpustack_models.plugin`` process's unix socket, the worker authorizing each mount, real read-only bind mounts.
 
 Tests of a mount (``test_it_mounts_*``, ``test_it_answers_unavailable_*``, ``test_it_maps_*``,
 ``test_it_keeps_*_across_a_restart``) need the worker's ``/internal/v1/mounts`` endpoint."""

@@ -66,7 +66,7 @@ def test_the_deployment_checks_pass_with_production_settings(buildah):
         "import django; django.setup()",
         "import gpustack_models.management.commands.runapiserver",
         "import gpustack_models.management.commands.runinformers",
-        "import gpustack_models.management.commands.runplugin",
+        "import gpustack_models.plugin.__main__",
         "import gpustack_models.plugin.csi.generated.csi_pb2",
         "import config.celery",
     ]

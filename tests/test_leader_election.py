@@ -500,7 +500,7 @@ def test_a_leader_that_cannot_reach_kube_apiserver_loses_the_lease_at_the_renew_
     elector = LeaseElector(worker_kube, settings.NAMESPACE, name, Timing(LEASE, RENEW_DEADLINE, RETRY))
     assert elector.acquire(threading.Event())
     renewed = elector._last_renewal  # its own clock's time of its last renewal
-    elector.client = kube.Kube(worker_kube.configuration)
+    elector.client = kube.Kube(worker_kube.credentials)
     elector.client.host = f"https://127.0.0.1:{free_port()}"  # nothing listens: every renewal fails
     recorded = Recorded(elector)
     assert elector.keep(threading.Event()) is True
@@ -629,7 +629,7 @@ def test_candidates_racing_for_one_lease_get_one_leader(worker_kube):
     name = lease_name()
     worker_kube.create(LEASES, {"metadata": {"name": name}, "spec": {"holderIdentity": ""}})
     timing = Timing(LEASE, RENEW_DEADLINE, RETRY)
-    clients = [kube.Kube(worker_kube.configuration) for _ in range(8)]
+    clients = [kube.Kube(worker_kube.credentials) for _ in range(8)]
     electors = [LeaseElector(c, settings.NAMESPACE, name, timing) for c in clients]
     barrier = threading.Barrier(len(electors))
     won: list[str] = []

@@ -1,4 +1,4 @@
-"""Peer endpoints of real node plugins (``manage.py runplugin``): what a node holds, served to the plugins of
+"""Peer endpoints of real node plugins (``gpustack_models.plugin``): what a node holds, served to the plugins of
 nodes that want it (and to no one else), byte-exact, within the node's upload limits; the tickets that list
 them."""
 

@@ -152,7 +152,7 @@ def test_a_plugin_waits_for_the_worker_then_renews_its_certificate(scenario, lau
     try:
         with open(log_path, "ab") as log:  # started by hand: PluginProcess.start waits for it to serve
             plugin.proc = subprocess.Popen(
-                [sys.executable, "manage.py", "runplugin", f"--node={node}"],
+                [sys.executable, "-m", "gpustack_models.plugin", f"--node={node}"],
                 cwd=REPO,
                 env=plugin.env,
                 stdout=log,

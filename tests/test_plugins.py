@@ -1,4 +1,4 @@
-"""Real node plugins (``manage.py runplugin``) with the worker, the control plane and the fake hub:
+"""Real node plugins (``python -m gpustack_models.plugin``) with the worker, the control plane and the fake hub:
 download, verify, publish, report, and the live ``progress`` subresource."""
 
 import base64

@@ -10,8 +10,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from kubernetes import client as k8s_client
-
 from gpustack_models import kube
 from gpustack_models.kinds import GROUP, PUBLIC_VERSION
 
@@ -50,13 +48,7 @@ def discovery_served(client: kube.Kube, group: str, version: str) -> Check:
 
 def identity(client: kube.Kube, token: str) -> kube.Kube:
     """A client for kube-apiserver with ``token`` alone (no client certificate of the caller)."""
-    base = client.configuration
-    configuration = k8s_client.Configuration()
-    configuration.host = base.host
-    configuration.verify_ssl = base.verify_ssl
-    configuration.ssl_ca_cert = base.ssl_ca_cert
-    configuration.api_key = {"BearerToken": f"Bearer {token}"}
-    return kube.Kube(configuration, pool_size=1)
+    return kube.Kube(client.credentials.with_token(token), pool_size=1)
 
 
 def tenant_refused(client: kube.Kube, namespace: str, account: str, group: str, version: str) -> Check:

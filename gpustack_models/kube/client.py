@@ -1,8 +1,10 @@
 """A process's own connection to kube-apiserver: raw HTTP, sync (urllib3) and async (aiohttp).
 
-Credentials come from the ``kubernetes`` client's loaders (a kubeconfig, or the Pod's ServiceAccount in
-a cluster, with token rotation). The facade forwards bytes, so it talks HTTP directly rather than through
-the generated typed API, which would decode and re-encode every object.
+The service's roles load their credentials with the ``kubernetes`` client's loaders (a kubeconfig, or the
+Pod's ServiceAccount in a cluster, with token rotation: ``load_configuration``); the node plugin with its
+own small loader (``credentials``), so that it imports neither that package nor Django. The facade
+forwards bytes, so it talks HTTP directly rather than through the generated typed API, which would decode
+and re-encode every object.
 """
 
 from __future__ import annotations
@@ -16,10 +18,9 @@ from urllib.parse import urlencode
 
 import orjson
 import urllib3
-from django.conf import settings
-from kubernetes import client as k8s_client
-from kubernetes import config as k8s_config
 
+from gpustack_models import env_vars
+from gpustack_models.kube.credentials import Credentials
 from gpustack_models.kube.errors import error_for
 
 
@@ -39,8 +40,13 @@ class KubeResponse:
         return self
 
 
-def load_configuration(kubeconfig: str | None = None) -> k8s_client.Configuration:
-    """The process's identity: an explicit kubeconfig, the in-cluster ServiceAccount, or the local one."""
+def load_configuration(kubeconfig: str | None = None) -> Credentials:
+    """The service's identity: an explicit kubeconfig, the in-cluster ServiceAccount, or the local one
+    (the ``kubernetes`` client's loaders: every kubeconfig form, exec plugins included)."""
+    from django.conf import settings
+    from kubernetes import client as k8s_client
+    from kubernetes import config as k8s_config
+
     configuration = k8s_client.Configuration()
     path = kubeconfig if kubeconfig is not None else settings.KUBECONFIG
     if path:
@@ -51,30 +57,42 @@ def load_configuration(kubeconfig: str | None = None) -> k8s_client.Configuratio
         k8s_config.load_kube_config(
             config_file=str(settings.LOCAL_KUBECONFIG), client_configuration=configuration, persist_config=False
         )
-    return configuration
+
+    def bearer() -> str:  # the loaders refresh a rotating token here
+        auth = configuration.auth_settings().get("BearerToken")
+        return auth["value"] if auth and auth.get("value") else ""
+
+    return Credentials(
+        host=configuration.host.rstrip("/"),
+        ca_file=configuration.ssl_ca_cert,
+        cert_file=configuration.cert_file,
+        key_file=configuration.key_file,
+        verify=configuration.verify_ssl,
+        bearer=bearer,
+    )
 
 
 class Kube:
     """One connection pool to kube-apiserver with one identity's credentials."""
 
-    def __init__(self, configuration: k8s_client.Configuration, pool_size: int = 32):
-        self.configuration = configuration
-        self.host = configuration.host.rstrip("/")
+    def __init__(self, credentials: Credentials, pool_size: int = 32, timeout: float | None = None):
+        self.credentials = credentials
+        self.host = credentials.host.rstrip("/")
+        self.timeout = timeout or env_vars.kube_request_timeout()
         self.pool = urllib3.PoolManager(
             num_pools=4,
             maxsize=pool_size,
             block=False,
-            cert_reqs="CERT_REQUIRED" if configuration.verify_ssl else "CERT_NONE",
-            ca_certs=configuration.ssl_ca_cert,
-            cert_file=configuration.cert_file,
-            key_file=configuration.key_file,
+            cert_reqs="CERT_REQUIRED" if credentials.verify else "CERT_NONE",
+            ca_certs=credentials.ca_file,
+            cert_file=credentials.cert_file,
+            key_file=credentials.key_file,
             retries=False,
         )
         self._async_sessions: dict = {}
 
     def auth_headers(self) -> dict:
-        auth = self.configuration.auth_settings().get("BearerToken")
-        return {"Authorization": auth["value"]} if auth and auth.get("value") else {}
+        return self.credentials.auth_headers()
 
     def url(self, path: str, query=None) -> str:
         if query:
@@ -103,7 +121,7 @@ class Kube:
             body = orjson.dumps(body)
         if body is not None:
             all_headers.setdefault("Content-Type", content_type)
-        timeout = timeout or settings.KUBE_REQUEST_TIMEOUT
+        timeout = timeout or self.timeout
         resp = self.pool.request(
             method,
             self.url(path, query),
@@ -138,11 +156,11 @@ class Kube:
 
     # --- async (watch streams without a thread each) -------------------------------------------------
     def _ssl_context(self) -> ssl.SSLContext | bool:
-        if not self.configuration.verify_ssl:
+        if not self.credentials.verify:
             return False
-        context = ssl.create_default_context(cafile=self.configuration.ssl_ca_cert)
-        if self.configuration.cert_file:
-            context.load_cert_chain(self.configuration.cert_file, self.configuration.key_file)
+        context = ssl.create_default_context(cafile=self.credentials.ca_file)
+        if self.credentials.cert_file:
+            context.load_cert_chain(self.credentials.cert_file, self.credentials.key_file)
         return context
 
     def async_session(self):
@@ -170,8 +188,8 @@ _default: Kube | None = None
 
 
 def default() -> Kube:
-    """The process-wide client with the process's own identity: the service's ServiceAccount in the
-    service's processes, the plugin's in a plugin."""
+    """The process-wide client with the service's own identity (its ServiceAccount). The node plugin
+    builds its own from ``credentials`` and passes it along."""
     global _default
     if _default is None:
         with _lock:

@@ -281,7 +281,7 @@ class Launcher:
         peer_port: int | None = None,
     ) -> dict:
         """Register ``node`` with its plugin Pod (unless a kubelet runs both: ``register=False``) and return
-        the environment of its ``runplugin`` (its peer endpoints on ``peer_port``, by default the setting's).
+        the environment of its plugin process (its peer endpoints on ``peer_port``, by default the setting's).
         As in the chart, the plugin asks the API for its serving and client certificates (its Pod IP is
         ``address``), holds no token for anything but kube-apiserver and the API, and trusts the plugin CA's
         certificate alone (never its key)."""

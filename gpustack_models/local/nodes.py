@@ -64,7 +64,7 @@ class LocalNodes:
         container = {
             "name": "plugin",
             "image": "gpustack/gpustack-models:local",
-            "args": ["runplugin", f"--node={node}"],
+            "command": ["python", "-m", "gpustack_models.plugin", f"--node={node}"],
         }
         return {
             "apiVersion": "v1",

@@ -143,7 +143,7 @@ class LocalStack:
     def start_node(self) -> None:
         """One local node with its plugin, registered as a kubelet would (a Node, a Running plugin Pod)."""
         env = self.launcher.plugin_env(LOCAL_NODE, LOCAL_NODE_ADDRESS, settings.PLUGIN_PORT)
-        self.spawn("plugin", [sys.executable, "manage.py", "runplugin", f"--node={LOCAL_NODE}"], env)
+        self.spawn("plugin", [sys.executable, "-m", "gpustack_models.plugin", f"--node={LOCAL_NODE}"], env)
 
     def banner(self) -> str:
         cluster = self.cluster

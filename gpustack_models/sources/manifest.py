@@ -24,8 +24,6 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from huggingface_hub.utils import filter_repo_objects
-
 from gpustack_models.sources.hub_errors import EmptyManifest, InvalidManifest
 
 MANIFEST_HEADER = "gpustack-manifest v1\n"
@@ -158,6 +156,8 @@ def select_files(
 
     ``None`` means "no such list". An empty allow list keeps nothing, exactly as the client does.
     """
+    from huggingface_hub.utils import filter_repo_objects  # the worker's alone: the node plugin loads no hub client
+
     return list(
         filter_repo_objects(
             files,

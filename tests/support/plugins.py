@@ -1,4 +1,4 @@
-"""Fixtures: real node plugins (``manage.py runplugin``), one per loopback address and cache directory."""
+"""Fixtures: real node plugins (``python -m gpustack_models.plugin``), one per loopback address and cache directory."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ SERVICE_SUBJECT = "system:gpustack-models-service"  # the subject of the API's c
 
 
 class PluginProcess:
-    """One ``manage.py runplugin`` for one node, on its own loopback address and cache directory."""
+    """One ``python -m gpustack_models.plugin`` for one node, on its own loopback address and cache directory."""
 
     def __init__(self, launcher, worker_api, node: str, address: str, extra_env: dict, register: bool = True):
         # split: the Pod's two containers, ``--role mounter`` and ``--role node``, as two processes.
@@ -40,7 +40,7 @@ class PluginProcess:
         for role, suffix in roles:
             log = open(TEST_STATE / f"plugin-{self.node}{suffix}.log", "ab")
             proc = subprocess.Popen(
-                [sys.executable, "manage.py", "runplugin", f"--node={self.node}", f"--role={role}"],
+                [sys.executable, "-m", "gpustack_models.plugin", f"--node={self.node}", f"--role={role}"],
                 cwd=REPO,
                 env=self.env,
                 stdout=log,

@@ -11,12 +11,21 @@ import pytest
 
 from tests.support.paths import REPO
 
-SHOW = "import json, config.settings as s; print(json.dumps({n: getattr(s, n) for n in %r}))"
+# A name "plugin.<field>" is read by the node plugin's environment (the plugin runs without the settings).
+SHOW = """import json
+names = %r
+if any(not n.startswith("plugin.") for n in names):
+    import config.settings as s
+if any(n.startswith("plugin.") for n in names):
+    from gpustack_models.plugin.environment import PluginEnvironment
+    e = PluginEnvironment.read()
+print(json.dumps({n: getattr(e, n[7:]) if n.startswith("plugin.") else getattr(s, n) for n in names}))
+"""
 # (new environment name, old one, the setting, a value, another value)
 RENAMED = [
-    ("GPUSTACK_API_URL", "GPUSTACK_WORKER_URL", "API_URL", "https://api.example:8443", "https://old.example"),
-    ("GPUSTACK_API_CA_FILE", "GPUSTACK_WORKER_CA_FILE", "API_CA_FILE", "/etc/api/ca.crt", "/etc/old/ca.crt"),
-    ("GPUSTACK_PLUGIN_CERT_FROM_API", "GPUSTACK_PLUGIN_CERT_FROM_WORKER", "PLUGIN_CERT_FROM_API", "true", "false"),
+    ("GPUSTACK_API_URL", "GPUSTACK_WORKER_URL", "plugin.api_url", "https://api.example:8443", "https://old.example"),
+    ("GPUSTACK_API_CA_FILE", "GPUSTACK_WORKER_CA_FILE", "plugin.api_ca_file", "/etc/api/ca.crt", "/etc/old/ca.crt"),
+    ("GPUSTACK_PLUGIN_CERT_FROM_API", "GPUSTACK_PLUGIN_CERT_FROM_WORKER", "plugin.cert_from_api", "true", "false"),
     ("GPUSTACK_SERVICE_ACCOUNT", "GPUSTACK_WORKER_SERVICE_ACCOUNT", "SERVICE_ACCOUNT", "models-service", "old-account"),
 ]
 IDS = [setting for _, _, setting, _, _ in RENAMED]

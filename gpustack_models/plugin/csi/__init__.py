@@ -15,7 +15,7 @@ Pod-bound token; the API records the mount as a reference, so the digest enters 
 - ``progress_text``: the message a person reads in the Pod's events while the model is not Ready;
 - ``driver``: the Identity and Node services;
 - ``registration``: the kubelet's plugin-registration service, and the servers on their sockets;
-- ``mounter``: the privileged part of the plugin's Pod (``runplugin --role mounter``), the driver alone;
+- ``mounter``: the privileged part of the plugin's Pod (``--role mounter``), the driver alone;
 - ``shared_files``: what the mounter and the non-root node role tell each other through the node's disk.
 """
 

@@ -1,4 +1,4 @@
-"""The mounter (``manage.py runplugin --role mounter``): the one privileged part of the plugin's Pod.
+"""The mounter (``python -m gpustack_models.plugin --role mounter``): the one privileged part of the plugin's Pod.
 
 It serves the CSI driver on the kubelet's socket and registers it, asks the API for each mount with the
 Pod's token, and bind-mounts published trees read-only into Pods' volumes (propagated to the node). It

@@ -1,6 +1,6 @@
 """What the two containers of the plugin's Pod tell each other, in files on the node's disk.
 
-With ``runplugin --role mounter`` (privileged: the CSI driver, its bind mounts) and ``--role node``
+With the plugin's ``--role mounter`` (privileged: the CSI driver, its bind mounts) and ``--role node``
 (non-root, no capabilities: downloads, the cache, the HTTPS and peer servers, the store's status), the
 CSI driver runs apart from the engine. They share the node's data directory, and nothing else:
 

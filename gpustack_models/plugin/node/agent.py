@@ -1,4 +1,4 @@
-"""The node plugin process (``manage.py runplugin --node NAME``, the DaemonSet's entry point).
+"""The node plugin process (``python -m gpustack_models.plugin --node NAME``, the DaemonSet's entry point).
 
 It watches its own NodeModelStore (``kube.watch``, the one watch loop), holds the digests ``spec.models``
 references with the download engine (``engine``: items with a ``collectTime`` are not downloaded, what
@@ -75,7 +75,7 @@ class PluginSettings:
     fanout: bool = True  # downloads take what the tickets' peers hold
     cert_from_api: bool = False  # no certificate files: the API issues one for the Pod IP (serving_cert)
     cert_dir: str = ""  # ... kept here, with its key, and the client certificate the peers take
-    # The plugin's Pod split (``runplugin --role``): "all" serves the CSI driver in this process; "node"
+    # The plugin's Pod split (``--role``): "all" serves the CSI driver in this process; "node"
     # leaves it to the privileged mounter and follows what it mounts through ``mounts_dir``
     # (``csi.shared_files``).
     role: str = "all"

@@ -1,4 +1,4 @@
-"""The mounter (``runplugin --role mounter``, a real process) stopped while a Pod still mounts a model: marked as
+"""The mounter (``--role mounter``, a real process) stopped while a Pod still mounts a model: marked as
 uninstalling in its Pod's annotations (the downwardAPI file), it keeps its CSI socket answering until the
 kubelet's NodeUnpublish, then exits (deleting the node's cache if asked); unmarked (a rolling update), it exits
 at once and the mount stays for its successor. No API runs and its CA file is gone, as after an uninstall: the
@@ -73,7 +73,7 @@ class Node:
             "GPUSTACK_PLUGIN_PURGE_ON_UNINSTALL": "true",
         }
         proc = subprocess.Popen(
-            [sys.executable, "manage.py", "runplugin", "--role", "mounter", "--node", "n1"],
+            [sys.executable, "-m", "gpustack_models.plugin", "--role", "mounter", "--node", "n1"],
             cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
         )  # fmt: skip
         threading.Thread(target=lambda: self.lines.extend(proc.stderr), daemon=True).start()
