@@ -67,7 +67,7 @@ def run(kubeconfig: str, base: str, names: list[str], rate: int, seconds: float,
             ready.get(timeout=120)
         start_at.value = time.time() + 0.2
         go.set()
-        writes = [w for _ in workers for w in out.get(timeout=300)]
+        writes = [w for _ in workers for w in out.get(timeout=seconds + 300)]  # each returns at the end
     finally:
         for p in workers:
             p.join(10)

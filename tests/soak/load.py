@@ -1,0 +1,215 @@
+"""The soak's load and its measurements: API calls at fixed rates, many watches held open, and every role's
+processes sampled (resident memory, open files, threads) at a fixed interval.
+
+Each rate is kept by a scheduler thread that submits call ``i`` at ``start + i / rate`` to a pool (at once
+when it falls behind: the rate achieved is reported, never assumed). Watches run on one asyncio loop
+(aiohttp), each counting the events it reads and reconnecting when the server ends it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ssl
+import statistics
+import threading
+import time
+from collections import defaultdict
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+import aiohttp
+import psutil
+
+
+@dataclass
+class Calls:
+    """Latencies (seconds) and answers of one kind of call."""
+
+    latencies: list[float] = field(default_factory=list)
+    errors: dict[int, int] = field(default_factory=lambda: defaultdict(int))  # status (0: no answer) -> count
+    started: float = 0.0
+    ended: float = 0.0
+
+    def add(self, seconds: float, status: int) -> None:
+        if 200 <= status < 300:
+            self.latencies.append(seconds)
+        else:
+            self.errors[status] += 1
+
+    def quantile(self, q: float) -> float:
+        ordered = sorted(self.latencies)
+        return ordered[min(len(ordered) - 1, int(q * len(ordered)))] * 1000 if ordered else float("nan")
+
+    def rate(self) -> float:
+        return (len(self.latencies) + sum(self.errors.values())) / max(1e-9, self.ended - self.started)
+
+
+class Rated:
+    """``call()`` (returning an HTTP status) ``rate`` times a second until stopped, timed into ``calls``."""
+
+    def __init__(self, call, rate: float, calls: Calls, stopping: threading.Event, threads: int = 8):
+        self.call, self.rate, self.calls, self.stopping = call, rate, calls, stopping
+        self.pool = ThreadPoolExecutor(threads)
+        self.thread = threading.Thread(target=self._schedule, daemon=True)
+
+    def _timed(self):
+        started = time.perf_counter()
+        try:
+            status = self.call()
+        except Exception:  # no answer at all (reset, timeout): counted, never raised into the load
+            status = 0
+        self.calls.add(time.perf_counter() - started, status)
+
+    def _schedule(self):
+        self.calls.started = start = time.monotonic()
+        i = 0
+        while not self.stopping.is_set():
+            delay = start + i / self.rate - time.monotonic()
+            if delay > 0 and self.stopping.wait(delay):
+                break
+            self.pool.submit(self._timed)
+            i += 1
+        self.pool.shutdown(wait=True)
+        self.calls.ended = time.monotonic()
+
+    def start(self) -> Rated:
+        self.thread.start()
+        return self
+
+    def join(self) -> None:
+        self.thread.join()
+
+
+class Watches:
+    """``count`` watches of ``url`` held open on one event loop; events read and reconnections counted."""
+
+    def __init__(self, url: str, count: int, ca: str, cert: tuple[str, str]):
+        self.url, self.count = url, count
+        self.context = ssl.create_default_context(cafile=ca)
+        self.context.load_cert_chain(*cert)
+        self.events = [0] * count
+        self.reconnects = 0
+        self.failures = 0
+        self.open_latencies: list[float] = []
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self._stop: asyncio.Event | None = None
+
+    async def _one(self, session: aiohttp.ClientSession, index: int):
+        while not self._stop.is_set():
+            started = time.perf_counter()
+            try:
+                async with session.get(self.url, params={"watch": "1"}, ssl=self.context) as resp:
+                    if resp.status != 200:
+                        self.failures += 1
+                        await asyncio.sleep(1)
+                        continue
+                    self.open_latencies.append(time.perf_counter() - started)
+                    async for _line in resp.content:
+                        self.events[index] += 1
+                        if self._stop.is_set():
+                            return
+            except (TimeoutError, aiohttp.ClientError):
+                self.failures += 1
+                await asyncio.sleep(1)
+            self.reconnects += 1
+
+    async def _main(self, ready: threading.Event):
+        self._stop = asyncio.Event()
+        connector = aiohttp.TCPConnector(limit=0)
+        timeout = aiohttp.ClientTimeout(total=None, sock_read=None)
+        async with aiohttp.ClientSession(connector=connector, timeout=timeout, trust_env=False) as session:
+            tasks = [asyncio.ensure_future(self._one(session, i)) for i in range(self.count)]
+            ready.set()
+            await self._stop.wait()
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    def start(self) -> Watches:
+        self.thread.start()
+        ready = threading.Event()
+        self.main = asyncio.run_coroutine_threadsafe(self._main(ready), self.loop)
+        ready.wait(30)
+        return self
+
+    def stop(self) -> None:
+        self.loop.call_soon_threadsafe(self._stop.set)
+        self.main.result(60)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(10)
+
+
+@dataclass
+class Series:
+    """One role's samples: seconds since the start, and resident MB, open files, threads at each."""
+
+    seconds: list[float] = field(default_factory=list)
+    rss_mb: list[float] = field(default_factory=list)
+    fds: list[int] = field(default_factory=list)
+    threads: list[int] = field(default_factory=list)
+
+    def slope(self, warm_up: float = 0.2) -> tuple[float, float]:
+        """The slope of a line fitted to resident memory, MB per minute, and its standard error; the first
+        ``warm_up`` of the run (connections and caches filling as the load starts) left out."""
+        begin = self.seconds[-1] * warm_up if self.seconds else 0.0
+        kept = [(s / 60, rss) for s, rss in zip(self.seconds, self.rss_mb, strict=True) if s >= begin]
+        if len(kept) < 3:
+            return float("nan"), float("nan")
+        minutes, rss_mb = [m for m, _ in kept], [r for _, r in kept]
+        fit = statistics.linear_regression(minutes, rss_mb)
+        residuals = [y - (fit.slope * x + fit.intercept) for x, y in zip(minutes, rss_mb, strict=True)]
+        mean = statistics.fmean(minutes)
+        spread = sum((x - mean) ** 2 for x in minutes)
+        error = (sum(r * r for r in residuals) / (len(minutes) - 2) / spread) ** 0.5 if spread else float("nan")
+        return fit.slope, error
+
+
+class Sampler:
+    """Every ``interval`` seconds: each role's processes (a process and its children, summed)."""
+
+    def __init__(self, roles: dict[str, int], interval: float):
+        self.roles = {name: psutil.Process(pid) for name, pid in roles.items()}
+        self.series = {name: Series() for name in roles}
+        self.interval = interval
+        self.stopping = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _sample(self, started: float) -> None:
+        for name, root in self.roles.items():
+            rss = fds = threads = 0
+            try:
+                tree = [root, *root.children(recursive=True)]
+            except psutil.NoSuchProcess:  # the role is gone: no sample (the load's checks say why)
+                continue
+            for proc in tree:
+                try:
+                    with proc.oneshot():
+                        rss, fds, threads = (
+                            rss + proc.memory_info().rss,
+                            fds + proc.num_fds(),
+                            threads + proc.num_threads(),
+                        )
+                except psutil.NoSuchProcess:
+                    continue
+            series = self.series[name]
+            series.seconds.append(time.monotonic() - started)
+            series.rss_mb.append(rss / 1e6)
+            series.fds.append(fds)
+            series.threads.append(threads)
+
+    def _run(self) -> None:
+        started = time.monotonic()
+        while True:
+            self._sample(started)
+            if self.stopping.wait(self.interval):
+                self._sample(started)
+                return
+
+    def start(self) -> Sampler:
+        self.thread.start()
+        return self
+
+    def stop(self) -> None:
+        self.stopping.set()
+        self.thread.join()
