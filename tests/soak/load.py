@@ -9,6 +9,7 @@ when it falls behind: the rate achieved is reported, never assumed). Watches run
 from __future__ import annotations
 
 import asyncio
+import itertools
 import ssl
 import statistics
 import threading
@@ -50,9 +51,11 @@ class Rated:
     def __init__(self, call, rate: float, calls: Calls, stopping: threading.Event, threads: int = 8):
         self.call, self.rate, self.calls, self.stopping = call, rate, calls, stopping
         self.pool = ThreadPoolExecutor(threads)
+        self.submitted, self._begun = 0, itertools.count()
         self.thread = threading.Thread(target=self._schedule, daemon=True)
 
     def _timed(self):
+        next(self._begun)  # itertools.count: one step per call, safe across threads
         started = time.perf_counter()
         try:
             status = self.call()
@@ -68,9 +71,15 @@ class Rated:
             if delay > 0 and self.stopping.wait(delay):
                 break
             self.pool.submit(self._timed)
+            self.submitted += 1
             i += 1
-        self.pool.shutdown(wait=True)
         self.calls.ended = time.monotonic()
+        # Calls still queued when the run ends were never sent (the service fell behind): dropped, and counted
+        # as calls without an answer.
+        self.pool.shutdown(wait=True, cancel_futures=True)
+        never_sent = self.submitted - next(self._begun)
+        if never_sent > 0:
+            self.calls.errors[0] += never_sent
 
     def start(self) -> Rated:
         self.thread.start()

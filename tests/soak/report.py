@@ -18,7 +18,8 @@ def table(calls: dict[str, Calls], watches: Watches, events, series: dict[str, S
         f"(opening; {sum(watches.events):,} events read, fewest on one watch {min(watches.events):,}, "
         f"{watches.reconnects} reconnects, {watches.failures} failures)"
     )
-    lines.append(f"informer events: {len(events.writes):,} changes at {events.achieved:.0f}/s")
+    took = f"{len(events.writes):,} changes at {events.achieved:.0f}/s, {events.failed} refused or unanswered"
+    lines.append(f"informer events: {took} (as many as kube-apiserver took)")
     lines.append(
         f"{'role':<10} {'RSS MB':>15} {'slope MB/min':>18} {'open files':>12} {'threads':>10}  (first -> last sample)"
     )

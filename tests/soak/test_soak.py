@@ -94,7 +94,7 @@ def test_soak(worker_stack, worker_api, worker_kube, admin_http, cluster, namesp
     for load in loads:
         load.start()
     kubeconfig = str(worker_stack.launcher.service_kubeconfig)
-    events = mirror_load.run(kubeconfig, storage_path(busy_namespace), names, event_rate, seconds, 4)
+    events = mirror_load.run(kubeconfig, storage_path(busy_namespace), names, event_rate, seconds, 4, bounded=True)
     stopping.set()
     for load in loads:
         load.join()
