@@ -21,7 +21,7 @@ app = Celery("gpustack_models")
 app.config_from_object("django.conf:settings", namespace="CELERY")
 # Celery's Django support closes the database connection after every task unless told how many tasks
 # may reuse it; reconnecting to PostgreSQL for each informer event would cap the mirror at ~150 events/s.
-# Django's own CONN_MAX_AGE still retires connections.
+# Django's own checks (CONN_MAX_AGE, CONN_HEALTH_CHECKS) run before each task: _checked_database_connection.
 app.conf.CELERY_DB_REUSE_MAX = 1000
 app.autodiscover_tasks(["gpustack_models.reconcilers"])
 
@@ -48,6 +48,21 @@ def _roles():
     from gpustack_models.telemetry import roles
 
     return roles
+
+
+@signals.task_prerun.connect
+def _checked_database_connection(sender=None, **kwargs):
+    """Celery's Django support keeps each pool process's database connection across tasks
+    (``CELERY_DB_REUSE_MAX``) without Django's checks, so a connection PostgreSQL dropped (a restart, a
+    failover) failed every later task of that process. Before each task, Django's own check as before each
+    request: a connection past CONN_MAX_AGE, or one that saw an error and no longer answers, is closed, and the
+    next query first makes sure the connection works (CONN_HEALTH_CHECKS), reconnecting if not. Not for a
+    task run eagerly (inside a caller's transaction, which closing would break)."""
+    if getattr(getattr(sender, "request", None), "is_eager", False):
+        return
+    from django.db import close_old_connections
+
+    close_old_connections()
 
 
 @signals.celeryd_init.connect

@@ -100,7 +100,11 @@ TEMPLATES = [
 # --- Database: SQLite by default, anything dj-database-url reads otherwise -------------------------
 DATABASE_URL = env_str("DATABASE_URL", f"sqlite:///{DATA_DIR / 'gpustack-models.sqlite3'}")
 try:
-    _database = dj_database_url.parse(DATABASE_URL, conn_max_age=env_int("DATABASE_CONN_MAX_AGE", 60, minimum=0))
+    # Connections are kept (CONN_MAX_AGE) and checked before their first query of a request or task
+    # (CONN_HEALTH_CHECKS): one PostgreSQL dropped (a restart, a failover) is replaced, not failed on.
+    _database = dj_database_url.parse(
+        DATABASE_URL, conn_max_age=env_int("DATABASE_CONN_MAX_AGE", 60, minimum=0), conn_health_checks=True
+    )
 except Exception as exc:  # dj-database-url raises bare ValueError/KeyError on unknown schemes
     raise ImproperlyConfigured(f"DATABASE_URL={DATABASE_URL!r}: {exc}") from None
 if _database["ENGINE"] not in ("django.db.backends.sqlite3", "django.db.backends.postgresql"):

@@ -157,7 +157,11 @@ class PostgreSQL:
             preexec_fn=self._as_owner(),
             cwd=self.root,
         )
-        log = open(self.root / "postgres.log", "wb")
+        return self.serve()
+
+    def serve(self) -> str:
+        """Start the server on the cluster initdb made (again after ``halt``: the same data and port)."""
+        log = open(self.root / "postgres.log", "ab")
         self.proc = subprocess.Popen(
             [
                 str(self.bindir / "postgres"),
@@ -199,13 +203,22 @@ class PostgreSQL:
         say(f"PostgreSQL {self.bindir.parent.name} on 127.0.0.1:{self.port}")
         return f"postgres://postgres@127.0.0.1:{self.port}/postgres"
 
-    def stop(self) -> None:
+    def halt(self) -> None:
+        """Stop the server, keeping its data (``serve`` starts it again)."""
         if self.proc and self.proc.poll() is None:
             self.proc.send_signal(signal.SIGINT)  # fast shutdown
             try:
                 self.proc.wait(30)
             except subprocess.TimeoutExpired:
                 self.proc.kill()
+                self.proc.wait(10)
+
+    def restart(self) -> str:
+        self.halt()
+        return self.serve()
+
+    def stop(self) -> None:
+        self.halt()
         shutil.rmtree(self.root, ignore_errors=True)
 
 
@@ -244,6 +257,12 @@ class Redis:
                 self.proc.wait(10)
             except subprocess.TimeoutExpired:
                 self.proc.kill()
+                self.proc.wait(10)
+
+    def restart(self) -> str:
+        """Stop and start again on the same port (with nothing kept: it persists nothing)."""
+        self.stop()
+        return self.start()
 
 
 def main(argv: list[str]) -> int:
