@@ -29,7 +29,7 @@ import requests
 from gpustack_models.kinds import GROUP
 from gpustack_models.local.cluster import free_port
 from tests.support import REPO, wait_for
-from tests.support.worker import WorkerStack, database_url, own_broker
+from tests.support.worker import WorkerStack, own_broker
 from tests.test_plugins import Scenario, big_files
 
 # The test database (pytest-django names it only for tests that use it), for the roles started here.
@@ -191,12 +191,6 @@ def broker_messages(data_dir: Path) -> list[str]:
             continue  # being written
         bodies.append(message["headers"]["task"] + " " + base64.b64decode(message["body"]).decode())
     return bodies
-
-
-@pytest.fixture
-def db_url(django_db_setup, django_db_blocker):
-    with django_db_blocker.unblock():
-        return database_url()
 
 
 # --- the API ------------------------------------------------------------------------------------------
@@ -372,15 +366,6 @@ def test_the_informers_close_their_watches_and_lose_no_event_within_10s(launcher
 
 
 # --- Celery worker and beat ------------------------------------------------------------------------------
-
-
-@pytest.fixture
-def own_hub():
-    """A fake hub only this test's workers talk to: its request log is theirs alone."""
-    from tests.fakehub import FakeHub
-
-    with FakeHub() as fake:
-        yield fake
 
 
 def resolved_commit(kube, namespace: str, name: str) -> str | None:

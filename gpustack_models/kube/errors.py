@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import json
 
+import urllib3
+
 REASONS = {
     400: "BadRequest",
     401: "Unauthorized",
@@ -148,6 +150,11 @@ class ServiceUnavailable(StatusError):
 
 class Timeout(StatusError):
     code, reason = 504, "Timeout"
+
+
+# What kube-apiserver fails with while it restarts or sheds load (no connection, a connection cut, 429, 503,
+# 504): worth the same request again a moment later.
+UNREACHABLE = (urllib3.exceptions.HTTPError, ConnectionError, TooManyRequests, ServiceUnavailable, Timeout)
 
 
 _BY_CODE = {

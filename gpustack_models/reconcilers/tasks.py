@@ -19,6 +19,7 @@ from django.conf import settings
 from django.db import InterfaceError, OperationalError, close_old_connections
 from django.utils import timezone
 
+from gpustack_models import kube
 from gpustack_models.informers import lag, mirror, sending
 from gpustack_models.informers.reactions import once_per_key, react
 from gpustack_models.models import Artifact, InformerState, NodeStore, PluginPod, Prefetch
@@ -41,11 +42,12 @@ from gpustack_models.telemetry import roles
 log = logging.getLogger(__name__)
 
 # A task that carries a change (events to mirror, an object to reconcile, Events to record) is tried again
-# while the database is unreachable (a restart, a failover): with backoff from 1 s to 30 s, for about ten
-# minutes. Raised out, an acks_late task is acknowledged all the same and its change waited for the next
-# relist. Periodic tasks are not tried again: beat sends the next one.
-DATABASE_DOWN = {
-    "autoretry_for": (OperationalError, InterfaceError),
+# while the database or kube-apiserver is unreachable (a restart, a failover): with backoff from 1 s to 30 s,
+# for about ten minutes. Raised out, an acks_late task is acknowledged all the same, and its change was lost
+# (a relist at the same resourceVersion changes nothing, so nothing would enqueue it again). Periodic tasks
+# are not tried again: beat sends the next one.
+WHILE_UNREACHABLE = {
+    "autoretry_for": (OperationalError, InterfaceError, *kube.UNREACHABLE),
     "retry_backoff": 1,
     "retry_backoff_max": 30,
     "retry_jitter": True,
@@ -62,7 +64,7 @@ def ping(payload: str) -> dict:
 # --- The mirror ------------------------------------------------------------------------------------------
 
 
-@shared_task(name=sending.MIRROR_EVENT, acks_late=True, **DATABASE_DOWN)
+@shared_task(name=sending.MIRROR_EVENT, acks_late=True, **WHILE_UNREACHABLE)
 def mirror_event(resource: str, event_type: str, obj: dict, arrived: float | None = None) -> bool:
     """Apply one watch event (ADDED, MODIFIED, DELETED) to the mirror (``arrived``: when the informer
     got it, for the lag)."""
@@ -77,7 +79,7 @@ def mirror_event(resource: str, event_type: str, obj: dict, arrived: float | Non
     return change.applied
 
 
-@shared_task(name=sending.MIRROR_EVENTS, acks_late=True, **DATABASE_DOWN)
+@shared_task(name=sending.MIRROR_EVENTS, acks_late=True, **WHILE_UNREACHABLE)
 def mirror_events(resource: str, entries: list[list]) -> dict:
     """Apply a batch of watch events the informer coalesced (``[type, object, arrived, events]`` each,
     an object's in order) in one transaction; then enqueue what the changes concern, once per task and
@@ -94,7 +96,7 @@ def mirror_events(resource: str, entries: list[list]) -> dict:
     return {"applied": sum(c.applied for c in changes), "enqueued": enqueued}
 
 
-@shared_task(name=sending.MIRROR_BATCH, acks_late=True, **DATABASE_DOWN)
+@shared_task(name=sending.MIRROR_BATCH, acks_late=True, **WHILE_UNREACHABLE)
 def mirror_batch(resource: str, objects: list[dict]) -> int:
     """Apply the objects of a (re)list."""
     kind = mirror.KINDS[resource]
@@ -106,7 +108,7 @@ def mirror_batch(resource: str, objects: list[dict]) -> int:
     return sum(c.applied for c in changes)
 
 
-@shared_task(name=sending.MIRROR_PRUNE, acks_late=True, **DATABASE_DOWN)
+@shared_task(name=sending.MIRROR_PRUNE, acks_late=True, **WHILE_UNREACHABLE)
 def mirror_prune(resource: str, keys: list[dict], list_rv: int) -> int:
     """Remove what a relist at ``list_rv`` no longer returned."""
     kind = mirror.KINDS[resource]
@@ -117,7 +119,7 @@ def mirror_prune(resource: str, keys: list[dict], list_rv: int) -> int:
     return len(removed)
 
 
-@shared_task(name=sending.RECORD_INFORMER, **DATABASE_DOWN)
+@shared_task(name=sending.RECORD_INFORMER, **WHILE_UNREACHABLE)
 def record_informer(resource: str, resource_version: str, relisted: bool, expired: bool) -> None:
     state, _ = InformerState.objects.get_or_create(resource=resource)
     state.resource_version = resource_version
@@ -129,7 +131,7 @@ def record_informer(resource: str, resource_version: str, relisted: bool, expire
 # --- Reconcilers -----------------------------------------------------------------------------------------
 
 
-@shared_task(name=names.RESOLVE_ARTIFACT, acks_late=True, **DATABASE_DOWN)
+@shared_task(name=names.RESOLVE_ARTIFACT, acks_late=True, **WHILE_UNREACHABLE)
 def resolve_artifact(namespace: str, name: str, attempt: int = 0, force: bool = False) -> str:
     """Resolve an artifact's source to a commit and manifest digest and write its status (``force``: even
     when resolved for its generation, as the requested-at annotation asks).
@@ -151,12 +153,12 @@ def resolve_artifact(namespace: str, name: str, attempt: int = 0, force: bool = 
     return outcome.reason
 
 
-@shared_task(name=names.RECONCILE_NODE_STORE, acks_late=True, **DATABASE_DOWN)
+@shared_task(name=names.RECONCILE_NODE_STORE, acks_late=True, **WHILE_UNREACHABLE)
 def reconcile_node_store(node: str) -> str:
     return node_stores.reconcile_node_store(node)
 
 
-@shared_task(name=names.RETARGET_PREFETCH, acks_late=True, **DATABASE_DOWN)
+@shared_task(name=names.RETARGET_PREFETCH, acks_late=True, **WHILE_UNREACHABLE)
 def retarget_prefetch(namespace: str, name: str) -> int:
     """A prefetch's spec changed: its targets again, then the nodes it concerns and its status."""
     nodes = selection.retarget_prefetch(namespace, name)
@@ -182,7 +184,7 @@ def _roll_up_prefetch(namespace: str, name: str) -> None:
     _roll_up(namespace, row)
 
 
-@shared_task(name=names.RETARGET_NODE, acks_late=True, **DATABASE_DOWN)
+@shared_task(name=names.RETARGET_NODE, acks_late=True, **WHILE_UNREACHABLE)
 def retarget_node(node: str) -> int:
     """A node's labels, existence or plugin changed: which label-selecting prefetches target it."""
     changed = selection.retarget_node(node)
@@ -192,7 +194,7 @@ def retarget_node(node: str) -> int:
     return len(changed)
 
 
-@shared_task(name=names.RECONCILE_PREFETCH, acks_late=True, **DATABASE_DOWN)
+@shared_task(name=names.RECONCILE_PREFETCH, acks_late=True, **WHILE_UNREACHABLE)
 def reconcile_prefetch(namespace: str, name: str) -> bool:
     written = prefetches.reconcile_prefetch(namespace, name)
     if written:  # its nodes' states moved (held, lapsed, ...): so may its artifact's Ready
@@ -200,7 +202,7 @@ def reconcile_prefetch(namespace: str, name: str) -> bool:
     return written
 
 
-@shared_task(name=names.ROLLUP_DIGEST, acks_late=True, **DATABASE_DOWN)
+@shared_task(name=names.ROLLUP_DIGEST, acks_late=True, **WHILE_UNREACHABLE)
 def rollup_digest(digest: str) -> int:
     written = rollup.rollup(digest)
     for namespace, name in prefetches.prefetches_of_digest(digest):
@@ -208,7 +210,7 @@ def rollup_digest(digest: str) -> int:
     return written
 
 
-@shared_task(name=names.RECONCILE_PLACEMENT_LABELS, acks_late=True, **DATABASE_DOWN)
+@shared_task(name=names.RECONCILE_PLACEMENT_LABELS, acks_late=True, **WHILE_UNREACHABLE)
 def reconcile_placement_labels(node: str) -> str:
     return node_labels.reconcile_placement_labels(node)
 
@@ -231,7 +233,7 @@ def collect() -> int:
     return len(nodes)
 
 
-@shared_task(name="gpustack_models.release_mount_protection", acks_late=True, **DATABASE_DOWN)
+@shared_task(name="gpustack_models.release_mount_protection", acks_late=True, **WHILE_UNREACHABLE)
 def release_mount_protection(namespace: str, name: str) -> bool:
     """A mount of the artifact was released or ended: lift its protection finalizer if none remains."""
     _roll_up(namespace, name)
@@ -250,7 +252,7 @@ def check_mounts() -> int:
     return len(nodes)
 
 
-@shared_task(name=names.RECORD_EVENTS, **DATABASE_DOWN)
+@shared_task(name=names.RECORD_EVENTS, **WHILE_UNREACHABLE)
 def record_events(regarding: dict, recorded: list[list[str]]) -> int:
     """Record Kubernetes Events about one object: ``[type, reason, message, series key]`` each."""
     for type_, reason, message, series_key in recorded:

@@ -156,6 +156,23 @@ def hub():
         yield fake
 
 
+@pytest.fixture
+def own_hub():
+    """A fake hub only this test's workers talk to: its request log is theirs alone (the session's worker
+    resolves nothing it holds)."""
+    from tests.fakehub import FakeHub
+
+    with FakeHub() as fake:
+        yield fake
+
+
+@pytest.fixture
+def db_url(django_db_setup, django_db_blocker):
+    """The test database's URL, for the worker processes a test starts."""
+    with django_db_blocker.unblock():
+        return database_url()
+
+
 def own_broker(index: int) -> str:
     """Redis database ``index`` (1 or more) of the lane, emptied: a broker no other worker of the suite reads."""
     import redis

@@ -1,10 +1,10 @@
-"""PostgreSQL restarting under a running Celery worker (found by the chaos run): the worker's pool processes
-must neither drop the changes they were given while the database was away nor keep failing on the
-connections the restart closed.
+"""A Celery worker across outages of what it depends on (each found by the chaos run): a task carrying a
+change is tried again, not dropped, while PostgreSQL or kube-apiserver is away, and no pool process keeps
+failing on a connection the outage closed.
 
-A real worker (prefork, two processes) on a PostgreSQL of the test's own, which it stops and starts again on
-the same data and port, and on a Redis database of its own. Mirror batches (the informers' events) are sent
-before, during and after the outage; what must hold is read from that database.
+Real workers (prefork, two processes) on a Redis database of the module's own: one on a PostgreSQL of the
+test's own, which it stops and starts again on the same data and port; one whose kube-apiserver is reached
+through a relay the test opens only after the first try failed.
 """
 
 from __future__ import annotations
@@ -17,11 +17,13 @@ import uuid
 
 import psycopg
 import pytest
+import yaml
 
 from tests.services import PostgreSQL
 from tests.support import REPO, wait_for
-from tests.support.worker import own_broker
-from tests.test_shutdown import spawn, tail
+from tests.support.relay import relaying
+from tests.support.worker import WorkerStack, own_broker
+from tests.test_shutdown import create_artifact, resolved_commit, spawn, tail
 
 BROKER_INDEX = 2  # a lane's Redis database that this module empties and uses alone
 
@@ -94,6 +96,43 @@ def test_a_worker_loses_no_change_and_keeps_no_dead_connection_across_a_postgres
         failed = [line for line in later if "OperationalError" in line]
         assert not failed, failed  # every later task worked on its first try, in both pool processes
         assert sum("check_mounts" in line and "succeeded" in line for line in later) == len(after)
+    finally:
+        if worker.poll() is None:
+            os.killpg(worker.pid, signal.SIGKILL)
+
+
+@pytest.mark.django_db  # the test database, created (pytest-django creates it only when asked)
+def test_a_resolution_is_tried_again_while_kube_apiserver_is_unreachable(
+    launcher, cluster, worker_kube, namespace, own_hub, db_url, tmp_path, monkeypatch
+):
+    from celery import Celery
+
+    from gpustack_models.local.cluster import free_port
+
+    repo = f"org/outage-{uuid.uuid4().hex[:6]}"
+    commit = own_hub.add_hf_repo(repo, {"config.json": repo.encode()})
+    create_artifact(worker_kube, namespace, "art", repo)
+    port = free_port()  # nothing listens here until the relay opens: connections are refused
+    config = yaml.safe_load(launcher.service_kubeconfig.read_text())
+    config["clusters"][0]["cluster"]["server"] = f"https://127.0.0.1:{port}"
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(yaml.safe_dump(config))
+    broker = own_broker(BROKER_INDEX)
+    env = dict(WorkerStack(launcher, own_hub, db_url).env(), CELERY_BROKER_URL=broker, CELERY_RESULT_BACKEND=broker,
+               KUBECONFIG=str(kubeconfig))  # fmt: skip
+    argv = [sys.executable, "-m", "celery", "-A", "config", "worker", "--pool=prefork", "--concurrency=2",
+            "--without-gossip", "--without-mingle", "--loglevel=INFO"]  # fmt: skip
+    log = tmp_path / "celery.log"
+    worker = spawn(argv, env, log)
+    monkeypatch.setenv("CELERY_BROKER_URL", broker)
+    try:
+        with Celery("client", broker=broker, set_as_current=False) as client:
+            client.send_task("gpustack_models.resolve_artifact", args=[namespace, "art"])
+        wait_for(lambda: "Retry in" in log.read_text(), timeout=60, message=f"the task tried again; {tail(log)}")
+        apiserver = ("127.0.0.1", int(cluster.server.rsplit(":", 1)[1]))
+        with relaying(("127.0.0.1", port), lambda: [apiserver]):
+            wait_for(lambda: resolved_commit(worker_kube, namespace, "art") == commit, timeout=90,
+                     message=f"the artifact resolved once kube-apiserver answered; {tail(log)}")  # fmt: skip
     finally:
         if worker.poll() is None:
             os.killpg(worker.pid, signal.SIGKILL)
