@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: run test quick unit lint bench soak fuzz venv protos controlplane csi-sanity helm manifests clean
+.PHONY: run test quick unit lint bench soak chaos fuzz venv protos controlplane csi-sanity helm manifests clean
 
 venv: $(VENV)/.installed protos
 
@@ -73,6 +73,14 @@ bench: venv controlplane
 GPUSTACK_SOAK_DIR ?= $(CURDIR)/.local/soak
 soak: venv controlplane
 	GPUSTACK_SOAK=full GPUSTACK_SOAK_DIR=$(GPUSTACK_SOAK_DIR) $(PY) -m tests.services -- $(PY) -m pytest tests/soak -q -s $(PYTEST_ARGS)
+
+# The chaos run: every role of the product with its own PostgreSQL and Redis, 50 artifacts across 5 tenants
+# downloading, prefetched and mounted, while faults of every kind come one at a time in random order for 20
+# minutes (GPUSTACK_CHAOS_SECONDS; GPUSTACK_CHAOS_SEED replays a run); the invariants after every round, a table
+# of the rounds and chaos.json ($(GPUSTACK_CHAOS_DIR), default .local/chaos).
+GPUSTACK_CHAOS_DIR ?= $(CURDIR)/.local/chaos
+chaos: venv controlplane
+	GPUSTACK_CHAOS=full GPUSTACK_CHAOS_DIR=$(GPUSTACK_CHAOS_DIR) $(PY) -m tests.services -- $(PY) -m pytest tests/chaos -q -s $(PYTEST_ARGS)
 
 # Generated hostile input against every operation of the API, with a large budget of examples.
 GPUSTACK_FUZZ_EXAMPLES ?= 100
