@@ -150,7 +150,8 @@ class Injector:
         if not held:
             return Injected("peer-killed", "no model Ready anywhere yet: nothing to copy")
         source, model = self.rng.choice(held)
-        taker = self.rng.choice([p for p in plugins if p is not source and model.digest not in ready[p.node]]
+        small = self.stack.plugins[DISK_NODE]  # near its watermark it may rightly refuse a copy
+        taker = self.rng.choice([p for p in plugins if p not in (source, small) and model.digest not in ready[p.node]]
                                 or [None])  # fmt: skip
         if taker is None:
             return Injected("peer-killed", f"{model.name} is on every node: nothing to copy")
@@ -158,8 +159,13 @@ class Injector:
         self.workload.prefetch(model, [taker.node])
         partial = taker.cache / "partial" / model.digest.split(":", 1)[1]
         weights = len(model.files["model.safetensors"])
-        copied = wait_for(lambda: MiB <= (got := _bytes_under(partial)) < weights and got, timeout=60, interval=0.02,
-                          message=f"{taker.node} to be copying {model.name}'s weights")  # fmt: skip
+        try:
+            copied = wait_for(lambda: MiB <= (got := _bytes_under(partial)) < weights and got, timeout=60,
+                              interval=0.02, message="the copy")  # fmt: skip
+        except AssertionError:
+            hold.release()
+            return Injected("peer-killed", f"{taker.node} did not copy {model.name} from {source.node} within 60 s "
+                            "(the hub holding it)", problem=True)  # fmt: skip
         pid = source.pid
         source.kill()
 

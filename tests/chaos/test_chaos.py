@@ -75,22 +75,21 @@ def kinds(rng: random.Random):
 def step(workload: Workload, rng: random.Random, kind: str) -> list:
     """The work a round adds: a new model prefetched to two nodes (the hub's traffic while a hub fault
     lasts), a prefetch gone now and then, a Pod mounting a model now and then."""
-    nodes = [p.node for p in workload.stack.plugins]
     new = workload.add_model()
-    workload.prefetch(new, rng.sample(nodes, 2))
+    workload.prefetch(new, [p.node for p in workload.places(new, 2)])
     if kind not in HUB_KINDS and len(workload.prefetches) > len(workload.models) // 2 and rng.random() < 0.5:
         workload.unprefetch(rng.choice(sorted(workload.prefetches)))
     resolved = [m for m in workload.models if m.digest]
     if resolved and rng.random() < 0.4:
-        workload.mount(rng.choice(resolved), rng.choice(workload.stack.plugins))
+        mounted = rng.choice(resolved)
+        workload.mount(mounted, workload.places(mounted, 1)[0])
     return [new]
 
 
-def settle(stack: ChaosStack, workload: Workload, admin) -> tuple[list[str], float, float]:
-    """The invariants after a round: (problems, seconds until those that follow the cluster held, slowest
-    progress answer). A wrong tree or a lost mount is a problem at once; the mirror and the stores' status
-    get ``CONVERGE`` seconds to catch up."""
-    started = time.monotonic()
+def settle(stack: ChaosStack, workload: Workload, admin, since: float) -> tuple[list[str], float, float]:
+    """The invariants after a round: (problems, seconds from ``since`` (the fault mended) until those that
+    follow the cluster held, slowest progress answer). A wrong tree or a lost mount is a problem at once; the
+    mirror and the stores' status get ``CONVERGE`` seconds to catch up."""
     kube = stack.launcher.admin
 
     def following():
@@ -105,7 +104,7 @@ def settle(stack: ChaosStack, workload: Workload, admin) -> tuple[list[str], flo
         problems = check.status_matches_disk(kube, stack.plugins) + check.mirror_matches_relist(
             kube, stack.database_url
         )
-    seconds = time.monotonic() - started
+    seconds = time.monotonic() - since
     problems += check.trees(stack.plugins, workload.by_digest())
     problems += check.mounts_hold(kube, workload.mounts)
     late, slowest = check.progress_answers(admin, stack.cluster.server, workload.models)
@@ -123,16 +122,17 @@ def play(stack: ChaosStack, workload: Workload, injector: Injector, admin, kind:
         workload.try_mounts()
         time.sleep(0.5)  # the kubelet's pace between tries, not a wait for anything
     injected.mend()
+    mended = time.monotonic()
     round_.detail = injected.outcome()
     stack.wait_healthy()
     workload.resolve(new)
-    round_.problems, round_.seconds_to_hold, round_.slowest_progress = settle(stack, workload, admin)
+    round_.problems, round_.seconds_to_hold, round_.slowest_progress = settle(stack, workload, admin, mended)
     if injected.problem:
         round_.problems.insert(0, injected.detail)
     return round_
 
 
-HEADER = f"{'#':>3} {'fault':<15} {'held again':>10} {'progress':>9}  detail"
+HEADER = f"{'#':>3} {'fault':<15} {'recovered':>10} {'progress':>9}  detail"
 
 
 def row(number: int, r: Round) -> str:
@@ -142,7 +142,7 @@ def row(number: int, r: Round) -> str:
 
 def report(rounds: list[Round], wanted: int, final: list[str], ended: float) -> str:
     lines = [HEADER] + [row(i, r) for i, r in enumerate(rounds, 1)] + [""]
-    lines.append(f"{'fault':<15} {'rounds':>6} {'clean':>6} {'worst held again':>17}")
+    lines.append(f"{'fault':<15} {'rounds':>6} {'clean':>6} {'worst recovery':>17}")
     for kind in KINDS:
         mine = [r for r in rounds if r.kind == kind]
         if mine:
@@ -163,11 +163,10 @@ def test_chaos(chaos, core, admin_http):
     try:
         models = [workload.add_model(ns) for ns in workload.tenants for _ in range(PER_TENANT)]
         workload.resolve(models)
-        nodes = [p.node for p in chaos.plugins]
         for model in models:
-            workload.prefetch(model, rng.sample(nodes, 2))
+            workload.prefetch(model, [p.node for p in workload.places(model, 2)])
         for model in models[:: max(1, len(models) // 5)]:
-            workload.mount(model, rng.choice(chaos.plugins))
+            workload.mount(model, workload.places(model, 1)[0])
         injector, rounds, started = Injector(chaos, workload, rng), [], time.monotonic()
         print(HEADER, flush=True)
         for kind in kinds(rng) if FULL else SMOKE:

@@ -20,6 +20,7 @@ from kubernetes.client.exceptions import ApiException
 from gpustack_models import kube
 from gpustack_models.kinds import GROUP
 from gpustack_models.plugin.csi.generated import csi_pb2, csi_pb2_grpc
+from tests.chaos.chaos_stack import DISK_BYTES, DISK_NODE
 from tests.chaos.invariants import store_models
 from tests.support.pods import model_pod, model_volume, volume_handle
 from tests.support.waiting import wait_for
@@ -39,6 +40,10 @@ class Model:
     @property
     def sums(self) -> dict[str, str]:
         return {path: hashlib.sha256(data).hexdigest() for path, data in self.files.items()}
+
+    @property
+    def size(self) -> int:
+        return sum(len(data) for data in self.files.values())
 
     @property
     def weights(self) -> str:
@@ -144,6 +149,15 @@ class Workload:
         mount = Mount(model, plugin, pod, uid, target)
         self.mounts.append(mount)
         return mount
+
+    def places(self, model: Model, count: int) -> list:
+        """``count`` plugins for ``model``, at random; the one on the small volume only while what it is asked to
+        hold stays under 40 % of its size (its high watermark is for the disk-full fault to reach, not the
+        workload: a node asked for more than it holds leaves copies wanted and never Ready, rightly)."""
+        small = self.stack.plugins[DISK_NODE]
+        asked = sum(m.size for m in self.models if (small.node, m.digest) in self.wanted())
+        room = asked + model.size < 0.4 * DISK_BYTES
+        return self.rng.sample([p for p in self.stack.plugins if room or p is not small], count)
 
     # --- what should hold ------------------------------------------------------------------------------------
     def wanted(self) -> set[tuple[str, str]]:
