@@ -89,24 +89,28 @@ class Injector:
         etcd = f"http://127.0.0.1:{self.stack.cluster.ports.etcd_client}"
         head = requests.post(f"{etcd}/v3/kv/range", json={"key": "AA=="}, timeout=10).json()["header"]
         revision = int(head["revision"])
-        before = self._expired()
+        before = self._relists()
         requests.post(f"{etcd}/v3/kv/compaction", json={"revision": revision, "physical": True}, timeout=30)
         self.stack.cluster.restart_apiserver()
-        try:  # what the fault is for: the informers told their resourceVersion is gone, and listing again
-            wait_for(lambda: self._expired() > before, timeout=60, message="an informer to relist after a 410")
+        # What the fault is for: the informers list again, told 410 Expired where they resume a watch (or, when
+        # the restart outlasted their leader's renew deadline, as the next leader lists afresh).
+        try:
+            wait_for(lambda: self._relists()[0] > before[0], timeout=60, message="the informers to list again")
         except AssertionError:
-            return Injected("compaction", f"etcd compacted at {revision}: NO 410 RELIST SEEN", problem=True)
+            return Injected("compaction", f"etcd compacted at {revision}: NO RELIST SEEN", problem=True)
+        relists, expired = (now - then for now, then in zip(self._relists(), before, strict=True))
         return Injected("compaction", f"etcd compacted at revision {revision}, kube-apiserver restarted: "
-                        f"{self._expired() - before} informer relists after 410 Expired")  # fmt: skip
+                        f"{relists} informer relists, {expired} after 410 Expired")  # fmt: skip
 
-    def _expired(self) -> int:
-        """Relists the informers made after 410 Expired, as the mirror records them."""
-        query = "SELECT coalesce(sum(expired), 0) FROM gpustack_models_informerstate"
+    def _relists(self) -> tuple[int, int]:
+        """The informers' relists, and those after 410 Expired, as the mirror records them."""
+        query = "SELECT coalesce(sum(relists), 0), coalesce(sum(expired), 0) FROM gpustack_models_informerstate"
         try:
             with psycopg.connect(self.stack.database_url, connect_timeout=5) as conn:
-                return int(conn.execute(query).fetchone()[0])
+                relists, expired = conn.execute(query).fetchone()
+                return int(relists), int(expired)
         except psycopg.OperationalError:
-            return -1
+            return -1, -1
 
     def inject_redis(self) -> Injected:
         self.stack.redis.stop()
@@ -151,8 +155,10 @@ class Injector:
             return Injected("peer-killed", "no model Ready anywhere yet: nothing to copy")
         source, model = self.rng.choice(held)
         small = self.stack.plugins[DISK_NODE]  # near its watermark it may rightly refuse a copy
-        taker = self.rng.choice([p for p in plugins if p not in (source, small) and model.digest not in ready[p.node]]
-                                or [None])  # fmt: skip
+        wanted = self.workload.wanted()
+        untouched = [p for p in plugins if p not in (source, small) and (p.node, model.digest) not in wanted
+                     and model.digest not in {m["digest"] for m in self.workload.store_models(p.node)}]  # fmt: skip
+        taker = self.rng.choice(untouched or [None])  # one that neither holds it nor is fetching it already
         if taker is None:
             return Injected("peer-killed", f"{model.name} is on every node: nothing to copy")
         hold = self.hub.faults.pause(model.weights)
