@@ -250,6 +250,7 @@ def test_periodic_passes(plans):
         mount_checks.leftover_protections()
         retries.take_due(100)
         retries.unscheduled(100)
+        retries.never_resolved(100)
         events.purge()
 
     plans(run)

@@ -377,6 +377,26 @@ def test_it_schedules_failed_artifacts_no_row_schedules_yet():
     assert [n for s, n in retries.unscheduled(10_000) if s == ns] == ["norev"]
 
 
+@pytest.mark.django_db
+def test_it_resolves_again_an_artifact_whose_resolution_was_never_done():
+    """Found by the chaos run: Redis restarted empty while the mirror enqueued an artifact's resolution; the
+    artifact stayed without a Resolved condition, and nothing but the periodic pass looks for such."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from gpustack_models.models import Artifact
+    from gpustack_models.reconcilers import retries
+
+    ns = f"n-{uuid.uuid4().hex[:6]}"
+    for name, status, reason in (("lost", "", ""), ("new", "", ""), ("done", "True", ""), ("failed", "False", "X")):
+        Artifact.objects.create(namespace=ns, name=name, resource_version=1, source="huggingFace",
+                                resolved_status=status, resolved_reason=reason)  # fmt: skip
+    long_ago = timezone.now() - timedelta(minutes=5)
+    Artifact.objects.filter(namespace=ns).exclude(name="new").update(updated_at=long_ago)  # update() keeps it
+    assert [n for s, n in retries.never_resolved(10_000) if s == ns] == ["lost"]
+
+
 def test_it_resolves_again_once_per_requested_at_value(artifacts, hub, admin_http, cluster, mirror_db):
     from gpustack_models.models import Artifact, ResolveState
 

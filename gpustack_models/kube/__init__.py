@@ -13,6 +13,7 @@ Nothing here imports the API, the reconcilers or the plugin.
 
 from gpustack_models.kube.client import Kube, KubeResponse, default, load_configuration, reset
 from gpustack_models.kube.errors import (
+    STARTING,
     UNREACHABLE,
     AlreadyExists,
     BadRequest,
@@ -32,6 +33,7 @@ from gpustack_models.kube.errors import (
 )
 
 __all__ = [
+    "STARTING",
     "UNREACHABLE",
     "AlreadyExists",
     "BadRequest",

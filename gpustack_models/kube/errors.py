@@ -155,6 +155,9 @@ class Timeout(StatusError):
 # What kube-apiserver fails with while it restarts or sheds load (no connection, a connection cut, 429, 503,
 # 504): worth the same request again a moment later.
 UNREACHABLE = (urllib3.exceptions.HTTPError, ConnectionError, TooManyRequests, ServiceUnavailable, Timeout)
+# ... and, for a moment after it starts, 401 and 403 before its authentication and RBAC caches are filled:
+# what a controller tries again (a bounded number of times: a real refusal stays one).
+STARTING = (*UNREACHABLE, Unauthorized, Forbidden)
 
 
 _BY_CODE = {

@@ -126,6 +126,20 @@ def unscheduled(limit: int) -> list[tuple[str, str]]:
     return list(rows)
 
 
+def never_resolved(limit: int, older_than_seconds: float = 120.0) -> list[tuple[str, str]]:
+    """Mirrored artifacts that have no Resolved condition a while after they last changed: the resolution the
+    mirror enqueued was lost (the broker restarted without its queue, or was down when the mirror sent it).
+    Tried once more; an attempt that fails leaves a condition and its own schedule."""
+    cutoff = timezone.now() - timedelta(seconds=older_than_seconds)
+    rows = (
+        Artifact.objects.live()
+        .filter(resolved_status="", updated_at__lt=cutoff)
+        .exclude(source="")
+        .values_list("namespace", "name")[:limit]
+    )
+    return list(rows)
+
+
 def secret_version(namespace: str, name: str) -> str | None:
     """The Secret's uid and resourceVersion ("" when it does not exist; None when it cannot be read)."""
     try:

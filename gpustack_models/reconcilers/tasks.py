@@ -42,12 +42,13 @@ from gpustack_models.telemetry import roles
 log = logging.getLogger(__name__)
 
 # A task that carries a change (events to mirror, an object to reconcile, Events to record) is tried again
-# while the database or kube-apiserver is unreachable (a restart, a failover): with backoff from 1 s to 30 s,
+# while the database or kube-apiserver is unreachable or just restarted (a restart, a failover; kube-apiserver
+# refuses with 401/403 until its caches are filled): with backoff from 1 s to 30 s,
 # for about ten minutes. Raised out, an acks_late task is acknowledged all the same, and its change was lost
 # (a relist at the same resourceVersion changes nothing, so nothing would enqueue it again). Periodic tasks
 # are not tried again: beat sends the next one.
 WHILE_UNREACHABLE = {
-    "autoretry_for": (OperationalError, InterfaceError, *kube.UNREACHABLE),
+    "autoretry_for": (OperationalError, InterfaceError, *kube.STARTING),
     "retry_backoff": 1,
     "retry_backoff_max": 30,
     "retry_jitter": True,
@@ -264,8 +265,8 @@ def record_events(regarding: dict, recorded: list[list[str]]) -> int:
 def retry_failed_resolutions(limit: int = 500) -> int:
     """Every 30 s: artifacts whose resolution failed for a reason a person must fix, and whose backoff
     passed, are tried again (a token may have been granted access, a tag created); so are failed ones no
-    row schedules yet."""
-    due = retries.take_due(limit) + retries.unscheduled(limit)
+    row schedules yet, and those whose resolution was never done (its task lost with the broker's queue)."""
+    due = retries.take_due(limit) + retries.unscheduled(limit) + retries.never_resolved(limit)
     for ns, name in due:
         resolve_artifact.delay(ns, name)
     return len(due)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import random
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -161,17 +162,19 @@ class Injector:
         taker = self.rng.choice(untouched or [None])  # one that neither holds it nor is fetching it already
         if taker is None:
             return Injected("peer-killed", f"{model.name} is on every node: nothing to copy")
-        hold = self.hub.faults.pause(model.weights)
+        # Every body of the model the hub sends (its weights at the CDN, any file through the repository) held:
+        # the copy can only come from a peer.
+        hold = self.hub.faults.pause(re.compile(f"{re.escape(model.weights)}|{re.escape(model.repo)}/"))
         self.workload.prefetch(model, [taker.node])
-        partial = taker.cache / "partial" / model.digest.split(":", 1)[1]
-        weights = len(model.files["model.safetensors"])
-        try:
-            copied = wait_for(lambda: MiB <= (got := _bytes_under(partial)) < weights and got, timeout=60,
-                              interval=0.02, message="the copy")  # fmt: skip
-        except AssertionError:
+        copied = self._copying(taker, model)
+        if copied is None:
             hold.release()
             return Injected("peer-killed", f"{taker.node} did not copy {model.name} from {source.node} within 60 s "
                             "(the hub holding it)", problem=True)  # fmt: skip
+        if copied == "done":
+            hold.release()
+            return Injected("peer-killed", f"{taker.node} copied {model.name} whole before it could be cut: no kill")
+        weights = len(model.files["model.safetensors"])
         pid = source.pid
         source.kill()
 
@@ -182,6 +185,21 @@ class Injector:
         detail = (f"kill -9 plugin {source.node} (pid {pid}) with {taker.node} {copied // 1024} KiB into "
                   f"{model.name}'s {weights // MiB} MiB")  # fmt: skip
         return Injected("peer-killed", detail, mend)
+
+    def _copying(self, taker, model) -> int | str | None:
+        """Bytes of ``model`` the taker has once past 1 MiB and short of all; "done" if it finished first."""
+        partial = taker.cache / "partial" / model.digest.split(":", 1)[1]
+        weights = len(model.files["model.safetensors"])
+
+        def seen():
+            if MiB <= (got := _bytes_under(partial)) < weights:
+                return got
+            return "done" if model.digest in self._ready(taker) else None
+
+        try:
+            return wait_for(seen, timeout=60, interval=0.05, message="the copy")
+        except AssertionError:
+            return None
 
     def _ready(self, plugin) -> set[str]:
         models = self.workload.store_models(plugin.node)

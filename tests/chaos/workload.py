@@ -36,6 +36,7 @@ class Model:
     name: str
     files: dict[str, bytes]
     digest: str = ""
+    repo: str = ""
 
     @property
     def sums(self) -> dict[str, str]:
@@ -104,7 +105,7 @@ class Workload:
         ns = ns or self.tenants[self.counter % len(self.tenants)]
         name = f"m{self.counter:03d}"
         repo = f"org/chaos-{self.run}-{name}"
-        model = Model(ns, name, model_files(repo, self.rng.randint(*self.sizes)))
+        model = Model(ns, name, model_files(repo, self.rng.randint(*self.sizes)), repo=repo)
         self.stack.hub.add_hf_repo(repo, model.files)
         body = {"apiVersion": f"{GROUP}/v1alpha1", "kind": "ModelArtifact", "metadata": {"name": name},
                 "spec": {"source": {"huggingFace": {"repository": repo}}}}  # fmt: skip
@@ -112,7 +113,7 @@ class Workload:
         self.models.append(model)
         return model
 
-    def resolve(self, models: list[Model], timeout: float = 120) -> None:
+    def resolve(self, models: list[Model], timeout: float = 240) -> None:
         for model in models:
             path = f"{STORAGE}/namespaces/{model.ns}/modelartifacts/{model.name}"
 
