@@ -225,7 +225,9 @@ class Injector:
 
 
 def _bytes_under(path) -> int:
+    """Bytes written under ``path``: the blocks its files hold (a download's file is made at its full size
+    before its ranges arrive, so its length says nothing)."""
     try:
-        return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+        return sum(min(st.st_size, st.st_blocks * 512) for p in path.rglob("*") if p.is_file() and (st := p.stat()))
     except FileNotFoundError:
         return 0
