@@ -647,7 +647,10 @@ def test_it_holds_the_nodes_bytes_per_second(scenario, hub, core, launcher):
     core.patch_node(plugin.node, {"metadata": {"annotations": {f"{GROUP}/download-bytes-per-second": str(rate)}}})
 
     def followed():  # the spec carries the limit, and the plugin reports the generation that carries it
-        store = scenario.kube.get(f"{STORAGE}/nodemodelstores/{plugin.node}")
+        try:
+            store = scenario.kube.get(f"{STORAGE}/nodemodelstores/{plugin.node}")
+        except kube.NotFound:  # the worker creates the new node's store a moment after the plugin starts
+            return False
         observed = (store.get("status") or {}).get("observedGeneration")
         return store["spec"]["download"]["bytesPerSecond"] == rate and observed == store["metadata"]["generation"]
 

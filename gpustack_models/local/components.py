@@ -37,6 +37,9 @@ CONTROLLERS = (
     "endpoints-controller",
     "endpointslice-controller",
     "disruption-controller",
+    # Type-checks the admission policies and reports it in their status (observedGeneration, warnings): the
+    # launcher waits for that before it calls the policies installed.
+    "validatingadmissionpolicy-status-controller",
 )
 
 

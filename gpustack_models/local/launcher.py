@@ -92,20 +92,25 @@ class Launcher:
 
     def install_policies(self) -> None:
         self.apply(install.policy_objects())
-        # A policy is enforced once kube-apiserver has compiled it; its status says when.
+        # kube-controller-manager type-checks each policy and says so in its status (observedGeneration, with
+        # any warnings); a policy with no such status after 30 s is an error, not a wait that passes unseen.
         deadline = time.monotonic() + 30
         for policy in install.policy_objects():
             if policy["kind"] != "ValidatingAdmissionPolicy":
                 continue
-            while time.monotonic() < deadline:
-                current = self.admin.get(
-                    f"/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicies/{policy['metadata']['name']}"
-                )
+            name = policy["metadata"]["name"]
+            while True:
+                current = self.admin.get(f"/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicies/{name}")
                 if (current.get("status") or {}).get("observedGeneration") == current["metadata"]["generation"]:
                     problems = (current["status"].get("typeChecking") or {}).get("expressionWarnings")
                     if problems:
-                        raise RuntimeError(f"admission policy {policy['metadata']['name']}: {problems}")
+                        raise RuntimeError(f"admission policy {name}: {problems}")
                     break
+                if time.monotonic() > deadline:
+                    raise RuntimeError(
+                        f"admission policy {name} not type-checked within 30 s (kube-controller-manager's "
+                        "validatingadmissionpolicy-status-controller reports it)"
+                    )
                 time.sleep(0.2)
 
     def forget_leases(self) -> None:

@@ -243,6 +243,9 @@ class ChaosStack:
         return volume
 
     def stop(self) -> None:
+        running = [proc for p in self.plugins for proc in (p.proc, p.mounter)] + [r.proc for r in self.roles.values()]
+        for proc in (p for p in running if p is not None and p.poll() is None):
+            proc.terminate()  # all at once: each stops within seconds, together rather than in turn
         for plugin in self.plugins:
             plugin.stop() if plugin.alive() else None
         for role in self.roles.values():
