@@ -157,6 +157,7 @@ class Series:
     rss_mb: list[float] = field(default_factory=list)
     fds: list[int] = field(default_factory=list)
     threads: list[int] = field(default_factory=list)
+    processes: list[dict] = field(default_factory=list)  # each sample's resident MB per process id
 
     def slope(self, warm_up: float = 0.2) -> tuple[float, float]:
         """The slope of a line fitted to resident memory, MB per minute, and its standard error; the first
@@ -191,9 +192,11 @@ class Sampler:
                 tree = [root, *root.children(recursive=True)]
             except psutil.NoSuchProcess:  # the role is gone: no sample (the load's checks say why)
                 continue
+            each = {}
             for proc in tree:
                 try:
                     with proc.oneshot():
+                        each[proc.pid] = proc.memory_info().rss / 1e6
                         rss, fds, threads = (
                             rss + proc.memory_info().rss,
                             fds + proc.num_fds(),
@@ -206,6 +209,7 @@ class Sampler:
             series.rss_mb.append(rss / 1e6)
             series.fds.append(fds)
             series.threads.append(threads)
+            series.processes.append({str(pid): round(mb, 1) for pid, mb in each.items()})
 
     def _run(self) -> None:
         started = time.monotonic()

@@ -10,9 +10,11 @@ two standard errors and adds more than 1 MB or 1 % over the run); and a PNG of a
 2xx, every watch read events and every role was sampled; the figures are ``make soak``'s to read.
 """
 
+import json
 import os
 import threading
 import uuid
+from dataclasses import asdict
 from pathlib import Path
 
 import pytest
@@ -26,8 +28,9 @@ from tests.soak.report import plot, table
 from tests.support.cluster import fresh_namespace
 
 FULL = os.environ.get("GPUSTACK_SOAK") == "full"
+SECONDS = int(os.environ.get("GPUSTACK_SOAK_SECONDS", "600"))  # make soak's length
 # seconds, watches, progress/s, writes/s, informer events/s, gets/s, lists/s, sample interval (s)
-SHAPE = (600, 300, 50, 20, 1000, 10, 1, 10.0) if FULL else (12, 20, 5, 2, 50, 2, 0.5, 2.0)
+SHAPE = (SECONDS, 300, 50, 20, 1000, 10, 1, 10.0) if FULL else (12, 20, 5, 2, 50, 2, 0.5, 2.0)
 
 
 @pytest.fixture
@@ -104,7 +107,8 @@ def test_soak(worker_stack, worker_api, worker_kube, admin_http, cluster, namesp
     out = Path(os.environ.get("GPUSTACK_SOAK_DIR") or worker_stack.env()["GPUSTACK_DATA_DIR"]) / "soak.png"
     print(table(calls, held, events, sampler.series, seconds))
     plot(sampler.series, out)
-    print(f"plot: {out}")
+    out.with_suffix(".json").write_text(json.dumps({name: asdict(s) for name, s in sampler.series.items()}))
+    print(f"plot: {out}, samples: {out.with_suffix('.json')}")
     for verb, got in calls.items():  # every answer a success (a call left unanswered is in the table)
         assert got.latencies and not [status for status in got.errors if status], (verb, dict(got.errors))
     assert min(held.events) > 0 and held.failures == 0, (min(held.events), held.failures)
