@@ -27,13 +27,10 @@ from gpustack_models.plugin.csi.generated import (
     pluginregistration_pb2_grpc,
 )
 from tests.support import REPO, TEST_STATE, wait_for
+from tests.support.csi_calls import POD_UID, POD_UID_KEY, Mode, pod_context, publish_request
 from tests.support.pods import model_pod, model_volume, volume_handle
 from tests.support.stores import epoch
 from tests.test_plugins import STORAGE, Scenario, big_files
-
-Mode = csi_pb2.VolumeCapability.AccessMode
-POD_UID = "0b3f6f0e-7a51-4e6f-9d1e-6a1c5e0f0c11"
-POD_UID_KEY = "csi.storage.k8s.io/pod.uid"
 
 
 class Kubelet:
@@ -46,15 +43,7 @@ class Kubelet:
         self.identity = csi_pb2_grpc.IdentityStub(self.channel)
 
     def publish(self, volume_id, target, context, *, readonly=True, mode=Mode.SINGLE_NODE_WRITER, block=False):
-        cap = csi_pb2.VolumeCapability(access_mode=Mode(mode=mode))
-        if block:
-            cap.block.SetInParent()
-        else:
-            cap.mount.SetInParent()
-        request = csi_pb2.NodePublishVolumeRequest(
-            volume_id=volume_id, target_path=str(target), volume_capability=cap, readonly=readonly,
-            volume_context=context,
-        )  # fmt: skip
+        request = publish_request(volume_id, target, context, readonly=readonly, mode=mode, block=block)
         return self.node.NodePublishVolume(request, timeout=60)
 
     def unpublish(self, volume_id, target):
@@ -65,20 +54,6 @@ class Kubelet:
         with pytest.raises(grpc.RpcError) as info:
             call(*args, **kwargs)
         return info.value
-
-
-def pod_context(namespace, name="consumer", uid=POD_UID, artifact="art", **extra):
-    out = {
-        "csi.storage.k8s.io/ephemeral": "true",
-        "csi.storage.k8s.io/pod.namespace": namespace,
-        "csi.storage.k8s.io/pod.name": name,
-        POD_UID_KEY: uid,
-        "csi.storage.k8s.io/serviceAccount.name": "default",
-    }
-    if artifact is not None:
-        out["artifact"] = artifact
-    out.update(extra)
-    return out
 
 
 def is_mount_point(path) -> bool:

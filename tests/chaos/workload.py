@@ -19,15 +19,15 @@ from kubernetes.client.exceptions import ApiException
 
 from gpustack_models import kube
 from gpustack_models.kinds import GROUP
-from gpustack_models.plugin.csi.generated import csi_pb2, csi_pb2_grpc
+from gpustack_models.plugin.csi.generated import csi_pb2_grpc
 from tests.chaos.chaos_stack import DISK_BYTES, DISK_NODE
 from tests.chaos.invariants import store_models
+from tests.support.csi_calls import pod_context, publish_request
 from tests.support.pods import model_pod, model_volume, volume_handle
 from tests.support.waiting import wait_for
 
 STORAGE = f"/apis/{GROUP}/v1alpha1"
 MiB = 1024 * 1024
-Mode = csi_pb2.VolumeCapability.AccessMode
 
 
 @dataclass
@@ -182,20 +182,8 @@ class Workload:
         return sum(m.done for m in self.mounts)
 
     def _publish(self, mount: Mount) -> bool:
-        context = {
-            "csi.storage.k8s.io/ephemeral": "true",
-            "csi.storage.k8s.io/pod.namespace": mount.model.ns,
-            "csi.storage.k8s.io/pod.name": mount.pod,
-            "csi.storage.k8s.io/pod.uid": mount.uid,
-            "csi.storage.k8s.io/serviceAccount.name": "default",
-            "artifact": mount.model.name,
-        }
-        cap = csi_pb2.VolumeCapability(access_mode=Mode(mode=Mode.SINGLE_NODE_WRITER))
-        cap.mount.SetInParent()
-        request = csi_pb2.NodePublishVolumeRequest(
-            volume_id=mount.volume_id, target_path=str(mount.target), volume_capability=cap, readonly=True,
-            volume_context=context,
-        )  # fmt: skip
+        context = pod_context(mount.model.ns, mount.pod, mount.uid, mount.model.name)
+        request = publish_request(mount.volume_id, mount.target, context)
         with grpc.insecure_channel(f"unix:{mount.plugin.csi_socket}") as channel:
             try:
                 csi_pb2_grpc.NodeStub(channel).NodePublishVolume(request, timeout=15)
