@@ -13,6 +13,7 @@ pytest_plugins = [
     "tests.support.cluster",
     "tests.support.worker",
     "tests.support.plugins",
+    "tests.support.plugin_scenario",
     "tests.support.stores",
     "tests.support.mounts",
     "tests.support.kubelet",

@@ -30,7 +30,7 @@ from tests.support import REPO, TEST_STATE, wait_for
 from tests.support.csi_calls import POD_UID, POD_UID_KEY, Mode, pod_context, publish_request
 from tests.support.pods import model_pod, model_volume, volume_handle
 from tests.support.stores import epoch
-from tests.test_plugins import STORAGE, Scenario, big_files
+from tests.test_plugins import STORAGE, big_files
 
 
 class Kubelet:
@@ -82,12 +82,6 @@ def target_in(pods: Path, pod_uid=POD_UID, volume="model") -> Path:
     parent = pods / pod_uid / "volumes" / "kubernetes.io~csi" / volume
     parent.mkdir(parents=True, exist_ok=True)
     return parent / "mount"
-
-
-@pytest.fixture
-def scenario(worker_stack, worker_api, hub, worker_kube, admin_http, cluster, namespace, start_plugin):
-    yield Scenario(hub, worker_kube, admin_http, cluster, namespace, start_plugin)
-    hub.faults.clear()
 
 
 def make_pod(core, namespace, node, name="consumer", volumes=None):

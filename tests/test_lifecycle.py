@@ -23,7 +23,7 @@ from tests.support.stores import (
     tenants_of,
 )
 from tests.support.worker import COLLECTION_GRACE, MODELS_PER_NODE
-from tests.test_plugins import Scenario, big_files
+from tests.test_plugins import big_files
 
 STORAGE = f"/apis/{GROUP}/v1alpha1"
 PINNING_ALLOWED = f"{GROUP}/pinning-allowed"
@@ -39,9 +39,8 @@ def allow_pinning(core, namespace):
 
 
 @pytest.fixture
-def life(worker_stack, worker_api, hub, worker_kube, admin_http, cluster, namespace, start_plugin):
-    yield Scenario(hub, worker_kube, admin_http, cluster, namespace, start_plugin)
-    hub.faults.clear()
+def life(scenario):
+    return scenario
 
 
 def spec_item(kube, node, digest):

@@ -33,16 +33,10 @@ from tests.support import PEER_PORT, wait_for
 from tests.support.kubernetes import wait_default_service_account
 from tests.support.plugins import client_cert, service_client_cert
 from tests.support.uploads import limit_uploads
-from tests.test_plugins import Scenario, big_files, launcher_token, service_kubeconfig_token
+from tests.test_plugins import big_files, launcher_token, service_kubeconfig_token
 
 PEER_AUDIENCE = "gpustack-models-peer"  # the audience plugins' peer tokens had: no plugin takes one now
 WEIGHTS = "model.safetensors"
-
-
-@pytest.fixture
-def scenario(worker_stack, worker_api, hub, worker_kube, admin_http, cluster, namespace, start_plugin):
-    yield Scenario(hub, worker_kube, admin_http, cluster, namespace, start_plugin)
-    hub.faults.clear()
 
 
 def peer_cert(plugin) -> tuple[str, str]:

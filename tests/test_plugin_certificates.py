@@ -23,16 +23,10 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from tests.support import PEER_PORT, PLUGIN_PORT, REPO, TEST_STATE, wait_for
 from tests.support.plugins import PluginProcess
 from tests.support.worker import WorkerAPI, database_url
-from tests.test_plugins import Scenario, big_files
+from tests.test_plugins import big_files
 
 PATH = "/internal/v1/plugin-certificates"
 FROM_API = {"GPUSTACK_PLUGIN_CERT_FROM_API": "true"}  # as the launcher starts every plugin, as in the chart
-
-
-@pytest.fixture
-def scenario(worker_stack, worker_api, hub, worker_kube, admin_http, cluster, namespace, start_plugin):
-    yield Scenario(hub, worker_kube, admin_http, cluster, namespace, start_plugin)
-    hub.faults.clear()
 
 
 class ExtraAPI(WorkerAPI):

@@ -134,12 +134,6 @@ def condition_of(kube, namespace, name, type_):
     return None
 
 
-@pytest.fixture
-def scenario(worker_stack, worker_api, hub, worker_kube, admin_http, cluster, namespace, start_plugin):
-    yield Scenario(hub, worker_kube, admin_http, cluster, namespace, start_plugin)
-    hub.faults.clear()
-
-
 def test_it_downloads_to_three_nodes_with_live_progress(scenario, hub, kubectl, core, worker_kube):
     from kubernetes import client as k8s
 

@@ -30,7 +30,7 @@ from gpustack_models.kinds import GROUP
 from gpustack_models.local.cluster import free_port
 from tests.support import REPO, wait_for
 from tests.support.worker import WorkerStack, own_broker
-from tests.test_plugins import Scenario, big_files
+from tests.test_plugins import big_files
 
 # The test database (pytest-django names it only for tests that use it), for the roles started here.
 pytestmark = pytest.mark.django_db
@@ -455,12 +455,6 @@ def test_celery_beat_stops_within_10s(launcher, tmp_path, db_url):
 
 
 # --- the node plugin ---------------------------------------------------------------------------------------
-
-
-@pytest.fixture
-def scenario(worker_stack, worker_api, hub, worker_kube, admin_http, cluster, namespace, start_plugin):
-    yield Scenario(hub, worker_kube, admin_http, cluster, namespace, start_plugin)
-    hub.faults.clear()
 
 
 def metric(plugin, name: str) -> float:

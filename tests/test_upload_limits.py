@@ -5,15 +5,13 @@ the field, kube-apiserver validates it, and a real plugin's peer server follows 
 import threading
 import time
 
-import pytest
-
 from gpustack_models.kinds import GROUP
 from tests.support import wait_for
 from tests.support.stores import store
 from tests.support.uploads import BYTES_PER_SECOND, CONNECTIONS, annotate, limit_uploads, plugin_upload_limits
 from tests.test_crds import assert_invalid
 from tests.test_peers import WEIGHTS, Peer, metric, peer_cert, status_of
-from tests.test_plugins import Scenario, big_files
+from tests.test_plugins import big_files
 
 STORAGE = f"/apis/{GROUP}/v1alpha1"
 DEFAULTS = {"connections": 8, "bytesPerSecond": 0}  # GPUSTACK_UPLOAD_CONNECTIONS, GPUSTACK_UPLOAD_BYTES_PER_SECOND
@@ -35,12 +33,6 @@ IGNORED = [
     (f"{GROUP}/download-concurrency", "257"),  # the download ones are bounded by their schema too
     (f"{GROUP}/download-bytes-per-second", str(2**63)),
 ]
-
-
-@pytest.fixture
-def scenario(worker_stack, worker_api, hub, worker_kube, admin_http, cluster, namespace, start_plugin):
-    yield Scenario(hub, worker_kube, admin_http, cluster, namespace, start_plugin)
-    hub.faults.clear()
 
 
 def _spec(worker_kube, node):

@@ -7,9 +7,6 @@ import threading
 import time
 
 import psutil
-import pytest
-
-from tests.test_plugins import Scenario
 
 MB = 1_000_000
 SAMPLE_SECONDS = 0.02
@@ -49,12 +46,6 @@ def eight_files(seed: str, mb: int) -> dict[str, bytes]:
         block = hashlib.sha256(f"{seed}-{i}".encode()).digest() * 32768  # 1 MiB
         files[f"model-{i + 1:05d}-of-00008.safetensors"] = block * mb
     return files
-
-
-@pytest.fixture
-def scenario(worker_stack, worker_api, hub, worker_kube, admin_http, cluster, namespace, start_plugin):
-    yield Scenario(hub, worker_kube, admin_http, cluster, namespace, start_plugin)
-    hub.faults.clear()
 
 
 def test_bench_plugin_memory(bench_scale, record, scenario, hub, worker_api):

@@ -12,19 +12,12 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import psutil
-import pytest
 
 from gpustack_models.plugin.peers.contract import file_url
 from tests.support.plugins import client_cert
 from tests.support.waiting import wait_for
 from tests.test_peers import WEIGHTS
-from tests.test_plugins import Scenario, big_files
-
-
-@pytest.fixture
-def scenario(worker_stack, worker_api, hub, worker_kube, admin_http, cluster, namespace, start_plugin):
-    yield Scenario(hub, worker_kube, admin_http, cluster, namespace, start_plugin)
-    hub.faults.clear()
+from tests.test_plugins import big_files
 
 
 def curl(url: str, tls: list[str], byte_range: str | None = None) -> int:
