@@ -196,9 +196,9 @@ class Sampler:
             for proc in tree:
                 try:
                     with proc.oneshot():
-                        each[proc.pid] = proc.memory_info().rss / 1e6
+                        each[proc.pid] = proc.memory_info().rss
                         rss, fds, threads = (
-                            rss + proc.memory_info().rss,
+                            rss + each[proc.pid],
                             fds + proc.num_fds(),
                             threads + proc.num_threads(),
                         )
@@ -209,7 +209,7 @@ class Sampler:
             series.rss_mb.append(rss / 1e6)
             series.fds.append(fds)
             series.threads.append(threads)
-            series.processes.append({str(pid): round(mb, 1) for pid, mb in each.items()})
+            series.processes.append({str(pid): round(b / 1e6, 1) for pid, b in each.items()})
 
     def _run(self) -> None:
         started = time.monotonic()
