@@ -30,7 +30,7 @@ from django.http import HttpResponse
 from gunicorn.asgi.protocol import ASGIProtocol
 from gunicorn.workers import gasgi
 
-from gpustack_models.api import api_metrics
+from gpustack_models.api import api_metrics, connection_memory
 from gpustack_models.api.server_tls import worker_ssl_context
 from gpustack_models.api.streaming import close_watches
 
@@ -108,6 +108,7 @@ class TLSASGIWorker(gasgi.ASGIWorker):
     def init_process(self):
         # The worker builds its protocol through the module-level name; rebind it in this process only.
         gasgi.ASGIProtocol = TLSASGIProtocol
+        connection_memory.apply()
         super().init_process()
 
     def _get_ssl_context(self):
