@@ -3,7 +3,10 @@ reconcilers' task module, which imports them.
 
 ``send(name, *args, **kwargs)`` is ``delay(*args, **kwargs)`` of the task registered under ``name`` where
 this process registered it (the Celery worker: the task's own options); elsewhere (the informers' process)
-the same message goes out by name through the Celery app: one name, one route, one queue either way. With
+the same message goes out by name through the Celery app: one name, one route, one queue either way. Sent by
+name, a task's result is ignored as the registered tasks' are (``CELERY_TASK_IGNORE_RESULT``): otherwise
+Celery's Redis result backend subscribes to each task's result channel as it is sent, two more Redis commands
+per task, for a result that never comes. With
 ``CELERY_TASK_ALWAYS_EAGER`` (tasks run where they are sent) a process loads the app's task modules first,
 as a Celery worker does, so the task runs in it.
 """
@@ -34,7 +37,7 @@ def send(name: str, *args, **kwargs) -> None:
     if task is not None:
         task.delay(*args, **kwargs)
     else:
-        current_app.send_task(name, args, kwargs)
+        current_app.send_task(name, args, kwargs, ignore_result=True)
 
 
 def send_at(eta, name: str, *args) -> None:
@@ -46,4 +49,4 @@ def send_at(eta, name: str, *args) -> None:
     if task is not None:
         task.apply_async(args, eta=eta)
     else:
-        current_app.send_task(name, args, eta=eta)
+        current_app.send_task(name, args, eta=eta, ignore_result=True)

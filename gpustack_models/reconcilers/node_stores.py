@@ -212,8 +212,12 @@ def plan_models(node: str) -> list[dict]:
 
 def reconcile_node_store(node: str) -> str:
     """Make ``node``'s NodeModelStore exist (while the node runs the plugin) with the computed spec."""
-    node_row = Node.objects.live().filter(name=node).first()
+    node_row = Node.objects.filter(name=node).first()
     if node_row is None:
+        # Not (yet) in the mirror: the informers list Pods and Nodes apart, so a plugin's Pod can come first.
+        # Its holdings (graces, pins) stay for when the Node is mirrored.
+        return "unknown-node"
+    if node_row.deleted:
         Holding.objects.filter(node=node).delete()  # the node is gone, and its cache with it
         return "no-node"
     models = plan_models(node)  # also while its plugin is away: graces still run out

@@ -11,7 +11,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import psycopg
-import requests
 from django.conf import settings
 
 from gpustack_models import kube
@@ -87,11 +86,8 @@ class Injector:
     def inject_compaction(self) -> Injected:
         """etcd compacted at its newest revision, then kube-apiserver restarted: its new watch cache starts
         past every resourceVersion the informers hold, so each watch they resume is answered 410 Expired."""
-        etcd = f"http://127.0.0.1:{self.stack.cluster.ports.etcd_client}"
-        head = requests.post(f"{etcd}/v3/kv/range", json={"key": "AA=="}, timeout=10).json()["header"]
-        revision = int(head["revision"])
         before = self._relists()
-        requests.post(f"{etcd}/v3/kv/compaction", json={"revision": revision, "physical": True}, timeout=30)
+        revision = self.stack.cluster.compact_etcd()
         self.stack.cluster.restart_apiserver()
         # What the fault is for: the informers list again, told 410 Expired where they resume a watch (or, when
         # the restart outlasted their leader's renew deadline, as the next leader lists afresh).
