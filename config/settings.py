@@ -156,6 +156,10 @@ CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 # the broker redelivers them anyway.
 TASKS_SHUTDOWN_GRACE_SECONDS = env_float("GPUSTACK_CELERY_SHUTDOWN_GRACE_SECONDS", 5.0, minimum=0)
 CELERY_WORKER_CANCEL_LONG_RUNNING_TASKS_ON_CONNECTION_LOSS = True
+# A pool process whose peak resident memory passed this many MB is replaced by a fresh one once its task ends
+# (Celery's worker_max_memory_per_child, in KiB): under a steady load the pool processes grow (the README's
+# Reliability section), and the worker Pod's memory limit must not be what stops them. 0: never replaced.
+CELERY_WORKER_MAX_MEMORY_PER_CHILD = env_int("GPUSTACK_CELERY_MAX_MEMORY_PER_CHILD_MB", 256, minimum=0) * 1024 or None
 
 # --- Kubernetes ------------------------------------------------------------------------------------
 # KUBECONFIG unset: in-cluster credentials when running in a Pod, the local control plane's otherwise.
