@@ -8,7 +8,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from gpustack_models.kinds import GROUP
-from gpustack_models.kube.errors import TooManyRequests
+from gpustack_models.kube.errors import StatusError, TooManyRequests
 from gpustack_models.models import Artifact, InformerState, NodeStore
 from tests.support import wait_for
 
@@ -42,6 +42,14 @@ class Population:
 
     def artifacts_url(self):
         return f"{STORAGE}/namespaces/{self.ns}/modelartifacts"
+
+    def authorized(self) -> bool:
+        """Whether kube-apiserver lets this client list again (its RBAC caches fill in its first moments)."""
+        try:
+            self.kube.get(self.artifacts_url())
+            return True
+        except StatusError:
+            return False
 
     def create(self, artifacts: int, stores: int, start: int = 0):
         list(
@@ -179,21 +187,24 @@ def test_it_keeps_the_newest_version_whatever_the_event_order():
 
 @pytest.mark.disruptive
 def test_it_relists_on_410_and_converges_after_kube_apiserver_restarts(population, worker_stack, cluster):
-    """Freeze the informers, change the cluster, compact etcd and restart kube-apiserver: the informers come
-    back with a resourceVersion that is gone, are told 410 Expired, and relist. (Without the compaction a watch
-    resumed before the new watch cache is ready may be served by etcd, which still has the history: then no
-    410, and the informers just carry on.)"""
+    """Freeze the informers and restart kube-apiserver; change the cluster through the new one, compact etcd
+    and restart kube-apiserver again: the informers come back with a resourceVersion that is gone, are told
+    410 Expired, and relist. (The changes are made after the first restart because the kube-apiserver that
+    stops may already have sent their events, which the frozen informers then read on waking and resume
+    from the newest version, which the next watch cache still holds: no 410.)"""
     population.create(20, 5)
     population.converged()
     before = InformerState.objects.get(resource="modelartifacts").expired
     informers = worker_stack.procs["informers"]
     os.kill(informers.pid, signal.SIGSTOP)
     try:
+        cluster.restart_apiserver()
+        wait_for(population.authorized, timeout=30, message="kube-apiserver authorizing the worker again")
         population.delete(range(0, 5), range(0, 2))
         population.label(range(5, 15), range(2, 4), "frozen")
-        cluster.compact_etcd()
-        cluster.restart_apiserver()
         population.create(3, 1, start=200)
+        cluster.compact_etcd()
+        cluster.restart_apiserver()  # its watch cache starts past every version the informers hold
     finally:
         os.kill(informers.pid, signal.SIGCONT)
     arts, stores = population.converged(timeout=120)

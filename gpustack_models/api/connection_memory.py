@@ -13,9 +13,9 @@ memory kept rising for minutes after its number of connections had stopped chang
 - allocations of 64 KiB and more in their own mappings (glibc's ``M_MMAP_THRESHOLD``, fixed: no longer raised
   by a free), so a closed connection's buffer goes back to the system instead of fragmenting the heap. A
   response body of that size pays a mapping too (microseconds; the API's answers take milliseconds);
-- two malloc arenas, not glibc's eight per core: the worker's 64 view threads each took an arena of their own,
-  and memory freed in one arena is not reused by a thread allocating in another. Python allocates under its
-  GIL, so more arenas spare no contention.
+- two malloc arenas, not glibc's up to eight per core: the worker's 64 view threads spread their allocations
+  over that many, and memory freed in one arena is not reused by a thread allocating in another. Python
+  allocates under its GIL, so more arenas spare no contention.
 """
 
 from __future__ import annotations
@@ -43,6 +43,6 @@ def apply() -> bool:
     except (OSError, AttributeError):
         mallopt = None
     if mallopt is None or (mallopt(M_MMAP_THRESHOLD, READ_BUFFER_BYTES), mallopt(M_ARENA_MAX, ARENAS)) != (1, 1):
-        log.info("not glibc: connections' buffers are allocated as the C library does")
+        log.info("glibc's malloc settings not taken (another C library?): buffers are allocated as it does")
         return False
     return True
