@@ -22,7 +22,7 @@ import yaml
 from tests.services import PostgreSQL
 from tests.support import REPO, wait_for
 from tests.support.relay import relaying
-from tests.support.worker import WorkerStack, own_broker
+from tests.support.worker import WorkerStack, celery_worker_argv, own_broker
 from tests.test_shutdown import create_artifact, resolved_commit, spawn, tail
 
 BROKER_INDEX = 2  # a lane's Redis database that this module empties and uses alone
@@ -62,8 +62,7 @@ def test_a_worker_loses_no_change_and_keeps_no_dead_connection_across_a_postgres
     broker = own_broker(BROKER_INDEX)
     env = dict(os.environ, DATABASE_URL=url, CELERY_BROKER_URL=broker, CELERY_RESULT_BACKEND=broker,
                GPUSTACK_DATA_DIR=str(tmp_path), KUBECONFIG=str(tmp_path / "none"))  # fmt: skip
-    argv = [sys.executable, "-m", "celery", "-A", "config", "worker", "--pool=prefork", "--concurrency=2",
-            "--without-gossip", "--without-mingle", "--loglevel=INFO"]  # fmt: skip
+    argv = celery_worker_argv(2)
     log, ns = tmp_path / "celery.log", f"ns-{uuid.uuid4().hex[:6]}"
     worker = spawn(argv, env, log)
     monkeypatch.setenv("CELERY_BROKER_URL", broker)
@@ -120,8 +119,7 @@ def test_a_resolution_is_tried_again_while_kube_apiserver_is_unreachable(
     broker = own_broker(BROKER_INDEX)
     env = dict(WorkerStack(launcher, own_hub, db_url).env(), CELERY_BROKER_URL=broker, CELERY_RESULT_BACKEND=broker,
                KUBECONFIG=str(kubeconfig))  # fmt: skip
-    argv = [sys.executable, "-m", "celery", "-A", "config", "worker", "--pool=prefork", "--concurrency=2",
-            "--without-gossip", "--without-mingle", "--loglevel=INFO"]  # fmt: skip
+    argv = celery_worker_argv(2)
     log = tmp_path / "celery.log"
     worker = spawn(argv, env, log)
     monkeypatch.setenv("CELERY_BROKER_URL", broker)

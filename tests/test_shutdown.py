@@ -29,7 +29,7 @@ import requests
 from gpustack_models.kinds import GROUP
 from gpustack_models.local.cluster import free_port
 from tests.support import REPO, wait_for
-from tests.support.worker import WorkerStack, own_broker
+from tests.support.worker import WorkerStack, celery_worker_argv, own_broker
 from tests.test_plugins import big_files
 
 # The test database (pytest-django names it only for tests that use it), for the roles started here.
@@ -388,8 +388,7 @@ def test_a_celery_worker_finishes_short_tasks_hands_long_ones_back_and_stops_wit
     broker = own_broker(1)
     env = dict(WorkerStack(launcher, own_hub, db_url).env(), CELERY_BROKER_URL=broker, CELERY_RESULT_BACKEND=broker)
     env.update(GPUSTACK_HUB_TIMEOUT="300", GPUSTACK_CELERY_SHUTDOWN_GRACE_SECONDS="5")
-    argv = [sys.executable, "-m", "celery", "-A", "config", "worker", "--pool=prefork", "--concurrency=2"]
-    argv += ["--without-gossip", "--without-mingle", "--loglevel=INFO"]
+    argv = celery_worker_argv(2)
     log = tmp_path / "celery.log"
     first = spawn(argv + ["-n", "first@%h"], env, log)
     try:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import signal
-import sys
 import uuid
 
 import psutil
@@ -14,7 +13,7 @@ import pytest
 from celery import Celery
 
 from tests.support import wait_for
-from tests.support.worker import own_broker
+from tests.support.worker import celery_worker_argv, own_broker
 from tests.test_shutdown import spawn, tail
 
 BROKER_INDEX = 2  # a lane's Redis database that tests empty and use one at a time (no other worker reads it)
@@ -32,8 +31,7 @@ def test_a_pool_process_past_its_memory_limit_is_replaced_after_its_task(limit_m
     broker = own_broker(BROKER_INDEX)
     env = dict(os.environ, CELERY_BROKER_URL=broker, CELERY_RESULT_BACKEND=broker, GPUSTACK_DATA_DIR=str(tmp_path),
                KUBECONFIG=str(tmp_path / "none"), GPUSTACK_CELERY_MAX_MEMORY_PER_CHILD_MB=limit_mb)  # fmt: skip
-    argv = [sys.executable, "-m", "celery", "-A", "config", "worker", "--pool=prefork", "--concurrency=1",
-            "--without-gossip", "--without-mingle", "--loglevel=INFO"]  # fmt: skip
+    argv = celery_worker_argv(1)
     log = tmp_path / "celery.log"
     worker = spawn(argv, env, log)
     try:

@@ -206,8 +206,9 @@ class LocalCluster:
         self._start_apiserver(timeout)
 
     def compact_etcd(self) -> int:
-        """Compact etcd's history at its newest revision (and free it on disk): a watch resumed from any earlier
-        resourceVersion is then answered 410 Expired, by kube-apiserver's watch cache or by etcd. The revision."""
+        """Compact etcd's history at its newest revision (and free it on disk); the revision. A watch resumed from
+        an earlier resourceVersion is answered 410 Expired by etcd, and by a kube-apiserver started after this (a
+        running one's watch cache may still hold that version)."""
         etcd = f"http://127.0.0.1:{self.ports.etcd_client}/v3/kv"
         session = requests.Session()
         session.trust_env = False

@@ -185,6 +185,13 @@ def own_broker(index: int) -> str:
     return url
 
 
+def celery_worker_argv(concurrency: int) -> list[str]:
+    """A Celery worker of the product's app, run as its own process (prefork; no gossip or mingle: a test's
+    worker has no others to talk to)."""
+    return [sys.executable, "-m", "celery", "-A", "config", "worker", "--pool=prefork", f"--concurrency={concurrency}",
+            "--without-gossip", "--without-mingle", "--loglevel=INFO"]  # fmt: skip
+
+
 def database_url() -> str:
     """The test database as a URL, for processes the suite starts."""
     from django.db import connection
