@@ -228,6 +228,12 @@ MODELSCOPE_ENDPOINT = env_url("MODELSCOPE_ENDPOINT", "https://www.modelscope.cn"
 HUB_PROXY = env_str("GPUSTACK_HUB_PROXY", "")
 HUB_CA_BUNDLE = env_str("GPUSTACK_HUB_CA_BUNDLE", "")
 HUB_TIMEOUT = env_float("GPUSTACK_HUB_TIMEOUT", 30.0, minimum=1.0)
+# OCI registries: those reached over plain HTTP (``host`` or ``host:port``, as container runtimes' insecure
+# registries), whether a reference must be pinned by digest (a tag is refused: ReferenceNotPinned), and the
+# platform whose manifest an image index gives.
+OCI_INSECURE_REGISTRIES = tuple(env_list("GPUSTACK_OCI_INSECURE_REGISTRIES"))
+OCI_REQUIRE_DIGEST = env_bool("GPUSTACK_OCI_REQUIRE_DIGEST", False)
+OCI_PLATFORM = env_str("GPUSTACK_OCI_PLATFORM", "linux/amd64")
 # Backoff of a resolution that failed for a reason that may pass (hub down, Secret or claim missing).
 RESOLVE_RETRY_BASE = env_float("GPUSTACK_RESOLVE_RETRY_BASE", 5.0, minimum=0.1)
 RESOLVE_RETRY_MAX = env_float("GPUSTACK_RESOLVE_RETRY_MAX", 300.0, minimum=0.1)

@@ -40,6 +40,7 @@ class SourceKind(models.TextChoices):
 
     HUGGING_FACE = "huggingFace", "Hugging Face"
     MODEL_SCOPE = "modelScope", "ModelScope"
+    OCI = "oci", "OCI registry"
     CLAIM = "persistentVolumeClaim", "PersistentVolumeClaim"
 
 

@@ -20,6 +20,7 @@ pytest_plugins = [
     "tests.support.image_build",
     "tests.support.helm",
     "tests.support.release",
+    "tests.support.registry",
     "tests.fakehub.fixtures",
 ]
 

@@ -36,6 +36,8 @@ NODE_PACKAGES = {
     "buildah": "/usr/bin/buildah",
     "debootstrap": "/usr/sbin/debootstrap",
     "debian-archive-keyring": "/usr/share/keyrings/debian-archive-keyring.gpg",
+    # A real OCI registry (distribution 2.8) with token auth, for the OCI sources (tests/support/registry.py).
+    "docker-registry": "/usr/bin/docker-registry",
 }
 
 

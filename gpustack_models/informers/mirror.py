@@ -53,14 +53,14 @@ def trimmed(obj: dict) -> dict:
 def _artifact_fields(obj: dict) -> dict:
     spec, status = obj.get("spec") or {}, obj.get("status") or {}
     source = spec.get("source") or {}
-    kind = next((k for k in ("huggingFace", "modelScope", "persistentVolumeClaim") if k in source), "")
+    kind = next((k for k in ("huggingFace", "modelScope", "oci", "persistentVolumeClaim") if k in source), "")
     member = source.get(kind) or {}
     resolved = status.get("resolved") or {}
     cond = next((c for c in status.get("conditions") or [] if c.get("type") == "Resolved"), {})
     return {
         "generation": (obj.get("metadata") or {}).get("generation") or 0,
         "source": kind,
-        "repository": member.get("repository") or member.get("claimName") or "",
+        "repository": member.get("repository") or member.get("reference") or member.get("claimName") or "",
         "revision": member.get("revision") or member.get("path") or "",
         "digest": resolved.get("manifestDigest") or "",
         "resolved_revision": resolved.get("revision") or "",

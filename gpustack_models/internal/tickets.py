@@ -53,6 +53,7 @@ from __future__ import annotations
 
 import base64
 import ipaddress
+import json
 import random
 import re
 from collections.abc import Iterable
@@ -280,9 +281,9 @@ def offered_sources(rows: Iterable[Resolution]) -> list[dict]:
     for r in rows:
         token = None
         if r.secret_name:
-            where = (r.artifact.namespace, r.secret_name)
+            where = (r.artifact.namespace, r.secret_name, r.endpoint if r.source == SourceKind.OCI else "")
             if where not in tokens:
-                tokens[where] = hub_token(*where)
+                tokens[where] = registry_token(*where) if where[2] else hub_token(*where[:2])
             token = tokens[where]
         source = {"source": r.source, "endpoint": r.endpoint, "repository": r.repository, "commit": r.commit}
         key = (*source.values(), token)
@@ -290,6 +291,23 @@ def offered_sources(rows: Iterable[Resolution]) -> list[dict]:
             seen.add(key)
             out.append(dict(source, token=token))
     return out
+
+
+def registry_token(namespace: str, secret_name: str, endpoint: str) -> str | None:
+    """The credentials a ``.dockerconfigjson`` Secret holds for the registry at ``endpoint``, as the
+    ``base64(user:password)`` the plugin answers the registry's challenges with (the registry's and its
+    token service's origins only)."""
+    from gpustack_models.sources import oci  # the registry client's module: loaded only where a ticket needs it
+
+    try:
+        secret = kube.default().get(f"/api/v1/namespaces/{namespace}/secrets/{secret_name}")
+        raw = (secret.get("data") or {}).get(".dockerconfigjson")
+        config = json.loads(base64.b64decode(raw)) if raw else None
+        found = oci.credentials_for(config, oci.registry_of(endpoint)) if config else None
+    except (kube.StatusError, TypeError, ValueError):
+        return None
+    token = found.basic if found else None
+    return token if token and _TOKEN.fullmatch(token) else None
 
 
 def hub_token(namespace: str, secret_name: str) -> str | None:

@@ -139,6 +139,8 @@ def artifact_source(v: dict) -> str:
         return f"hf:{v['HF Repository']}"
     if v.get("MS Repository"):
         return f"ms:{v['MS Repository']}"
+    if v.get("OCI Reference"):
+        return f"oci:{v['OCI Reference']}"
     if v.get("Claim"):
         return f"pvc:{v['Claim']}" + (f"/{v['Claim Path']}" if v.get("Claim Path") else "")
     return ""
@@ -152,7 +154,9 @@ def artifact_revision(v: dict) -> str:
 
 
 def artifact_commit(v: dict) -> str:
-    return (v.get("Revision") or "")[:12]
+    """The first 12 characters of a hub's commit; of a registry's manifest digest, after ``sha256:``."""
+    revision = v.get("Revision") or ""
+    return revision[:19] if revision.startswith("sha256:") else revision[:12]
 
 
 def artifact_resolved(v: dict) -> str:

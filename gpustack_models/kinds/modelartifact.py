@@ -15,10 +15,19 @@ from gpustack_models.kinds.base import (
     count_of,
 )
 from gpustack_models.kinds.formatting import human_bytes, human_duration
+from gpustack_models.kinds.oci_reference import OCI_REFERENCE_PATTERN
 from gpustack_models.kinds.schema import Rule, Schema, array, conditions, digest, integer, obj, object_name, string
 
 SECRET_REF = obj(
     "A Secret in the artifact's namespace whose key `token` is sent to the hub. The creator must be "
+    "allowed to read it.",
+    required=("name",),
+    name=object_name("Name of the Secret."),
+)
+
+DOCKER_CONFIG_SECRET_REF = obj(
+    "A Secret of type kubernetes.io/dockerconfigjson in the artifact's namespace whose `.dockerconfigjson` "
+    "holds credentials for the registry (its `auths` entry for the registry's host). The creator must be "
     "allowed to read it.",
     required=("name",),
     name=object_name("Name of the Secret."),
@@ -66,6 +75,38 @@ def _hub_source(hub: str, example: str, default_revision: str | None) -> Schema:
     )
 
 
+def _relative_path(description: str) -> Schema:
+    return string(
+        description,
+        pattern=r"^[^/](.*[^/])?$",
+        max_length=1024,
+        rules=(
+            Rule(
+                "!self.split('/').exists(s, s == '' || s == '.' || s == '..')",
+                "path must be relative, without empty, '.' or '..' segments",
+            ),
+        ),
+    )
+
+
+_OCI_SOURCE = obj(
+    "An OCI artifact in a registry whose layers are the model's files, named by their "
+    "`org.cncf.model.filepath` or `org.opencontainers.image.title` annotation (the CNCF ModelPack format, "
+    "or `oras push` of the files). A tag is resolved once to the manifest digest; an index picks the "
+    "manifest of the service's platform.",
+    required=("reference",),
+    reference=string(
+        "`registry/repository:tag` or `registry/repository@sha256:<hex>`, e.g. "
+        "`registry.example.com/models/qwen2.5-7b:v1`.",
+        pattern=f"^{OCI_REFERENCE_PATTERN}$",
+        min_length=1,
+        max_length=512,
+    ),
+    path=_relative_path("Only the files under this directory of the artifact, named relative to it."),
+    secretRef=DOCKER_CONFIG_SECRET_REF,
+)
+
+
 _MODEL_ARTIFACT_SPEC = obj(
     "What the artifact is: a source and, for hub sources, which of its files. Immutable after creation.",
     required=("source",),
@@ -96,41 +137,34 @@ _MODEL_ARTIFACT_SPEC = obj(
         ),
     ),
     source=obj(
-        "Where the files come from: exactly one of huggingFace, modelScope, persistentVolumeClaim.",
+        "Where the files come from: exactly one of huggingFace, modelScope, oci, persistentVolumeClaim.",
         rules=(
             Rule(
-                "[has(self.huggingFace), has(self.modelScope), has(self.persistentVolumeClaim)]"
+                "[has(self.huggingFace), has(self.modelScope), has(self.oci), has(self.persistentVolumeClaim)]"
                 ".filter(x, x).size() == 1",
-                "exactly one of huggingFace, modelScope or persistentVolumeClaim must be set",
+                "exactly one of huggingFace, modelScope, oci or persistentVolumeClaim must be set",
             ),
         ),
         huggingFace=_hub_source("Hugging Face", "Qwen/Qwen2.5-7B-Instruct", "main"),
         modelScope=_hub_source("ModelScope", "qwen/Qwen2.5-7B-Instruct", None),
+        oci=_OCI_SOURCE,
         persistentVolumeClaim=obj(
             "A PersistentVolumeClaim in the artifact's namespace holding the files; mounted, never downloaded.",
             required=("claimName",),
             claimName=object_name("Name of the claim."),
-            path=string(
-                "A relative directory inside the claim; the claim's root when empty.",
-                pattern=r"^[^/](.*[^/])?$",
-                max_length=1024,
-                rules=(
-                    Rule(
-                        "!self.split('/').exists(s, s == '' || s == '.' || s == '..')",
-                        "path must be relative, without empty, '.' or '..' segments",
-                    ),
-                ),
-            ),
+            path=_relative_path("A relative directory inside the claim; the claim's root when empty."),
         ),
     ),
     allowPatterns=_patterns(
         "Files to keep, as fnmatch patterns on the repository path; `dir/` keeps everything under dir. "
-        f"Hub sources only; at most {PATTERNS_LIMIT} patterns of 1 to {PATTERN_LENGTH} characters."
+        f"Hub and registry sources only; at most {PATTERNS_LIMIT} patterns of 1 to {PATTERN_LENGTH} characters."
     ),
-    ignorePatterns=_patterns("Files to drop, same syntax as allowPatterns; wins over allowPatterns. Hub sources only."),
+    ignorePatterns=_patterns(
+        "Files to drop, same syntax as allowPatterns; wins over allowPatterns. Hub and registry sources only."
+    ),
     expectedDigest=digest(
         "The manifest digest resolution must produce (`sha256:` and 64 lowercase hex digits); "
-        "resolution fails with DigestMismatch otherwise. Hub sources only."
+        "resolution fails with DigestMismatch otherwise. Hub and registry sources only."
     ),
 )
 
@@ -139,7 +173,10 @@ _MODEL_ARTIFACT_STATUS = obj(
     observedGeneration=integer("The generation last processed.", int64=True, minimum=0),
     resolved=obj(
         "The immutable content the artifact resolved to.",
-        revision=string("The commit the revision resolved to (40 hex characters on hubs).", max_length=256),
+        revision=string(
+            "The commit the revision resolved to (40 hex characters on hubs; the manifest digest in a registry).",
+            max_length=256,
+        ),
         manifestDigest=digest("sha256 of the canonical manifest: the content identity shared across namespaces."),
         fileCount=integer("Number of selected files.", int64=True, minimum=0),
         sizeBytes=integer("Total size of the selected files in bytes.", int64=True, minimum=0),
@@ -169,8 +206,8 @@ MODEL_ARTIFACT = ResourceKind(
     plural="modelartifacts",
     singular="modelartifact",
     namespaced=True,
-    description="A model's files from a Hugging Face or ModelScope repository at a revision, or a volume "
-    "claim, resolved once to an immutable content digest and cached on GPU nodes.",
+    description="A model's files from a Hugging Face or ModelScope repository at a revision, an OCI "
+    "artifact in a registry, or a volume claim, resolved once to an immutable content digest and cached on GPU nodes.",
     spec=_MODEL_ARTIFACT_SPEC,
     status=_MODEL_ARTIFACT_STATUS,
     columns=(
@@ -181,6 +218,7 @@ MODEL_ARTIFACT = ResourceKind(
             fields=(
                 Field("HF Repository", ".spec.source.huggingFace.repository"),
                 _MS_REPOSITORY,
+                Field("OCI Reference", ".spec.source.oci.reference"),
                 Field("Claim", ".spec.source.persistentVolumeClaim.claimName"),
                 Field("Claim Path", ".spec.source.persistentVolumeClaim.path"),
             ),

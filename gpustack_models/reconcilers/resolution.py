@@ -17,6 +17,7 @@ commit and digest, or ``ResolutionFailed`` with the reason (one series per reaso
 from __future__ import annotations
 
 import base64
+import json
 import logging
 from dataclasses import dataclass
 from datetime import timedelta
@@ -28,6 +29,7 @@ from django.utils import timezone
 from gpustack_models import kube
 from gpustack_models.informers import mirror
 from gpustack_models.informers.reactions import enqueue, reacts_to
+from gpustack_models.kinds import oci_reference
 from gpustack_models.kinds.formatting import human_bytes
 from gpustack_models.models import Artifact, ConditionStatus, Manifest, Prefetch, PrefetchTarget, Resolution, SourceKind
 from gpustack_models.reconcilers import budgets, events, readiness, retries
@@ -38,7 +40,7 @@ from gpustack_models.reconcilers.task_names import (
     ROLLUP_DIGEST,
 )
 from gpustack_models.reconcilers.writes import RESOLVER, apply_status, artifact_path, condition, find_condition
-from gpustack_models.sources import SourceError, build_manifest, huggingface, modelscope
+from gpustack_models.sources import SourceError, build_manifest, huggingface, modelscope, oci
 
 log = logging.getLogger(__name__)
 
@@ -139,6 +141,8 @@ class ArtifactResolution:
         try:
             if SourceKind.CLAIM in source:
                 return self.resolve_claim(source[SourceKind.CLAIM]["claimName"])
+            if SourceKind.OCI in source:
+                return self.resolve_oci(source[SourceKind.OCI])
             kind = SourceKind.HUGGING_FACE if SourceKind.HUGGING_FACE in source else SourceKind.MODEL_SCOPE
             return self.resolve_hub(kind, source.get(kind) or {})
         except Failed as failure:
@@ -189,13 +193,74 @@ class ArtifactResolution:
             message = resolution.note
         return self.succeed(resolved, message)
 
-    def read_token(self, secret_name: str) -> str:
+    def resolve_oci(self, member: dict) -> Outcome:
+        """An OCI artifact: its reference pinned to a manifest digest, its layers as files (``sources.oci``)."""
+        reference = member["reference"]
+        try:
+            ref = oci_reference.Reference.parse(reference)
+        except oci_reference.InvalidReference as exc:
+            raise Failed("InvalidReference", str(exc)) from None
+        if settings.OCI_REQUIRE_DIGEST and not ref.pinned:
+            message = f"{reference} names a tag: this cluster requires references pinned by digest (@sha256:<hex>)"
+            raise Failed("ReferenceNotPinned", message)
+        wait = budgets.take(self.namespace)
+        if wait > 0:
+            return Outcome("Postponed", retry=True, retry_after=wait, postponed=True)
+        self.secret_name = secret_name = (member.get("secretRef") or {}).get("name", "")
+        credentials = self.read_registry_credentials(secret_name, ref.registry) if secret_name else None
+        try:
+            resolution, endpoint, repository = oci.resolve(
+                reference,
+                path=member.get("path"),
+                credentials=credentials,
+                insecure_registries=settings.OCI_INSECURE_REGISTRIES,
+                platform=settings.OCI_PLATFORM,
+                proxy=settings.HUB_PROXY or None,
+                ca_bundle=settings.HUB_CA_BUNDLE or None,
+                timeout=settings.HUB_TIMEOUT,
+            )
+            files, digest = build_manifest(
+                resolution.files, self.spec.get("allowPatterns"), self.spec.get("ignorePatterns")
+            )
+        except SourceError as exc:
+            raise Failed(exc.reason, exc.message, exc.retryable, exc.retry_after) from None
+        self.check_expected(digest)
+        origin = {"source": SourceKind.OCI, "endpoint": endpoint, "repository": repository}
+        self.remember(files, digest, dict(origin, commit=resolution.commit, secret_name=secret_name))
+        resolved = {"manifestDigest": digest, "fileCount": len(files), "sizeBytes": sum(f.size for f in files)}
+        resolved["revision"] = resolution.commit
+        return self.succeed(resolved, f"{reference} is {resolution.commit}")
+
+    def read_secret(self, secret_name: str) -> dict:
         try:
             secret = kube.default().get(f"/api/v1/namespaces/{self.namespace}/secrets/{secret_name}")
         except kube.NotFound:
             raise Failed("SecretNotFound", f"Secret {secret_name!r} does not exist in {self.namespace}", True) from None
         meta = secret.get("metadata") or {}
         self.secret_version = f"{meta.get('uid', '')}/{meta.get('resourceVersion', '')}"
+        return secret
+
+    def read_registry_credentials(self, secret_name: str, registry: str):
+        """The credentials for ``registry`` in the Secret's ``.dockerconfigjson``."""
+        raw = (self.read_secret(secret_name).get("data") or {}).get(".dockerconfigjson")
+        if not raw:
+            message = (
+                f"Secret {secret_name!r} has no key '.dockerconfigjson': make it of type kubernetes.io/dockerconfigjson"
+            )
+            raise Failed("SecretKeyNotFound", message, True)
+        try:
+            found = oci.credentials_for(json.loads(base64.b64decode(raw)), registry)
+        except ValueError as exc:
+            raise Failed(
+                "SecretKeyNotFound", f"Secret {secret_name!r}: .dockerconfigjson is malformed: {exc}", True
+            ) from None
+        if found is None:
+            message = f"Secret {secret_name!r}: .dockerconfigjson has no auths entry for the registry {registry}"
+            raise Failed("SecretKeyNotFound", message, True)
+        return found
+
+    def read_token(self, secret_name: str) -> str:
+        secret = self.read_secret(secret_name)
         data = secret.get("data") or {}
         raw = data.get("token")
         if not raw:

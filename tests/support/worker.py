@@ -219,6 +219,7 @@ class WorkerStack:
         self.db_url = db_url
         self.procs: dict[str, subprocess.Popen] = {}
         self.metrics_ports: dict[str, int] = {}  # each role's GPUSTACK_METRICS_PORT, kept across restarts
+        self.extra_env: dict[str, str] = {}  # a test's own settings, for the roles it (re)starts
 
     def env(self) -> dict:
         env = dict(os.environ)
@@ -228,6 +229,8 @@ class WorkerStack:
             DATABASE_URL=self.db_url,
             HF_ENDPOINT=self.hub.url,
             MODELSCOPE_ENDPOINT=self.hub.url,
+            # The suite's registry (tests/support/registry.py) listens on loopback, over plain HTTP.
+            GPUSTACK_OCI_INSECURE_REGISTRIES="127.0.0.1",
             GPUSTACK_RESOLVE_RETRY_BASE="0.5",
             GPUSTACK_RESOLVE_RETRY_MAX="3",
             # The cache's lifecycle on a test's time scale: collection checked every second, an 8 s grace.
@@ -246,6 +249,7 @@ class WorkerStack:
             HF_HOME=str(TEST_STATE / "hf-home"),
             MODELSCOPE_HOME=str(TEST_STATE / "modelscope-home"),
         )
+        env.update(self.extra_env)
         return env
 
     def start(self, name: str) -> None:

@@ -32,7 +32,8 @@ from gpustack_models.plugin.engine.failures import FALLTHROUGH_REASONS, Download
 from gpustack_models.plugin.engine.frontier import HashFrontier
 from gpustack_models.plugin.engine.limits import RateLimiter
 from gpustack_models.plugin.engine.ranges import FileProgress
-from gpustack_models.plugin.engine.ticket import FetchTicket, HubSource, origin
+from gpustack_models.plugin.engine.registry_auth import RegistryAuth
+from gpustack_models.plugin.engine.ticket import OCI, FetchTicket, HubSource, origin
 from gpustack_models.plugin.engine.transport import ConnectionPool, HttpError, StreamedResponse
 from gpustack_models.sources.hub_errors import (
     ACCESS_DENIED,
@@ -182,6 +183,7 @@ class RangeFetcher:
         self._on_bytes = on_bytes
         self._penalties = penalties if penalties is not None else SourcePenalties()
         self._pool: ConnectionPool | None = None
+        self._auth: RegistryAuth | None = None
         self._sources: tuple[HubSource, ...] = ()
         self._active: set[StreamedResponse] = set()
         self._active_lock = threading.Lock()
@@ -193,6 +195,7 @@ class RangeFetcher:
         ticket = self.ticket
         self._sources = ticket.sources
         self._pool = ConnectionPool(proxy=ticket.proxy, ca_bundle=ticket.ca_bundle, timeout=self.settings.stall_timeout)
+        self._auth = RegistryAuth(self._pool)
 
     def close(self) -> None:
         self._pool.close()
@@ -306,7 +309,11 @@ class RangeFetcher:
     def _open(self, hub: HubSource, f: FileProgress, pos: int, end: int) -> StreamedResponse:
         """A response for ``bytes=pos-(end-1)`` of ``f`` from ``hub``, redirects followed, status checked."""
         for cached in (f.url, None):
-            response = self._request(hub, f, cached or hub.url(f.file), pos, end)
+            url = cached or hub.url(f.file)
+            sent = self._credentials(hub)
+            response = self._request(hub, f, url, pos, end, sent)
+            if response.status == 401 and hub.source == OCI and self._challenge_answered(hub, response, sent):
+                response = self._request(hub, f, url, pos, end, self._credentials(hub))
             if response.status in (200, 206):
                 # Later parts go straight to where the redirect led (the CDN), not via the hub.
                 f.url = response.url if origin(response.url) != origin(hub.endpoint) else None
@@ -318,11 +325,31 @@ class RangeFetcher:
             raise _status_error(f, response, pos, end)
         raise DownloadFailed(ACCESS_DENIED, f"{f.file.path}: the hub refused the download")
 
-    def _request(self, hub: HubSource, f: FileProgress, url: str, pos: int, end: int) -> StreamedResponse:
+    def _credentials(self, hub: HubSource) -> dict[str, str]:
+        """What goes to ``hub``'s origin: its headers, or what a registry's challenge was answered with."""
+        return self._auth.headers(hub) if hub.source == OCI else hub.hub_headers()
+
+    def _challenge_answered(self, hub: HubSource, response: StreamedResponse, sent: dict) -> bool:
+        """A registry's 401 (from its own origin): True once there is a new credential to send (the
+        answer was drained), False to take the 401 as it is."""
+        if origin(response.url) != origin(hub.endpoint):
+            return False
+        try:
+            answered = self._auth.answer(hub, response.header("WWW-Authenticate"), sent)
+        except DownloadFailed:
+            response.close(reuse=False)
+            raise
+        if answered:
+            response.drain_small()
+        return answered
+
+    def _request(
+        self, hub: HubSource, f: FileProgress, url: str, pos: int, end: int, credentials: dict
+    ) -> StreamedResponse:
         try:
             response = self._pool.get(
                 url,
-                credentials=hub.hub_headers(),
+                credentials=credentials,
                 credentials_origin=origin(hub.endpoint),
                 headers={"Range": f"bytes={pos}-{end - 1}"},
             )

@@ -11,6 +11,10 @@ How each source turns a file into a download URL:
   CDN, which is followed (without the ``Authorization`` header, which goes to the hub's origin only).
 - ModelScope: ``GET {endpoint}/api/v1/models/{repository}/repo?Revision={commit}&FilePath={path}``
   (as the ``modelscope`` client builds it), redirects followed the same way.
+- An OCI registry: ``GET {endpoint}/v2/{repository}/blobs/sha256:{sha256 of the file}`` (each file is one
+  layer of the artifact; ``commit`` is the manifest digest the reference was pinned to). The token is the
+  registry credential ``base64(user:password)``, never sent as it is: the fetcher answers the registry's
+  ``WWW-Authenticate`` challenge with it (``registry_auth``).
 
 A ticket may offer several *sources* of the same files (``HubSource``: the source, endpoint, repository,
 commit and token of each tenant's artifact with this digest), in the order to try them; the first is
@@ -37,14 +41,16 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 from urllib.parse import quote, quote_plus, urlsplit, urlunsplit
 
+from gpustack_models.kinds.oci_reference import DIGEST, REPOSITORY
 from gpustack_models.plugin.engine.failures import INVALID_REQUEST, DownloadFailed
 from gpustack_models.sources.manifest import InvalidPath, ManifestFile, manifest_digest
 
 HUGGING_FACE = "huggingFace"
 MODEL_SCOPE = "modelScope"
-SOURCES = (HUGGING_FACE, MODEL_SCOPE)
+OCI = "oci"
+SOURCES = (HUGGING_FACE, MODEL_SCOPE, OCI)
 
-Source = Literal["huggingFace", "modelScope"]
+Source = Literal["huggingFace", "modelScope", "oci"]
 
 DIGEST_PATTERN = re.compile(r"sha256:([0-9a-f]{64})")
 _REPOSITORY = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)?")
@@ -122,6 +128,8 @@ class HubSource:
             raise _invalid(f"endpoint must be an http(s) URL, not {self.endpoint!r}")
         if endpoint.query or endpoint.fragment or endpoint.username:
             raise _invalid("endpoint must not carry a query, fragment or credentials")
+        if self.source == OCI:
+            return self._check_oci()
         if not isinstance(self.repository, str) or not _REPOSITORY.fullmatch(self.repository):
             raise _invalid("the repository is not a valid owner/name")
         if self.source == MODEL_SCOPE and "/" not in self.repository:
@@ -133,10 +141,24 @@ class HubSource:
         if self.token is not None and not (isinstance(self.token, str) and _TOKEN.fullmatch(self.token)):
             raise _invalid("token must be a non-empty string of printable ASCII without spaces")
 
+    def _check_oci(self) -> None:
+        if (
+            not isinstance(self.repository, str)
+            or len(self.repository) > 255
+            or not REPOSITORY.fullmatch(self.repository)
+        ):
+            raise _invalid("the repository is not a registry repository path")
+        if not isinstance(self.commit, str) or not DIGEST.fullmatch(self.commit):
+            raise _invalid("the commit of a registry source is its manifest's sha256 digest")
+        if self.token is not None and not (isinstance(self.token, str) and _TOKEN.fullmatch(self.token)):
+            raise _invalid("token must be a non-empty string of printable ASCII without spaces")
+
     # ---------------------------------------------------------------- the hub's protocol
 
     def url(self, file: ManifestFile) -> str:
         """Where ``file``'s bytes are, on the hub (a redirect may follow)."""
+        if self.source == OCI:
+            return f"{self.endpoint}/v2/{self.repository}/blobs/sha256:{file.hexdigest}"
         if self.source == HUGGING_FACE:
             return f"{self.endpoint}/{self.repository}/resolve/{quote(self.commit, safe='')}/{quote(file.path)}"
         return (
@@ -145,8 +167,9 @@ class HubSource:
         )
 
     def hub_headers(self) -> dict[str, str]:
-        """Headers for requests to the hub's own origin (credentials); never sent elsewhere."""
-        if not self.token:
+        """Headers for requests to the hub's own origin (credentials); never sent elsewhere. None for a
+        registry: its credential answers its challenge (``registry_auth``)."""
+        if not self.token or self.source == OCI:
             return {}
         headers = {"Authorization": f"Bearer {self.token}"}
         if self.source == MODEL_SCOPE:
@@ -344,9 +367,9 @@ class FetchTicket:
             for i in range(1, len(parts)):
                 if "/".join(parts[:i]) in paths:
                     raise _invalid(f"{'/'.join(parts[:i])!r} is both a file and a directory")
-        modelscope = any(hub.source == MODEL_SCOPE for hub in self.sources)
-        if modelscope and any(f.algorithm != "sha256" for f in self.files):
-            raise _invalid("ModelScope files are identified by sha256")
+        by_sha256 = [hub.source for hub in self.sources if hub.source in (MODEL_SCOPE, OCI)]
+        if by_sha256 and any(f.algorithm != "sha256" for f in self.files):
+            raise _invalid(f"{'ModelScope' if MODEL_SCOPE in by_sha256 else 'registry'} files are identified by sha256")
 
     # ---------------------------------------------------------------- the hub's protocol (first source)
 

@@ -1,0 +1,155 @@
+"""Models from an OCI registry: a CNCF ModelPack artifact in the suite's real registry (distribution, behind
+token auth) resolves to the digest an independent oracle computes, downloads on two nodes (the second from
+its peer) byte for byte, keeps what it resolved to when the tag moves, and every refusal has its reason."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import os
+import uuid
+
+import pytest
+
+from gpustack_models.kinds import GROUP
+from tests.support.waiting import wait_for
+from tests.test_plugins import artifact_path, condition_of
+
+STORAGE = f"/apis/{GROUP}/v1alpha1"
+
+FILES = {
+    "config.json": b'{"architectures": ["TinyForCausalLM"], "hidden_size": 64}',
+    "model.safetensors": os.urandom(3 * 1024 * 1024 + 17),
+    "tokenizer/tokenizer.json": json.dumps({"vocab": {f"t{i}": i for i in range(500)}}).encode(),
+}
+
+
+def oracle_digest(files: dict[str, bytes]) -> str:
+    """The manifest digest, computed from the bytes alone: ``gpustack-manifest v1`` and one line per file,
+    ``sha256:<hex> <size> <path>``, sorted by path."""
+    lines = sorted(f"sha256:{hashlib.sha256(b).hexdigest()} {len(b)} {p}\n" for p, b in files.items())
+    text = "gpustack-manifest v1\n" + "".join(sorted(lines, key=lambda line: line.split(" ", 2)[2].encode()))
+    return "sha256:" + hashlib.sha256(text.encode()).hexdigest()
+
+
+class Registered:
+    """The scenario's namespace seen from the registry: a repository its user may pull, and a Secret."""
+
+    def __init__(self, scenario, registry, core):
+        self.scenario, self.registry, self.kube, self.ns = scenario, registry, scenario.kube, scenario.ns
+        self.core = core
+        self.repo = f"{self.ns}/model"
+        self.writer = registry.add_user(f"{self.ns}-ci", uuid.uuid4().hex, pull=f"{self.ns}/", push=f"{self.ns}/")
+        self.reader = registry.add_user(f"{self.ns}-pull", uuid.uuid4().hex, pull=f"{self.ns}/")
+
+    def secret(self, name: str, user: tuple[str, str], registry: str | None = None) -> str:
+        auth = base64.b64encode(f"{user[0]}:{user[1]}".encode()).decode()
+        config = {"auths": {registry or self.registry.host: {"auth": auth}}}
+        data = {".dockerconfigjson": base64.b64encode(json.dumps(config).encode()).decode()}
+        body = {"metadata": {"name": name}, "type": "kubernetes.io/dockerconfigjson", "data": data}
+        self.core.create_namespaced_secret(self.ns, body)
+        return name
+
+    def artifact(self, name: str, reference: str, secret: str | None = "pull") -> None:
+        source = {"reference": reference, **({"secretRef": {"name": secret}} if secret else {})}
+        body = {"apiVersion": f"{GROUP}/v1alpha1", "kind": "ModelArtifact", "metadata": {"name": name}}
+        self.kube.create(f"{STORAGE}/namespaces/{self.ns}/modelartifacts", dict(body, spec={"source": {"oci": source}}))
+
+    def resolved(self, name: str, reason: str = "Resolved") -> dict:
+        def check():
+            cond = condition_of(self.kube, self.ns, name, "Resolved")
+            return cond if cond and cond["reason"] == reason else None
+
+        self.wait(check, f"{name} to be {reason}", name)
+        return self.kube.get(artifact_path(self.ns, name))
+
+    def wait(self, check, message: str, name: str):
+        """``wait_for``, failing with what the artifact's conditions say at the end."""
+        try:
+            return wait_for(check, timeout=60, message=message)
+        except AssertionError as exc:
+            conditions = (self.kube.get(artifact_path(self.ns, name)).get("status") or {}).get("conditions")
+            raise AssertionError(f"{exc}; its conditions: {conditions}") from None
+
+    def refused(self, name: str, reason: str) -> str:
+        """The message of the ``Resolved`` condition, once its reason is ``reason``."""
+
+        def check():
+            cond = condition_of(self.kube, self.ns, name, "Resolved")
+            return cond["message"] if cond and cond["reason"] == reason else None
+
+        return self.wait(check, f"{name} to be refused with {reason}", name)
+
+
+@pytest.fixture
+def oci(scenario, registry, core):
+    registered = Registered(scenario, registry, core)
+    registered.secret("pull", registered.reader)
+    return registered
+
+
+def test_a_modelpack_artifact_resolves_downloads_from_a_peer_and_ignores_a_moved_tag(oci, scenario, admin_http):
+    pushed = oci.registry.push_modelpack(oci.repo, "v1", FILES, oci.writer)
+    oci.artifact("art", f"{oci.registry.host}/{oci.repo}:v1")
+    resolved = oci.resolved("art")["status"]["resolved"]
+    assert resolved["manifestDigest"] == oracle_digest(FILES)
+    assert resolved["revision"] == pushed  # the tag, pinned to the manifest digest it named
+    assert (resolved["fileCount"], resolved["sizeBytes"]) == (3, sum(map(len, FILES.values())))
+    scenario.digest = resolved["manifestDigest"]
+    # The tag moves after resolution: the nodes still fetch what the artifact resolved to.
+    oci.registry.push_modelpack(oci.repo, "v1", {"model.safetensors": b"other weights"}, oci.writer)
+    first, second = scenario.plugins(2)
+    scenario.prefetch([first])
+    assert scenario.wait_state(first.node, "Ready")["source"] == "Hub"
+    scenario.prefetch([second], name="second")
+    assert scenario.wait_state(second.node, "Ready")["source"] == "Peer"
+    for plugin in (first, second):
+        tree = scenario.tree(plugin)
+        assert {p: (tree / p).read_bytes() for p in FILES} == FILES
+        assert sorted(str(p.relative_to(tree)) for p in tree.rglob("*") if p.is_file()) == sorted(FILES)
+    # kubectl's SOURCE column names the reference.
+    table = admin_http.get(
+        f"{scenario.cluster.server}/apis/{GROUP}/v1/namespaces/{oci.ns}/modelartifacts/art",
+        headers={"Accept": "application/json;as=Table;v=v1;g=meta.k8s.io"},
+    ).json()
+    columns = [c["name"] for c in table["columnDefinitions"]]
+    row = dict(zip(columns, table["rows"][0]["cells"], strict=True))
+    assert row["Source"] == f"oci:{oci.registry.host}/{oci.repo}:v1", row
+
+
+def test_a_digest_pinned_reference_and_each_refusal_reason(oci):
+    pushed = oci.registry.push_modelpack(oci.repo, "v2", FILES, oci.writer)
+    host = oci.registry.host
+    oci.artifact("pinned", f"{host}/{oci.repo}@{pushed}")
+    assert oci.resolved("pinned")["status"]["resolved"]["manifestDigest"] == oracle_digest(FILES)
+    # A wrong password: refused by the registry's token service.
+    oci.secret("wrong", (oci.reader[0], "not-the-password"))
+    oci.artifact("wrong", f"{host}/{oci.repo}:v2", secret="wrong")
+    assert "token service refused the Secret's credentials" in oci.refused("wrong", "AccessDenied")
+    # No credential at all: the anonymous token grants nothing.
+    oci.artifact("anonymous", f"{host}/{oci.repo}:v2", secret=None)
+    assert "no credentials (no secretRef)" in oci.refused("anonymous", "AccessDenied")
+    # A tag the repository does not have.
+    oci.artifact("missing", f"{host}/{oci.repo}:no-such-tag")
+    assert "no such tag" in oci.refused("missing", "RevisionNotFound")
+    # A Secret with credentials for another registry only.
+    oci.secret("elsewhere", oci.reader, registry="registry.example.com")
+    oci.artifact("elsewhere", f"{host}/{oci.repo}:v2", secret="elsewhere")
+    assert f"no auths entry for the registry {host}" in oci.refused("elsewhere", "SecretKeyNotFound")
+
+
+def test_a_cluster_that_requires_pinning_refuses_a_tag(oci, worker_stack):
+    pushed = oci.registry.push_modelpack(oci.repo, "v3", FILES, oci.writer)
+    worker_stack.extra_env["GPUSTACK_OCI_REQUIRE_DIGEST"] = "true"
+    worker_stack.stop("celery")
+    worker_stack.start("celery")
+    try:
+        oci.artifact("tagged", f"{oci.registry.host}/{oci.repo}:v3")
+        assert "requires references pinned by digest" in oci.refused("tagged", "ReferenceNotPinned")
+        oci.artifact("pinned", f"{oci.registry.host}/{oci.repo}@{pushed}")
+        oci.resolved("pinned")
+    finally:
+        del worker_stack.extra_env["GPUSTACK_OCI_REQUIRE_DIGEST"]
+        worker_stack.stop("celery")
+        worker_stack.start("celery")
