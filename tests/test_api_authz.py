@@ -227,6 +227,13 @@ def test_it_refuses_to_create_an_artifact_naming_a_secret_the_creator_cannot_rea
         assert refused.status_code == 403, refused.text
         assert 'cannot get resource "secrets"' in refused.json()["message"]
         assert refused.json()["details"]["causes"][0]["field"] == "spec.source.huggingFace.secretRef.name"
+        # A registry's pull Secret is read the same way: naming one takes the right to read it.
+        oci = dict(
+            body("c"), spec={"source": {"oci": {"reference": "r.example/m:v1", "secretRef": {"name": "hf-token"}}}}
+        )
+        refused = session.post(url, json=oci)
+        assert refused.status_code == 403, refused.text
+        assert refused.json()["details"]["causes"][0]["field"] == "spec.source.oci.secretRef.name"
         bind(
             api_client,
             namespace,

@@ -197,6 +197,34 @@ def test_a_pod_gets_its_model_once_ready_read_only_and_lets_it_go(
              message="the digest to leave spec.models")  # fmt: skip
 
 
+def test_a_pod_mounts_a_model_from_an_oci_registry_byte_for_byte(
+    node_plugin, real_node, launcher, worker_kube, tenant, core, registry
+):
+    from tests.test_oci_sources import FILES, oracle_digest, pull_secret
+
+    admin = launcher.admin
+    pusher = registry.add_user(f"{tenant}-ci", uuid.uuid4().hex, pull=f"{tenant}/", push=f"{tenant}/")
+    puller = registry.add_user(f"{tenant}-pull", uuid.uuid4().hex, pull=f"{tenant}/")
+    registry.push_modelpack(f"{tenant}/model", "v1", FILES, pusher)
+    pull_secret(core, tenant, "pull", registry.host, puller)
+    reference = {"reference": f"{registry.host}/{tenant}/model:v1", "secretRef": {"name": "pull"}}
+    artifact(worker_kube, tenant, "packed", {"oci": reference})
+    digest = wait_for(lambda: resolved_digest(worker_kube, tenant, "packed"), timeout=60, message="resolution")
+    assert digest == oracle_digest(FILES)
+    paths = sorted(FILES)
+    script = f"cd /models/m && sha256sum {' '.join(paths)}; sleep 3600"
+    admin.create(f"/api/v1/namespaces/{tenant}/pods", consumer(real_node, "oci-app", "packed", script))
+    wait_for(lambda: pod_ready(admin, tenant, "oci-app"), timeout=240, message="the Pod to start")
+
+    def output():
+        lines = real_node.logs(tenant, "oci-app").splitlines()
+        return lines if len(lines) >= len(paths) else None
+
+    expected = [f"{hashlib.sha256(FILES[p]).hexdigest()}  {p}" for p in paths]
+    assert wait_for(output, timeout=30, message="the consumer's output") == expected
+    admin.delete(f"/api/v1/namespaces/{tenant}/pods/oci-app", query={"gracePeriodSeconds": "0"})
+
+
 def refusal(admin, namespace, pod, fragment):
     """The FailedMount message of ``pod`` that contains ``fragment``."""
 

@@ -33,6 +33,17 @@ def oracle_digest(files: dict[str, bytes]) -> str:
     return "sha256:" + hashlib.sha256(text.encode()).hexdigest()
 
 
+def pull_secret(core, namespace: str, name: str, registry: str, user: tuple[str, str]) -> str:
+    """A ``kubernetes.io/dockerconfigjson`` Secret with ``user``'s credentials for ``registry``."""
+    auth = base64.b64encode(f"{user[0]}:{user[1]}".encode()).decode()
+    config = {"auths": {registry: {"auth": auth}}}
+    data = {".dockerconfigjson": base64.b64encode(json.dumps(config).encode()).decode()}
+    core.create_namespaced_secret(
+        namespace, {"metadata": {"name": name}, "type": "kubernetes.io/dockerconfigjson", "data": data}
+    )
+    return name
+
+
 class Registered:
     """The scenario's namespace seen from the registry: a repository its user may pull, and a Secret."""
 
@@ -44,17 +55,18 @@ class Registered:
         self.reader = registry.add_user(f"{self.ns}-pull", uuid.uuid4().hex, pull=f"{self.ns}/")
 
     def secret(self, name: str, user: tuple[str, str], registry: str | None = None) -> str:
-        auth = base64.b64encode(f"{user[0]}:{user[1]}".encode()).decode()
-        config = {"auths": {registry or self.registry.host: {"auth": auth}}}
-        data = {".dockerconfigjson": base64.b64encode(json.dumps(config).encode()).decode()}
-        body = {"metadata": {"name": name}, "type": "kubernetes.io/dockerconfigjson", "data": data}
-        self.core.create_namespaced_secret(self.ns, body)
-        return name
+        return pull_secret(self.core, self.ns, name, registry or self.registry.host, user)
 
     def artifact(self, name: str, reference: str, secret: str | None = "pull") -> None:
+        """Created as a tenant does, through ``worker.gpustack.ai/v1``."""
         source = {"reference": reference, **({"secretRef": {"name": secret}} if secret else {})}
-        body = {"apiVersion": f"{GROUP}/v1alpha1", "kind": "ModelArtifact", "metadata": {"name": name}}
-        self.kube.create(f"{STORAGE}/namespaces/{self.ns}/modelartifacts", dict(body, spec={"source": {"oci": source}}))
+        created = self.post(name, {"oci": source})
+        assert created.status_code == 201, created.text
+
+    def post(self, name: str, source: dict):
+        body = {"apiVersion": f"{GROUP}/v1", "kind": "ModelArtifact", "metadata": {"name": name}}
+        url = f"{self.scenario.cluster.server}/apis/{GROUP}/v1/namespaces/{self.ns}/modelartifacts"
+        return self.scenario.admin.post(url, json=dict(body, spec={"source": source}))
 
     def resolved(self, name: str, reason: str = "Resolved") -> dict:
         def check():
@@ -116,6 +128,15 @@ def test_a_modelpack_artifact_resolves_downloads_from_a_peer_and_ignores_a_moved
     columns = [c["name"] for c in table["columnDefinitions"]]
     row = dict(zip(columns, table["rows"][0]["cells"], strict=True))
     assert row["Source"] == f"oci:{oci.registry.host}/{oci.repo}:v1", row
+
+
+def test_a_hostile_or_ambiguous_source_is_refused_at_creation(oci):
+    for reference in ("Registry.example/Upper/x:v1", "r.example/a/../b:v1", "r.example/x:v1@sha256:123", ""):
+        refused = oci.post("bad", {"oci": {"reference": reference}})
+        assert refused.status_code == 422, (reference, refused.text)
+        assert "spec.source.oci.reference" in refused.text, refused.text
+    both = oci.post("both", {"oci": {"reference": "r.example/x:v1"}, "huggingFace": {"repository": "org/x"}})
+    assert both.status_code == 422 and "exactly one of huggingFace, modelScope, oci" in both.text, both.text
 
 
 def test_a_digest_pinned_reference_and_each_refusal_reason(oci):
