@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: run test quick unit lint bench soak chaos fuzz venv protos controlplane csi-sanity helm manifests clean
+.PHONY: run test quick unit lint bench soak chaos fuzz venv protos controlplane csi-sanity helm versitygw manifests clean
 
 venv: $(VENV)/.installed protos
 
@@ -32,6 +32,10 @@ csi-sanity:
 helm:
 	@deploy/helm/build.sh >/dev/null
 
+# Builds (or reuses) versitygw, the S3-compatible server the S3 sources are tested against, in the same cache.
+versitygw:
+	@deploy/versitygw/build.sh >/dev/null
+
 run: venv controlplane
 	$(PY) manage.py runlocal
 
@@ -57,7 +61,7 @@ quick: venv
 	$(PY) -m tests.lanes -- tests/unit tests/plugin tests/fakehub -q $(PYTEST_ARGS)
 
 # The whole suite in GPUSTACK_TEST_LANES lanes at once (default 2; tests/lanes.py), lint beside it.
-test: venv controlplane csi-sanity helm
+test: venv controlplane csi-sanity helm versitygw
 	@mkdir -p .local
 	@$(MAKE) --no-print-directory lint > .local/lint.log 2>&1 & lint=$$!; \
 	$(PY) -m tests.services -- $(PY) -m tests.lanes -- $(PYTEST_ARGS); status=$$?; \

@@ -234,6 +234,9 @@ HUB_TIMEOUT = env_float("GPUSTACK_HUB_TIMEOUT", 30.0, minimum=1.0)
 OCI_INSECURE_REGISTRIES = tuple(env_list("GPUSTACK_OCI_INSECURE_REGISTRIES"))
 OCI_REQUIRE_DIGEST = env_bool("GPUSTACK_OCI_REQUIRE_DIGEST", False)
 OCI_PLATFORM = env_str("GPUSTACK_OCI_PLATFORM", "linux/amd64")
+# S3 sources: how long (seconds) the pre-signed links of a fetch ticket stay valid (a download that outlives
+# them asks for a new ticket and resumes).
+S3_LINK_SECONDS = env_int("GPUSTACK_S3_LINK_SECONDS", 3600, minimum=60, maximum=7 * 24 * 3600)
 # Backoff of a resolution that failed for a reason that may pass (hub down, Secret or claim missing).
 RESOLVE_RETRY_BASE = env_float("GPUSTACK_RESOLVE_RETRY_BASE", 5.0, minimum=0.1)
 RESOLVE_RETRY_MAX = env_float("GPUSTACK_RESOLVE_RETRY_MAX", 300.0, minimum=0.1)

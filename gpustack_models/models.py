@@ -41,6 +41,7 @@ class SourceKind(models.TextChoices):
     HUGGING_FACE = "huggingFace", "Hugging Face"
     MODEL_SCOPE = "modelScope", "ModelScope"
     OCI = "oci", "OCI registry"
+    S3 = "s3", "S3"
     CLAIM = "persistentVolumeClaim", "PersistentVolumeClaim"
 
 
@@ -128,6 +129,11 @@ class Resolution(models.Model):
     repository = models.CharField(max_length=1024)
     commit = models.CharField(max_length=256)
     secret_name = models.CharField(max_length=253, blank=True)
+    objects_pinned = models.JSONField(
+        default=dict,
+        blank=True,
+        help_text="An S3 source's region and, per file path, its object's key, ETag and version at resolution",
+    )
     resolved_at = models.DateTimeField(auto_now=True)
 
     def __str__(self):

@@ -21,6 +21,7 @@ pytest_plugins = [
     "tests.support.helm",
     "tests.support.release",
     "tests.support.registry",
+    "tests.support.s3server",
     "tests.fakehub.fixtures",
 ]
 

@@ -266,7 +266,7 @@ def secret_refs(obj: dict):
     """``(member, Secret name)`` of each hub or registry source of an artifact body that names a Secret."""
     spec = obj.get("spec")
     source = (spec.get("source") or {}) if isinstance(spec, dict) else {}
-    for member in ("huggingFace", "modelScope", "oci"):
+    for member in ("huggingFace", "modelScope", "oci", "s3"):
         value = source.get(member) if isinstance(source, dict) else None
         ref = value.get("secretRef") if isinstance(value, dict) else None
         if isinstance(ref, dict) and ref.get("name"):

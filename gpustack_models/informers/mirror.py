@@ -53,8 +53,10 @@ def trimmed(obj: dict) -> dict:
 def _artifact_fields(obj: dict) -> dict:
     spec, status = obj.get("spec") or {}, obj.get("status") or {}
     source = spec.get("source") or {}
-    kind = next((k for k in ("huggingFace", "modelScope", "oci", "persistentVolumeClaim") if k in source), "")
+    kind = next((k for k in ("huggingFace", "modelScope", "oci", "s3", "persistentVolumeClaim") if k in source), "")
     member = source.get(kind) or {}
+    if kind == "s3":
+        member = {"repository": f"{member.get('bucket', '')}/{member.get('prefix') or ''}".rstrip("/")}
     resolved = status.get("resolved") or {}
     cond = next((c for c in status.get("conditions") or [] if c.get("type") == "Resolved"), {})
     return {

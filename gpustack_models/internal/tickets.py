@@ -53,9 +53,7 @@ from __future__ import annotations
 
 import base64
 import ipaddress
-import json
 import random
-import re
 from collections.abc import Iterable
 
 from django.conf import settings
@@ -66,6 +64,7 @@ from rest_framework.response import Response
 from gpustack_models import kube
 from gpustack_models.api.authentication import TokenReviewAuthentication
 from gpustack_models.api.views import KubeAPIView
+from gpustack_models.internal import source_credentials
 from gpustack_models.kinds import GROUP, STORAGE_VERSION
 from gpustack_models.kube.errors import BadRequest, Conflict, Forbidden, NotFound, Unauthorized
 from gpustack_models.kube.identity import NODE_NAME_EXTRA, plugin_user
@@ -83,9 +82,6 @@ from gpustack_models.models import (
     StoreEntry,
     TargetState,
 )
-
-# The tokens a plugin's FetchTicket accepts (printable ASCII, no space): any other is not offered.
-_TOKEN = re.compile(r"[\x21-\x7e]{1,4096}")
 
 
 class BoundPlugin(BasePermission):
@@ -237,6 +233,7 @@ def resolutions(digest: str) -> list[Resolution]:
             "repository",
             "commit",
             "secret_name",
+            "objects_pinned",
             "resolved_at",
             "artifact__namespace",
             "artifact__name",
@@ -275,39 +272,30 @@ def ordered(rows: Iterable[Resolution], wanting: set[str]) -> list[Resolution]:
 
 
 def offered_sources(rows: Iterable[Resolution]) -> list[dict]:
-    """The ticket's ``sources``: each row's, with the token of its Secret, duplicates once."""
-    tokens: dict[tuple[str, str], str | None] = {}
+    """The ticket's ``sources``: each row's, with the token of its Secret (an S3 row: pre-signed links of its
+    objects instead), duplicates once."""
+    tokens: dict[tuple[str, str, str], str | None] = {}
     out, seen = [], set()
     for r in rows:
+        source = {"source": r.source, "endpoint": r.endpoint, "repository": r.repository, "commit": r.commit}
+        if r.source == SourceKind.S3:
+            links = source_credentials.object_links(r.artifact.namespace, r.secret_name, r)
+            key = (*source.values(), tuple(sorted(links.items())))
+            if links and key not in seen:
+                seen.add(key)
+                out.append(dict(source, token=None, links=links))
+            continue
         token = None
         if r.secret_name:
             where = (r.artifact.namespace, r.secret_name, r.endpoint if r.source == SourceKind.OCI else "")
             if where not in tokens:
-                tokens[where] = registry_token(*where) if where[2] else hub_token(*where[:2])
+                tokens[where] = source_credentials.registry_token(*where) if where[2] else hub_token(*where[:2])
             token = tokens[where]
-        source = {"source": r.source, "endpoint": r.endpoint, "repository": r.repository, "commit": r.commit}
         key = (*source.values(), token)
         if key not in seen:
             seen.add(key)
             out.append(dict(source, token=token))
     return out
-
-
-def registry_token(namespace: str, secret_name: str, endpoint: str) -> str | None:
-    """The credentials a ``.dockerconfigjson`` Secret holds for the registry at ``endpoint``, as the
-    ``base64(user:password)`` the plugin answers the registry's challenges with (the registry's and its
-    token service's origins only)."""
-    from gpustack_models.sources import oci  # the registry client's module: loaded only where a ticket needs it
-
-    try:
-        secret = kube.default().get(f"/api/v1/namespaces/{namespace}/secrets/{secret_name}")
-        raw = (secret.get("data") or {}).get(".dockerconfigjson")
-        config = json.loads(base64.b64decode(raw)) if raw else None
-        found = oci.credentials_for(config, oci.registry_of(endpoint)) if config else None
-    except (kube.StatusError, TypeError, ValueError):
-        return None
-    token = found.basic if found else None
-    return token if token and _TOKEN.fullmatch(token) else None
 
 
 def hub_token(namespace: str, secret_name: str) -> str | None:
@@ -321,4 +309,4 @@ def hub_token(namespace: str, secret_name: str) -> str | None:
         token = base64.b64decode(raw).decode().strip() if raw else None
     except (TypeError, ValueError):  # not base64, not UTF-8
         return None
-    return token if token and _TOKEN.fullmatch(token) else None
+    return token if token and source_credentials.TOKEN.fullmatch(token) else None

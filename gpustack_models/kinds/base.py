@@ -141,6 +141,8 @@ def artifact_source(v: dict) -> str:
         return f"ms:{v['MS Repository']}"
     if v.get("OCI Reference"):
         return f"oci:{v['OCI Reference']}"
+    if v.get("S3 Bucket"):
+        return f"s3://{v['S3 Bucket']}/" + (v.get("S3 Prefix") or "")
     if v.get("Claim"):
         return f"pvc:{v['Claim']}" + (f"/{v['Claim Path']}" if v.get("Claim Path") else "")
     return ""

@@ -107,6 +107,31 @@ _OCI_SOURCE = obj(
 )
 
 
+S3_SECRET_REF = obj(
+    "A Secret in the artifact's namespace with the keys `accessKeyId` and `secretAccessKey` (or "
+    "`AWS_ACCESS_KEY_ID` and `AWS_SECRET_ACCESS_KEY`). Without it requests are unsigned (a public bucket). The "
+    "creator must be allowed to read it; nodes never get it (they get pre-signed links of the pinned objects).",
+    required=("name",),
+    name=object_name("Name of the Secret."),
+)
+
+_S3_SOURCE = obj(
+    "The objects under a prefix of a bucket in S3-compatible storage, each a file named by the rest of its key. "
+    "Each object is pinned at resolution by its version (where the bucket keeps versions) and its ETag.",
+    required=("endpoint", "bucket"),
+    endpoint=string(
+        "The store's URL, e.g. `https://s3.us-east-1.amazonaws.com` or `http://minio.storage:9000`; buckets "
+        "are addressed by path.",
+        pattern=r"^https?://[^/?#@\s]+/?$",
+        max_length=2048,
+    ),
+    bucket=string("The bucket.", pattern=r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$", min_length=3, max_length=63),
+    prefix=_relative_path("A directory of keys (`models/qwen2.5-7b`); the bucket's root when empty."),
+    region=string("The region requests are signed for.", default="us-east-1", min_length=1, max_length=64),
+    secretRef=S3_SECRET_REF,
+)
+
+
 _MODEL_ARTIFACT_SPEC = obj(
     "What the artifact is: a source and, for hub sources, which of its files. Immutable after creation.",
     required=("source",),
@@ -137,17 +162,18 @@ _MODEL_ARTIFACT_SPEC = obj(
         ),
     ),
     source=obj(
-        "Where the files come from: exactly one of huggingFace, modelScope, oci, persistentVolumeClaim.",
+        "Where the files come from: exactly one of huggingFace, modelScope, oci, s3, persistentVolumeClaim.",
         rules=(
             Rule(
-                "[has(self.huggingFace), has(self.modelScope), has(self.oci), has(self.persistentVolumeClaim)]"
-                ".filter(x, x).size() == 1",
-                "exactly one of huggingFace, modelScope, oci or persistentVolumeClaim must be set",
+                "[has(self.huggingFace), has(self.modelScope), has(self.oci), has(self.s3),"
+                " has(self.persistentVolumeClaim)].filter(x, x).size() == 1",
+                "exactly one of huggingFace, modelScope, oci, s3 or persistentVolumeClaim must be set",
             ),
         ),
         huggingFace=_hub_source("Hugging Face", "Qwen/Qwen2.5-7B-Instruct", "main"),
         modelScope=_hub_source("ModelScope", "qwen/Qwen2.5-7B-Instruct", None),
         oci=_OCI_SOURCE,
+        s3=_S3_SOURCE,
         persistentVolumeClaim=obj(
             "A PersistentVolumeClaim in the artifact's namespace holding the files; mounted, never downloaded.",
             required=("claimName",),
@@ -207,7 +233,8 @@ MODEL_ARTIFACT = ResourceKind(
     singular="modelartifact",
     namespaced=True,
     description="A model's files from a Hugging Face or ModelScope repository at a revision, an OCI "
-    "artifact in a registry, or a volume claim, resolved once to an immutable content digest and cached on GPU nodes.",
+    "artifact in a registry, objects in S3-compatible storage, or a volume claim, resolved once to an immutable "
+    "content digest and cached on GPU nodes.",
     spec=_MODEL_ARTIFACT_SPEC,
     status=_MODEL_ARTIFACT_STATUS,
     columns=(
@@ -219,6 +246,8 @@ MODEL_ARTIFACT = ResourceKind(
                 Field("HF Repository", ".spec.source.huggingFace.repository"),
                 _MS_REPOSITORY,
                 Field("OCI Reference", ".spec.source.oci.reference"),
+                Field("S3 Bucket", ".spec.source.s3.bucket"),
+                Field("S3 Prefix", ".spec.source.s3.prefix"),
                 Field("Claim", ".spec.source.persistentVolumeClaim.claimName"),
                 Field("Claim Path", ".spec.source.persistentVolumeClaim.path"),
             ),

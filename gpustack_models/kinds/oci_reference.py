@@ -24,6 +24,7 @@ _REFERENCE = re.compile(
 OCI_REFERENCE_PATTERN = re.sub(r"\?P<\w+>", "?:", _REFERENCE.pattern)
 DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
 DOCKER_HUB = "docker.io"
+DOCKER_HUB_ALIASES = ("index.docker.io", "registry-1.docker.io")  # what Docker's own configs and tools name it
 
 
 class InvalidReference(ValueError):
@@ -41,17 +42,19 @@ class Reference:
 
     @classmethod
     def parse(cls, text: str) -> Reference:
-        m = _REFERENCE.fullmatch(text or "")
-        if m is None or len(m.group("repository")) > 255:
+        m = _REFERENCE.fullmatch(text) if isinstance(text, str) else None
+        if m is None:
             raise InvalidReference(f"{text!r} is not a reference of the form registry/repository[:tag][@sha256:<hex>]")
         registry, repository = m.group("registry"), m.group("repository")
         if registry and not ("." in registry or ":" in registry or registry == "localhost"):
             registry, repository = None, f"{registry}/{repository}"  # "team/model": a Docker Hub path
         if not REPOSITORY.fullmatch(repository):
             raise InvalidReference(f"{text!r}: repository {repository!r} must be lowercase path components")
-        registry = registry or DOCKER_HUB
+        registry = DOCKER_HUB if registry in (None, *DOCKER_HUB_ALIASES) else registry
         if registry == DOCKER_HUB and "/" not in repository:
             repository = f"library/{repository}"
+        if len(repository) > 255:
+            raise InvalidReference(f"{text!r}: the repository is longer than 255 characters")
         return cls(registry, repository, m.group("tag"), m.group("digest"))
 
     @property
@@ -76,4 +79,4 @@ def endpoint(registry: str, insecure_registries=()) -> str:
 def registry_of(base: str) -> str:
     """The registry (``host[:port]``, as a Docker config names it) of a base URL made by ``endpoint``."""
     netloc = base.split("://", 1)[-1].split("/", 1)[0].lower()
-    return DOCKER_HUB if netloc == "registry-1.docker.io" else netloc
+    return DOCKER_HUB if netloc in DOCKER_HUB_ALIASES else netloc

@@ -40,7 +40,7 @@ from gpustack_models.reconcilers.task_names import (
     ROLLUP_DIGEST,
 )
 from gpustack_models.reconcilers.writes import RESOLVER, apply_status, artifact_path, condition, find_condition
-from gpustack_models.sources import SourceError, build_manifest, huggingface, modelscope, oci
+from gpustack_models.sources import SourceError, build_manifest, huggingface, modelscope, oci, s3
 
 log = logging.getLogger(__name__)
 
@@ -143,6 +143,8 @@ class ArtifactResolution:
                 return self.resolve_claim(source[SourceKind.CLAIM]["claimName"])
             if SourceKind.OCI in source:
                 return self.resolve_oci(source[SourceKind.OCI])
+            if SourceKind.S3 in source:
+                return self.resolve_s3(source[SourceKind.S3])
             kind = SourceKind.HUGGING_FACE if SourceKind.HUGGING_FACE in source else SourceKind.MODEL_SCOPE
             return self.resolve_hub(kind, source.get(kind) or {})
         except Failed as failure:
@@ -230,6 +232,54 @@ class ArtifactResolution:
         resolved = {"manifestDigest": digest, "fileCount": len(files), "sizeBytes": sum(f.size for f in files)}
         resolved["revision"] = resolution.commit
         return self.succeed(resolved, f"{reference} is {resolution.commit}")
+
+    def resolve_s3(self, member: dict) -> Outcome:
+        """Objects under a prefix: each pinned by version and ETag, its sha256 from the store or computed once."""
+        wait = budgets.take(self.namespace)
+        if wait > 0:
+            return Outcome("Postponed", retry=True, retry_after=wait, postponed=True)
+        self.secret_name = secret_name = (member.get("secretRef") or {}).get("name", "")
+        keys = self.read_s3_keys(secret_name) if secret_name else None
+        endpoint, bucket, region = member["endpoint"].rstrip("/"), member["bucket"], member.get("region") or "us-east-1"
+        try:
+            resolution, locations = s3.resolve(
+                endpoint,
+                bucket,
+                member.get("prefix"),
+                region,
+                keys,
+                proxy=settings.HUB_PROXY or None,
+                ca_bundle=settings.HUB_CA_BUNDLE or None,
+                timeout=settings.HUB_TIMEOUT,
+            )
+            files, digest = build_manifest(
+                resolution.files, self.spec.get("allowPatterns"), self.spec.get("ignorePatterns")
+            )
+        except SourceError as exc:
+            raise Failed(exc.reason, exc.message, exc.retryable, exc.retry_after) from None
+        self.check_expected(digest)
+        pinned = {"region": region, "files": {f.path: locations[f.path].to_dict() for f in files}}
+        origin = {"source": SourceKind.S3, "endpoint": endpoint, "repository": bucket, "objects_pinned": pinned}
+        self.remember(files, digest, dict(origin, commit=resolution.commit, secret_name=secret_name))
+        resolved = {"manifestDigest": digest, "fileCount": len(files), "sizeBytes": sum(f.size for f in files)}
+        resolved["revision"] = resolution.commit
+        versions = sum(1 for f in files if locations[f.path].version_id)
+        pinned_by = f"{versions} by version, the others by ETag" if versions else "each by ETag"
+        return self.succeed(
+            resolved, f"s3://{bucket}/{s3.directory(member.get('prefix'))}: {len(files)} objects pinned, {pinned_by}"
+        )
+
+    def read_s3_keys(self, secret_name: str):
+        """The access key and secret of the Secret (``accessKeyId``/``secretAccessKey``, or the AWS names)."""
+        data = self.read_secret(secret_name).get("data") or {}
+        for key_id, secret in (("accessKeyId", "secretAccessKey"), ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")):
+            if data.get(key_id) and data.get(secret):
+                return s3.Keys(
+                    base64.b64decode(data[key_id]).decode().strip(), base64.b64decode(data[secret]).decode().strip()
+                )
+        keys = ", ".join(sorted(k for k in data if data[k])) or "none"
+        message = f"Secret {secret_name!r} has no keys 'accessKeyId' and 'secretAccessKey' (its keys: {keys})"
+        raise Failed("SecretKeyNotFound", message, True)
 
     def read_secret(self, secret_name: str) -> dict:
         try:

@@ -32,7 +32,7 @@ from urllib.parse import urlsplit
 
 import requests
 
-from gpustack_models.kinds.oci_reference import DIGEST, DOCKER_HUB, Reference, endpoint, registry_of  # noqa: F401 (re-exported)
+from gpustack_models.kinds.oci_reference import DIGEST, DOCKER_HUB, DOCKER_HUB_ALIASES, Reference, endpoint, registry_of  # noqa: F401 (re-exported)
 from gpustack_models.sources.hub_errors import (
     AccessDenied,
     InvalidManifest,
@@ -220,36 +220,43 @@ def _platform_of(descriptor: dict) -> str:
 
 def artifact_files(manifest: dict, path: str | None, said: str) -> list[ManifestFile]:
     """The files of an artifact manifest: one per layer, named by its annotations; under ``path`` if given."""
-    config = (manifest.get("config") or {}).get("mediaType", "")
-    if config in IMAGE_CONFIGS and not manifest.get("artifactType"):
+    config = manifest.get("config")
+    layers = manifest.get("layers") or []
+    if not isinstance(config, dict | None) or not isinstance(layers, list):
+        raise InvalidManifest(f"{said}: the manifest's config or layers are malformed")
+    if (config or {}).get("mediaType") in IMAGE_CONFIGS and not manifest.get("artifactType"):
         raise InvalidManifest(
             f"{said} is a container image: model images (files in flattened layers) are not supported yet;"
             " push the model as an OCI artifact whose layers are its files"
         )
     prefix = f"{path.strip('/')}/" if path and path.strip("/") else ""
     files = []
-    for layer in manifest.get("layers") or []:
+    for layer in layers:
         files.extend(_layer_file(layer, prefix, said))
     return files
 
 
 def _layer_file(layer: dict, prefix: str, said: str) -> list[ManifestFile]:
-    annotations = layer.get("annotations") or {}
+    annotations = layer.get("annotations") if isinstance(layer, dict) else None
+    if not isinstance(annotations, dict):
+        raise InvalidManifest(f"{said}: a layer has no annotations naming its file")
     name = annotations.get(FILEPATH) or annotations.get(TITLE)
     media_type = str(layer.get("mediaType") or "")
-    if not name:
+    if not isinstance(name, str) or not name:
         raise InvalidManifest(f"{said}: a layer ({media_type}) has no {TITLE} annotation naming its file")
     if media_type.endswith(ARCHIVE_SUFFIXES):
         raise InvalidManifest(f"{said}: layer {name!r} is an archive ({media_type}); only file layers are supported")
-    digest = str(layer.get("digest") or "")
-    if not DIGEST.fullmatch(digest):
+    digest, size = layer.get("digest"), layer.get("size")
+    if not isinstance(digest, str) or not DIGEST.fullmatch(digest):
         raise InvalidManifest(f"{said}: layer {name!r} is not addressed by a sha256 digest")
-    name = name.lstrip("/") if isinstance(name, str) else name
+    if isinstance(size, bool) or not isinstance(size, int):
+        raise InvalidManifest(f"{said}: layer {name!r} has no integer size")
+    name = name.lstrip("/")
     if prefix and not name.startswith(prefix):
         return []
     try:
-        return [ManifestFile(name[len(prefix) :], int(layer.get("size")), "sha256", digest[7:])]
-    except (InvalidPath, TypeError, ValueError) as exc:
+        return [ManifestFile(name[len(prefix) :], size, "sha256", digest[7:])]
+    except (InvalidPath, ValueError) as exc:
         raise InvalidManifest(f"{said}: layer {name!r}: {exc}") from None
 
 
@@ -283,7 +290,8 @@ def _config_host(key: str) -> str:
     """The ``host[:port]`` of a Docker config's ``auths`` key (``https://host/v1/`` as well as ``host``)."""
     key = key.strip()
     netloc = urlsplit(key).netloc if "://" in key else key.split("/", 1)[0]
-    return {"index.docker.io": DOCKER_HUB, "registry-1.docker.io": DOCKER_HUB}.get(netloc.lower(), netloc.lower())
+    netloc = netloc.lower()
+    return DOCKER_HUB if netloc in DOCKER_HUB_ALIASES else netloc
 
 
 def credentials_for(config: dict, registry: str) -> Credentials | None:
@@ -292,13 +300,14 @@ def credentials_for(config: dict, registry: str) -> Credentials | None:
     auths = config.get("auths") if isinstance(config, dict) else None
     if not isinstance(auths, dict):
         raise ValueError("it has no 'auths' object")
+    registry = DOCKER_HUB if registry.lower() in DOCKER_HUB_ALIASES else registry.lower()
     for key, entry in auths.items():
-        if not isinstance(key, str) or _config_host(key) != registry.lower() or not isinstance(entry, dict):
+        if not isinstance(key, str) or _config_host(key) != registry or not isinstance(entry, dict):
             continue
         if entry.get("auth"):
             try:
                 username, sep, password = base64.b64decode(entry["auth"], validate=True).decode().partition(":")
-            except (ValueError, UnicodeDecodeError):
+            except (TypeError, ValueError, UnicodeDecodeError):
                 raise ValueError(f"the 'auth' of {key!r} is not base64 of user:password") from None
             if not sep:
                 raise ValueError(f"the 'auth' of {key!r} is not base64 of user:password")

@@ -15,6 +15,9 @@ How each source turns a file into a download URL:
   layer of the artifact; ``commit`` is the manifest digest the reference was pinned to). The token is the
   registry credential ``base64(user:password)``, never sent as it is: the fetcher answers the registry's
   ``WWW-Authenticate`` challenge with it (``registry_auth``).
+- S3-compatible storage: each file's own ``links`` entry, a GET of its object version pre-signed by the API
+  (the node gets no key of the store); ``repository`` is the bucket, ``commit`` the digest of the listing
+  pinned at resolution. Every link must be on the endpoint's origin.
 
 A ticket may offer several *sources* of the same files (``HubSource``: the source, endpoint, repository,
 commit and token of each tenant's artifact with this digest), in the order to try them; the first is
@@ -43,14 +46,18 @@ from urllib.parse import quote, quote_plus, urlsplit, urlunsplit
 
 from gpustack_models.kinds.oci_reference import DIGEST, REPOSITORY
 from gpustack_models.plugin.engine.failures import INVALID_REQUEST, DownloadFailed
+from gpustack_models.plugin.engine.ticket_peers import PEER_STATES, PeerSource, usable_peers  # noqa: F401 (re-exported)
 from gpustack_models.sources.manifest import InvalidPath, ManifestFile, manifest_digest
 
 HUGGING_FACE = "huggingFace"
 MODEL_SCOPE = "modelScope"
 OCI = "oci"
-SOURCES = (HUGGING_FACE, MODEL_SCOPE, OCI)
+S3 = "s3"
+SOURCES = (HUGGING_FACE, MODEL_SCOPE, OCI, S3)
+BY_SHA256 = (MODEL_SCOPE, OCI, S3)  # sources whose files are identified by their sha256
 
-Source = Literal["huggingFace", "modelScope", "oci"]
+Source = Literal["huggingFace", "modelScope", "oci", "s3"]
+_BUCKET = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")
 
 DIGEST_PATTERN = re.compile(r"sha256:([0-9a-f]{64})")
 _REPOSITORY = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)?")
@@ -96,10 +103,13 @@ class HubSource:
     repository: str
     commit: str
     token: str | None = None
+    links: tuple[tuple[str, str], ...] = ()  # an S3 source's (path, pre-signed URL) of each file
 
     def __post_init__(self):
         if isinstance(self.endpoint, str):
             object.__setattr__(self, "endpoint", self.endpoint.rstrip("/"))
+        if isinstance(self.links, Mapping):
+            object.__setattr__(self, "links", tuple(sorted(self.links.items())))
 
     def __repr__(self) -> str:
         return (
@@ -114,6 +124,8 @@ class HubSource:
         """What makes two sources the same, with a fingerprint of the token rather than the token."""
         token = self.token
         fingerprint = hashlib.sha256(token.encode()).hexdigest()[:16] if isinstance(token, str) else None
+        if self.links:
+            fingerprint = hashlib.sha256(repr(self.links).encode()).hexdigest()[:16]
         return (self.source, self.endpoint, self.repository, self.commit, fingerprint)
 
     # ---------------------------------------------------------------- validation
@@ -128,8 +140,9 @@ class HubSource:
             raise _invalid(f"endpoint must be an http(s) URL, not {self.endpoint!r}")
         if endpoint.query or endpoint.fragment or endpoint.username:
             raise _invalid("endpoint must not carry a query, fragment or credentials")
-        if self.source == OCI:
-            return self._check_oci()
+        {OCI: self._check_oci, S3: self._check_s3}.get(self.source, self._check_hub)()
+
+    def _check_hub(self) -> None:
         if not isinstance(self.repository, str) or not _REPOSITORY.fullmatch(self.repository):
             raise _invalid("the repository is not a valid owner/name")
         if self.source == MODEL_SCOPE and "/" not in self.repository:
@@ -142,21 +155,38 @@ class HubSource:
             raise _invalid("token must be a non-empty string of printable ASCII without spaces")
 
     def _check_oci(self) -> None:
-        if (
-            not isinstance(self.repository, str)
-            or len(self.repository) > 255
-            or not REPOSITORY.fullmatch(self.repository)
-        ):
+        repository = self.repository if isinstance(self.repository, str) and len(self.repository) <= 255 else ""
+        if not REPOSITORY.fullmatch(repository):
             raise _invalid("the repository is not a registry repository path")
         if not isinstance(self.commit, str) or not DIGEST.fullmatch(self.commit):
             raise _invalid("the commit of a registry source is its manifest's sha256 digest")
         if self.token is not None and not (isinstance(self.token, str) and _TOKEN.fullmatch(self.token)):
             raise _invalid("token must be a non-empty string of printable ASCII without spaces")
 
+    def _check_s3(self) -> None:
+        if not isinstance(self.repository, str) or not _BUCKET.fullmatch(self.repository):
+            raise _invalid("the repository of an S3 source is not a bucket name")
+        if not isinstance(self.commit, str) or not DIGEST.fullmatch(self.commit):
+            raise _invalid("the commit of an S3 source is the digest of its listing")
+        if self.token is not None:
+            raise _invalid("an S3 source carries no token: its links are pre-signed")
+        try:
+            home = origin(self.endpoint)
+            for path, link in self.links:
+                parts = urlsplit(link) if isinstance(path, str) and isinstance(link, str) else None
+                if parts is None or parts.scheme not in ("http", "https"):
+                    raise _invalid("an S3 source's links must be http(s) URLs by file path")
+                if origin(link) != home or parts.username is not None or parts.password is not None:
+                    raise _invalid("an S3 source's links must be on its endpoint's origin")
+        except ValueError:  # a port that is not one
+            raise _invalid("an S3 source's endpoint or links have an invalid port") from None
+
     # ---------------------------------------------------------------- the hub's protocol
 
     def url(self, file: ManifestFile) -> str:
         """Where ``file``'s bytes are, on the hub (a redirect may follow)."""
+        if self.source == S3:
+            return dict(self.links)[file.path]
         if self.source == OCI:
             return f"{self.endpoint}/v2/{self.repository}/blobs/sha256:{file.hexdigest}"
         if self.source == HUGGING_FACE:
@@ -188,6 +218,8 @@ class HubSource:
         }
         if include_token:
             out["token"] = self.token
+        if self.links:
+            out["links"] = dict(self.links)
         return out
 
     @classmethod
@@ -200,50 +232,8 @@ class HubSource:
             repository=data["repository"],
             commit=data.get("commit") or data.get("revision"),
             token=token if token is not None else data.get("token"),
+            links=dict(data.get("links") or {}),
         )
-
-
-PEER_STATES = ("Ready", "Downloading")
-_NODE = re.compile(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?")
-
-
-@dataclass(frozen=True)
-class PeerSource:
-    """Another node's plugin that holds the ticket's digest (``state`` ``Ready``) or is downloading it
-    (``Downloading``: it serves the ranges it has), at ``url`` (``https://<Pod IP>:<peer port>``). Its
-    endpoints are described in ``peers``; every byte from it is verified against the manifest as from a hub."""
-
-    node: str
-    url: str
-    state: str = "Ready"
-
-    def __post_init__(self):
-        if isinstance(self.url, str):
-            object.__setattr__(self, "url", self.url.rstrip("/"))
-
-    def check(self) -> None:
-        """Raise ``DownloadFailed(InvalidRequest)`` unless the peer is usable: a node name, an
-        ``https://host:port`` URL with nothing else in it, a known state."""
-        if not isinstance(self.node, str) or not _NODE.fullmatch(self.node):
-            raise _invalid("a peer's node is not a node name")
-        if self.state not in PEER_STATES:
-            raise _invalid(f"a peer's state must be one of {', '.join(PEER_STATES)}")
-        try:
-            url = urlsplit(self.url) if isinstance(self.url, str) else None
-            port = url.port if url is not None else None
-        except ValueError:
-            url = port = None
-        if url is None or url.scheme != "https" or not url.hostname or port is None:
-            raise _invalid("a peer's url must be https://<host>:<port>")
-        if url.path or url.query or url.fragment or url.username or url.password:
-            raise _invalid("a peer's url must carry no path, query, fragment or credentials")
-
-    def to_dict(self) -> dict[str, str]:
-        return {"node": self.node, "url": self.url, "state": self.state}
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> PeerSource:
-        return cls(node=data["node"], url=data["url"], state=data.get("state") or "Ready")
 
 
 @dataclass(frozen=True, repr=False)
@@ -270,9 +260,12 @@ class FetchTicket:
     fallbacks: tuple[HubSource, ...] = ()
     peers: tuple[PeerSource, ...] = ()
     joining: int | None = None
+    links: tuple[tuple[str, str], ...] = ()  # the first source's, when it is an S3 source
 
     def __post_init__(self):
         object.__setattr__(self, "files", tuple(self.files))
+        if isinstance(self.links, Mapping):
+            object.__setattr__(self, "links", tuple(sorted(self.links.items())))
         object.__setattr__(self, "fallbacks", tuple(self.fallbacks))
         object.__setattr__(self, "peers", tuple(self.peers))
         if isinstance(self.endpoint, str):
@@ -291,7 +284,7 @@ class FetchTicket:
     @property
     def primary(self) -> HubSource:
         """The first source: the ticket's own fields."""
-        return HubSource(self.source, self.endpoint, self.repository, self.commit, self.token)
+        return HubSource(self.source, self.endpoint, self.repository, self.commit, self.token, self.links)
 
     @property
     def sources(self) -> tuple[HubSource, ...]:
@@ -367,9 +360,17 @@ class FetchTicket:
             for i in range(1, len(parts)):
                 if "/".join(parts[:i]) in paths:
                     raise _invalid(f"{'/'.join(parts[:i])!r} is both a file and a directory")
-        by_sha256 = [hub.source for hub in self.sources if hub.source in (MODEL_SCOPE, OCI)]
+        self._check_sources_files(paths)
+
+    def _check_sources_files(self, paths: set[str]) -> None:
+        """What a source needs of the files: a sha256 each (all but Hugging Face), a link each (S3)."""
+        by_sha256 = [hub.source for hub in self.sources if hub.source in BY_SHA256]
         if by_sha256 and any(f.algorithm != "sha256" for f in self.files):
-            raise _invalid(f"{'ModelScope' if MODEL_SCOPE in by_sha256 else 'registry'} files are identified by sha256")
+            named = {MODEL_SCOPE: "ModelScope", OCI: "registry", S3: "S3"}[by_sha256[0]]
+            raise _invalid(f"{named} files are identified by sha256")
+        for hub in self.sources:
+            if hub.source == S3 and not paths <= dict(hub.links).keys():
+                raise _invalid("an S3 source has no link for some of the files")
 
     # ---------------------------------------------------------------- the hub's protocol (first source)
 
@@ -419,6 +420,7 @@ class FetchTicket:
                 commit=first.commit,
                 files=files,
                 token=token if token is not None else first.token,
+                links=first.links,
                 proxy=data.get("proxy") or None,
                 ca_bundle=data.get("caBundle") or data.get("ca_bundle") or None,
                 fallbacks=listed[1:],
@@ -443,20 +445,6 @@ def _file_from_dict(item: Mapping[str, Any]) -> ManifestFile:
     if algorithm is None and "checksum" in item:
         algorithm, _, hexdigest = str(item["checksum"]).partition(":")
     return ManifestFile(item["path"], item["size"], algorithm, hexdigest, bool(item.get("lfs", False)))
-
-
-def usable_peers(items) -> tuple[PeerSource, ...]:
-    """The well-formed peers of a ticket's ``peers`` list (or of ``PeerSource`` items), each node once;
-    the others are left out (a peer is an optional source: the hub remains)."""
-    out: dict[str, PeerSource] = {}
-    for item in items if isinstance(items, (list, tuple)) else ():
-        try:
-            peer = item if isinstance(item, PeerSource) else PeerSource.from_dict(item)
-            peer.check()
-        except (DownloadFailed, KeyError, TypeError, AttributeError):
-            continue
-        out.setdefault(peer.node, peer)
-    return tuple(out.values())
 
 
 def ticket_files(files: Iterable[ManifestFile]) -> list[ManifestFile]:

@@ -38,9 +38,11 @@ def test_it_is_a_namespaced_kind_with_its_short_name_and_progress():
 
 def test_exactly_one_source_and_a_spec_that_never_changes():
     assert "self == oldSelf" in {r["rule"] for r in rules("spec").values()}
-    one = rules("spec.source")["exactly one of huggingFace, modelScope or persistentVolumeClaim must be set"]
+    one = rules("spec.source")["exactly one of huggingFace, modelScope, oci, s3 or persistentVolumeClaim must be set"]
     assert one["rule"].endswith(".filter(x, x).size() == 1")
-    assert set(at("spec.source")["properties"]) == {"huggingFace", "modelScope", "persistentVolumeClaim"}
+    members = {"huggingFace", "modelScope", "oci", "s3", "persistentVolumeClaim"}
+    assert set(at("spec.source")["properties"]) == members
+    assert all(f"has(self.{member})" in one["rule"] for member in members)
 
 
 @pytest.mark.parametrize("field", ["allowPatterns", "ignorePatterns", "expectedDigest"])
@@ -96,6 +98,9 @@ def test_the_storage_crd_prints_the_raw_fields_the_v1_columns_need():
     assert [(f.name, f.json_path, f.type, f.priority) for f in MODEL_ARTIFACT.fields] == [
         ("HF Repository", ".spec.source.huggingFace.repository", "string", 1),
         ("MS Repository", ".spec.source.modelScope.repository", "string", 1),
+        ("OCI Reference", ".spec.source.oci.reference", "string", 1),
+        ("S3 Bucket", ".spec.source.s3.bucket", "string", 1),
+        ("S3 Prefix", ".spec.source.s3.prefix", "string", 1),
         ("Claim", ".spec.source.persistentVolumeClaim.claimName", "string", 1),
         ("Claim Path", ".spec.source.persistentVolumeClaim.path", "string", 1),
         ("HF Revision", ".spec.source.huggingFace.revision", "string", 1),
