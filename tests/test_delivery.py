@@ -225,6 +225,33 @@ def test_a_pod_mounts_a_model_from_an_oci_registry_byte_for_byte(
     admin.delete(f"/api/v1/namespaces/{tenant}/pods/oci-app", query={"gracePeriodSeconds": "0"})
 
 
+def test_a_pod_mounts_a_model_from_s3_byte_for_byte(node_plugin, real_node, launcher, worker_kube, tenant, core, s3):
+    from tests.test_oci_sources import FILES, oracle_digest
+
+    admin = launcher.admin
+    bucket = s3.create_bucket(f"d-{uuid.uuid4().hex[:10]}", versioned=True)
+    for path, data in FILES.items():
+        s3.put(bucket, f"m/{path}", data)
+    keys = {"accessKeyId": s3.access_key, "secretAccessKey": s3.secret_key}
+    core.create_namespaced_secret(tenant, {"metadata": {"name": "keys"}, "stringData": keys})
+    source = {"endpoint": s3.url, "bucket": bucket, "prefix": "m", "region": s3.region, "secretRef": {"name": "keys"}}
+    artifact(worker_kube, tenant, "stored", {"s3": source})
+    digest = wait_for(lambda: resolved_digest(worker_kube, tenant, "stored"), timeout=60, message="resolution")
+    assert digest == oracle_digest(FILES)
+    paths = sorted(FILES)
+    script = f"cd /models/m && sha256sum {' '.join(paths)}; sleep 3600"
+    admin.create(f"/api/v1/namespaces/{tenant}/pods", consumer(real_node, "s3-app", "stored", script))
+    wait_for(lambda: pod_ready(admin, tenant, "s3-app"), timeout=240, message="the Pod to start")
+
+    def output():
+        lines = real_node.logs(tenant, "s3-app").splitlines()
+        return lines if len(lines) >= len(paths) else None
+
+    expected = [f"{hashlib.sha256(FILES[p]).hexdigest()}  {p}" for p in paths]
+    assert wait_for(output, timeout=30, message="the consumer's output") == expected
+    admin.delete(f"/api/v1/namespaces/{tenant}/pods/s3-app", query={"gracePeriodSeconds": "0"})
+
+
 def refusal(admin, namespace, pod, fragment):
     """The FailedMount message of ``pod`` that contains ``fragment``."""
 

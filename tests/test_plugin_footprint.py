@@ -10,7 +10,7 @@ from tests.test_plugins import Scenario, big_files
 
 # The service's libraries: none has any use on a node.
 FORBIDDEN = {"django", "rest_framework", "kubernetes", "huggingface_hub", "modelscope", "celery", "kombu"}
-FORBIDDEN |= {"psycopg", "redis", "gunicorn", "whitenoise", "dj_database_url"}
+FORBIDDEN |= {"psycopg", "redis", "gunicorn", "whitenoise", "dj_database_url", "boto3", "botocore", "s3transfer"}
 IMPORTED = re.compile(r"^import time:\s+\d+ \|\s+\d+ \|\s*(\S+)$")
 
 
