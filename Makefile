@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: run test quick unit lint bench soak chaos fuzz venv protos controlplane csi-sanity helm versitygw manifests clean
+.PHONY: run test quick unit lint bench soak chaos fuzz venv protos controlplane csi-sanity helm versitygw oras manifests clean
 
 venv: $(VENV)/.installed protos
 
@@ -35,6 +35,10 @@ helm:
 # Builds (or reuses) versitygw, the S3-compatible server the S3 sources are tested against, in the same cache.
 versitygw:
 	@deploy/versitygw/build.sh >/dev/null
+
+# Builds (or reuses) oras, the registry client the benchmarks compare OCI downloads with, in the same cache.
+oras:
+	@deploy/oras/build.sh >/dev/null
 
 run: venv controlplane
 	$(PY) manage.py runlocal
@@ -69,7 +73,7 @@ test: venv controlplane csi-sanity helm versitygw
 	exit $$status
 
 # Benchmarks at full size, results printed together at the end.
-bench: venv controlplane
+bench: venv controlplane oras
 	GPUSTACK_BENCH=full $(PY) -m tests.services -- $(PY) -m pytest tests/benchmarks -q $(PYTEST_ARGS)
 
 # The soak: 300 watches, 50 progress/s, 20 writes/s and 1,000 informer events/s for 10 minutes; a table of

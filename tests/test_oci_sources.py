@@ -6,17 +6,22 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import io
 import json
 import os
+import tarfile
 import uuid
 
 import pytest
 
 from gpustack_models.kinds import GROUP
+from tests.support.registry import OCI_MANIFEST as OCI_IMAGE
 from tests.support.waiting import wait_for
 from tests.test_plugins import artifact_path, condition_of
 
 STORAGE = f"/apis/{GROUP}/v1alpha1"
+IMAGE_CONFIG = "application/vnd.oci.image.config.v1+json"
+LAYER_TAR = "application/vnd.oci.image.layer.v1.tar"
 
 FILES = {
     "config.json": b'{"architectures": ["TinyForCausalLM"], "hidden_size": 64}',
@@ -174,3 +179,89 @@ def test_a_cluster_that_requires_pinning_refuses_a_tag(oci, worker_stack):
         del worker_stack.extra_env["GPUSTACK_OCI_REQUIRE_DIGEST"]
         worker_stack.stop("celery")
         worker_stack.start("celery")
+
+
+def buildah_image(oci, files: dict[str, bytes], tag: str, tmp_path) -> str:
+    """A modelcar image pushed by buildah: the files under /models of an otherwise empty image, its layers
+    uncompressed (what lets nodes fetch each file by range). Returns the reference."""
+    from tests.support.image_build import Buildah
+
+    buildah = Buildah()
+    for path, data in files.items():
+        (tmp_path / "models" / path).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / "models" / path).write_bytes(data)
+    reference = f"{oci.registry.host}/{oci.repo}-image:{tag}"
+    image = f"localhost/modelcar-{uuid.uuid4().hex[:8]}"
+    with buildah.locked(exclusive=False):
+        container = buildah("from", "scratch").stdout.strip()
+        try:
+            buildah("copy", container, str(tmp_path / "models"), "/models")
+            buildah("commit", "--format", "oci", container, image)
+        finally:
+            buildah("rm", container, check=False)
+        try:
+            creds = f"{oci.writer[0]}:{oci.writer[1]}"
+            buildah(
+                "push", "--disable-compression", "--tls-verify=false", "--creds", creds, image, f"docker://{reference}"
+            )
+        finally:
+            buildah("rmi", image, check=False)
+    return reference
+
+
+def tar_layer(files: dict[str, bytes | None]) -> bytes:
+    """An uncompressed tar layer: each path a file, or ``None`` a whiteout of it."""
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for path, data in files.items():
+            head, _, base = path.rpartition("/")
+            info = tarfile.TarInfo(path if data is not None else f"{head}/.wh.{base}".lstrip("/"))
+            info.size = len(data or b"")
+            tar.addfile(info, io.BytesIO(data or b""))
+    return out.getvalue()
+
+
+def push_image(oci, tag: str, layers: list[bytes]) -> str:
+    """A container image of these uncompressed layers (the media types and config of an OCI image)."""
+    registry, repo = oci.registry, f"{oci.repo}-image"
+    diff_ids = [f"sha256:{hashlib.sha256(layer).hexdigest()}" for layer in layers]
+    config = json.dumps({"architecture": "amd64", "os": "linux", "rootfs": {"type": "layers", "diff_ids": diff_ids}})
+    manifest = {
+        "schemaVersion": 2,
+        "mediaType": OCI_IMAGE,
+        "config": descriptor(registry.push_blob(repo, config.encode(), oci.writer), config.encode(), IMAGE_CONFIG),
+        "layers": [descriptor(registry.push_blob(repo, b, oci.writer), b, LAYER_TAR) for b in layers],
+    }
+    registry.push_manifest(repo, tag, manifest, OCI_IMAGE, oci.writer)
+    return f"{registry.host}/{repo}:{tag}"
+
+
+def descriptor(digest: str, data: bytes, media_type: str) -> dict:
+    return {"mediaType": media_type, "digest": digest, "size": len(data)}
+
+
+def test_a_model_image_flattens_its_layers_and_downloads_from_a_peer(oci, scenario):
+    """A modelcar image: the files under /models of its layers applied in order (a later layer replaces one file
+    and deletes another), each fetched by range from inside its layer."""
+    first_layer = {f"models/{p}": data for p, data in FILES.items()} | {"models/stale.bin": b"gone", "bin/x": b"x"}
+    second_layer = {"models/config.json": b'{"replaced": true}', "models/stale.bin": None}
+    reference = push_image(oci, "v1", [tar_layer(first_layer), tar_layer(second_layer)])
+    expected = FILES | {"config.json": b'{"replaced": true}'}
+    oci.artifact("art", reference)
+    resolved = oci.resolved("art")["status"]["resolved"]
+    assert resolved["manifestDigest"] == oracle_digest(expected)
+    scenario.digest = resolved["manifestDigest"]
+    first, second = scenario.plugins(2)
+    scenario.prefetch([first])
+    assert scenario.wait_state(first.node, "Ready")["source"] == "Hub"
+    scenario.prefetch([second], name="second")
+    assert scenario.wait_state(second.node, "Ready")["source"] == "Peer"
+    for plugin in (first, second):
+        tree = scenario.tree(plugin)
+        assert {str(p.relative_to(tree)): p.read_bytes() for p in tree.rglob("*") if p.is_file()} == expected
+
+
+def test_a_model_image_pushed_by_buildah_has_compressed_layers_and_a_clear_reason(oci, tmp_path):
+    """Registries get compressed layers from buildah (and docker, podman) whatever its flags: refused, saying so."""
+    oci.artifact("image", buildah_image(oci, FILES, "v1", tmp_path))
+    assert "only uncompressed tar layers can be fetched by range" in oci.refused("image", "InvalidManifest")

@@ -291,10 +291,11 @@ def offered_sources(rows: Iterable[Resolution]) -> list[dict]:
             if where not in tokens:
                 tokens[where] = source_credentials.registry_token(*where) if where[2] else hub_token(*where[:2])
             token = tokens[where]
-        key = (*source.values(), token)
+        extents = (r.objects_pinned or {}).get("files") if r.source == SourceKind.OCI else None
+        key = (*source.values(), token, repr(extents))
         if key not in seen:
             seen.add(key)
-            out.append(dict(source, token=token))
+            out.append(dict(source, token=token, **({"extents": extents} if extents else {})))
     return out
 
 

@@ -211,7 +211,7 @@ class ArtifactResolution:
         self.secret_name = secret_name = (member.get("secretRef") or {}).get("name", "")
         credentials = self.read_registry_credentials(secret_name, ref.registry) if secret_name else None
         try:
-            resolution, endpoint, repository = oci.resolve(
+            resolution, endpoint, repository, extents = oci.resolve(
                 reference,
                 path=member.get("path"),
                 credentials=credentials,
@@ -227,7 +227,8 @@ class ArtifactResolution:
         except SourceError as exc:
             raise Failed(exc.reason, exc.message, exc.retryable, exc.retry_after) from None
         self.check_expected(digest)
-        origin = {"source": SourceKind.OCI, "endpoint": endpoint, "repository": repository}
+        pinned = {"files": {f.path: extents[f.path] for f in files if f.path in extents}}
+        origin = {"source": SourceKind.OCI, "endpoint": endpoint, "repository": repository, "objects_pinned": pinned}
         self.remember(files, digest, dict(origin, commit=resolution.commit, secret_name=secret_name))
         resolved = {"manifestDigest": digest, "fileCount": len(files), "sizeBytes": sum(f.size for f in files)}
         resolved["revision"] = resolution.commit

@@ -33,6 +33,7 @@ from urllib.parse import urlsplit
 import requests
 
 from gpustack_models.kinds.oci_reference import DIGEST, DOCKER_HUB, DOCKER_HUB_ALIASES, Reference, endpoint, registry_of  # noqa: F401 (re-exported)
+from gpustack_models.sources import oci_layers
 from gpustack_models.sources.hub_errors import (
     AccessDenied,
     InvalidManifest,
@@ -92,20 +93,23 @@ class Registry:
         self.session.verify = ca_bundle or True
         self.authorization: str | None = None
 
-    def get(self, path: str, accept: str | None = None) -> requests.Response:
-        """``GET <base>/v2/<repository>/<path>``, answering one authentication challenge on the way."""
+    def get(self, path: str, accept: str | None = None, stream: bool = False) -> requests.Response:
+        """``GET <base>/v2/<repository>/<path>``, answering one authentication challenge on the way. ``stream``
+        (a blob): the body is read as it comes, and a redirect to the registry's storage is followed (without
+        the credentials, which go to the registry's origin only)."""
         url = f"{self.base}/v2/{self.repository}/{path}"
-        response = self._send(url, accept)
+        response = self._send(url, accept, stream)
         if response.status_code == 401 and self._authenticate(response.headers.get("WWW-Authenticate", "")):
-            response = self._send(url, accept)
+            response.close()
+            response = self._send(url, accept, stream)
         return response
 
-    def _send(self, url: str, accept: str | None) -> requests.Response:
+    def _send(self, url: str, accept: str | None, stream: bool = False) -> requests.Response:
         headers = {"Accept": accept} if accept else {}
         if self.authorization:
             headers["Authorization"] = self.authorization
         try:
-            return self.session.get(url, headers=headers, timeout=self.timeout, allow_redirects=False)
+            return self.session.get(url, headers=headers, timeout=self.timeout, allow_redirects=stream, stream=stream)
         except requests.RequestException as exc:
             raise SourceUnavailable(f"the registry {self.base} did not answer: {type(exc).__name__}") from None
 
@@ -218,22 +222,58 @@ def _platform_of(descriptor: dict) -> str:
     return "/".join(str(p[k]) for k in ("os", "architecture", "variant") if p.get(k))
 
 
-def artifact_files(manifest: dict, path: str | None, said: str) -> list[ManifestFile]:
-    """The files of an artifact manifest: one per layer, named by its annotations; under ``path`` if given."""
-    config = manifest.get("config")
-    layers = manifest.get("layers") or []
+def _layers(manifest: dict, said: str) -> list:
+    config, layers = manifest.get("config"), manifest.get("layers") or []
     if not isinstance(config, dict | None) or not isinstance(layers, list):
         raise InvalidManifest(f"{said}: the manifest's config or layers are malformed")
-    if (config or {}).get("mediaType") in IMAGE_CONFIGS and not manifest.get("artifactType"):
-        raise InvalidManifest(
-            f"{said} is a container image: model images (files in flattened layers) are not supported yet;"
-            " push the model as an OCI artifact whose layers are its files"
-        )
+    return layers
+
+
+def is_image(manifest: dict) -> bool:
+    """A container image (a modelcar): files under a path of its flattened layers; else an artifact."""
+    config = manifest.get("config")
+    return isinstance(config, dict) and config.get("mediaType") in IMAGE_CONFIGS and not manifest.get("artifactType")
+
+
+def artifact_files(manifest: dict, path: str | None, said: str, registry=None, extents=None) -> list[ManifestFile]:
+    """The files of an artifact manifest: a file layer is a file named by its annotations; with ``registry``,
+    an uncompressed tar layer is read for the files in it (their places go to ``extents``); under ``path``."""
+    layers = _layers(manifest, said)
+    if is_image(manifest):
+        raise InvalidManifest(f"{said} is a container image, not an artifact")
     prefix = f"{path.strip('/')}/" if path and path.strip("/") else ""
     files = []
     for layer in layers:
-        files.extend(_layer_file(layer, prefix, said))
+        media_type = str(layer.get("mediaType") or "") if isinstance(layer, dict) else ""
+        if registry is not None and oci_layers.is_tar(media_type):
+            files.extend(_tar_files(registry, [layer], prefix, said, extents))
+        else:
+            files.extend(_layer_file(layer, prefix, said))
     return files
+
+
+def image_files(registry, manifest: dict, path: str | None, said: str, extents: dict) -> list[ManifestFile]:
+    """The files under ``path`` (``models`` by default, as KServe's modelcar) of an image's flattened layers."""
+    layers = _layers(manifest, said)
+    for layer in layers:
+        media_type = str(layer.get("mediaType") or "") if isinstance(layer, dict) else ""
+        if not oci_layers.is_tar(media_type):
+            raise InvalidManifest(
+                f"{said}: a layer is {media_type or 'not a layer'}: only uncompressed tar layers can be fetched by"
+                " range (push with compression off, e.g. `buildah push --disable-compression`)"
+            )
+    return _tar_files(registry, layers, "models/" if path is None else f"{path.strip('/')}/".lstrip("/"), said, extents)
+
+
+def _tar_files(registry, layers: list, prefix: str, said: str, extents: dict | None) -> list[ManifestFile]:
+    for layer in layers:
+        if not isinstance(layer.get("digest"), str) or not DIGEST.fullmatch(layer["digest"]):
+            raise InvalidManifest(f"{said}: a layer is not addressed by a sha256 digest")
+    files, others = oci_layers.flatten([oci_layers.scan(registry, layer, said) for layer in layers])
+    chosen = oci_layers.selected(files, others, prefix, said)
+    if extents is not None:
+        extents.update({p: {"blob": e.blob, "offset": e.offset, "size": e.blob_size} for p, (_, e) in chosen.items()})
+    return [file for file, _ in chosen.values()]
 
 
 def _layer_file(layer: dict, prefix: str, said: str) -> list[ManifestFile]:
@@ -245,7 +285,10 @@ def _layer_file(layer: dict, prefix: str, said: str) -> list[ManifestFile]:
     if not isinstance(name, str) or not name:
         raise InvalidManifest(f"{said}: a layer ({media_type}) has no {TITLE} annotation naming its file")
     if media_type.endswith(ARCHIVE_SUFFIXES):
-        raise InvalidManifest(f"{said}: layer {name!r} is an archive ({media_type}); only file layers are supported")
+        raise InvalidManifest(
+            f"{said}: layer {name!r} is an archive ({media_type}); only file layers and uncompressed tar layers"
+            " are supported"
+        )
     digest, size = layer.get("digest"), layer.get("size")
     if not isinstance(digest, str) or not DIGEST.fullmatch(digest):
         raise InvalidManifest(f"{said}: layer {name!r} is not addressed by a sha256 digest")
@@ -270,9 +313,10 @@ def resolve(
     proxy: str | None = None,
     ca_bundle: str | None = None,
     timeout: float = 30.0,
-) -> tuple[ResolvedRevision, str, str]:
-    """``(resolution, endpoint, repository)``: the manifest digest the reference names now (the
-    resolution's ``commit``) and the files of the manifest it leads to."""
+) -> tuple[ResolvedRevision, str, str, dict]:
+    """``(resolution, endpoint, repository, extents)``: the manifest digest the reference names now (the
+    resolution's ``commit``), the files of the manifest it leads to, and where those inside tar layers are
+    (``{path: {"blob", "offset", "size"}}``)."""
     ref = Reference.parse(reference)
     base = endpoint(ref.registry, insecure_registries)
     registry = Registry(base, ref.repository, credentials, proxy=proxy, ca_bundle=ca_bundle, timeout=timeout)
@@ -282,8 +326,12 @@ def resolve(
         if not DIGEST.fullmatch(chosen):
             raise InvalidManifest(f"{reference}: the index names a manifest without a sha256 digest")
         _, _, manifest = fetch_manifest(registry, chosen, f"{reference} ({platform})")
-    files = artifact_files(manifest, path, reference)
-    return ResolvedRevision(top, files, revision=ref.tag), base, ref.repository
+    extents: dict = {}
+    if is_image(manifest):
+        files = image_files(registry, manifest, path, reference, extents)
+    else:
+        files = artifact_files(manifest, path, reference, registry, extents)
+    return ResolvedRevision(top, files, revision=ref.tag), base, ref.repository, extents
 
 
 def _config_host(key: str) -> str:

@@ -103,18 +103,20 @@ def _size_mismatch(f: FileProgress, served) -> DownloadFailed:
     )
 
 
-def _body_span(f: FileProgress, response: StreamedResponse, pos: int, end: int) -> tuple[int, int]:
-    """``(bytes to skip, position to stop at)`` of a 200/206 answer's body for ``[pos, end)``."""
-    if response.status != 206:  # 200: the whole file, the Range was ignored
-        if response.length is not None and response.length != f.size:
+def _body_span(f: FileProgress, response: StreamedResponse, pos: int, end: int, extent=None) -> tuple[int, int]:
+    """``(bytes to skip, position to stop at)`` of a 200/206 answer's body for ``[pos, end)``. ``extent``:
+    ``(offset, size)`` of the blob holding the file's bytes from ``offset`` on (the file itself: ``(0, f.size)``)."""
+    offset, whole = extent or (0, f.size)
+    if response.status != 206:  # 200: the whole blob, the Range was ignored
+        if response.length is not None and response.length != whole:
             raise _size_mismatch(f, response.length)
-        return pos, end
+        return offset + pos, end
     m = _CONTENT_RANGE.fullmatch((response.header("Content-Range") or "").strip())
-    if m is None or int(m.group(1)) != pos:
+    if m is None or int(m.group(1)) != offset + pos:
         raise _Retry(f"{f.file.path}: unexpected Content-Range {response.header('Content-Range')!r}")
-    if m.group(3) != "*" and int(m.group(3)) != f.size:
+    if m.group(3) != "*" and int(m.group(3)) != whole:
         raise _size_mismatch(f, m.group(3))
-    return 0, min(end, int(m.group(2)) + 1)
+    return 0, min(end, int(m.group(2)) + 1 - offset)
 
 
 def _every_source_failed(failures: list[DownloadFailed]) -> DownloadFailed:
@@ -292,7 +294,7 @@ class RangeFetcher:
         reuse = False
         cursor = [pos]  # the first byte not written yet, kept current by _read_body
         try:
-            skip, stop = _body_span(f, response, pos, end)
+            skip, stop = _body_span(f, response, pos, end, hub.extent(f.file))
             self._skip(response, skip, view)
             pos = self._read_body(f, response, cursor, stop, view, seg, sink)
             reuse = pos == end and response.length == 0
@@ -346,12 +348,13 @@ class RangeFetcher:
     def _request(
         self, hub: HubSource, f: FileProgress, url: str, pos: int, end: int, credentials: dict
     ) -> StreamedResponse:
+        offset = hub.extent(f.file)[0]  # a file inside a blob: its bytes from there on
         try:
             response = self._pool.get(
                 url,
                 credentials=credentials,
                 credentials_origin=origin(hub.endpoint),
-                headers={"Range": f"bytes={pos}-{end - 1}"},
+                headers={"Range": f"bytes={pos + offset}-{end - 1 + offset}"},
             )
         except HttpError as exc:
             if not exc.retryable:

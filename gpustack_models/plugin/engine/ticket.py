@@ -104,12 +104,15 @@ class HubSource:
     commit: str
     token: str | None = None
     links: tuple[tuple[str, str], ...] = ()  # an S3 source's (path, pre-signed URL) of each file
+    # A registry source's files inside an (uncompressed) tar layer: (path, layer digest, offset, layer size).
+    extents: tuple[tuple[str, str, int, int], ...] = ()
 
     def __post_init__(self):
         if isinstance(self.endpoint, str):
             object.__setattr__(self, "endpoint", self.endpoint.rstrip("/"))
         if isinstance(self.links, Mapping):
             object.__setattr__(self, "links", tuple(sorted(self.links.items())))
+        object.__setattr__(self, "extents", _extents(self.extents))
 
     def __repr__(self) -> str:
         return (
@@ -124,8 +127,8 @@ class HubSource:
         """What makes two sources the same, with a fingerprint of the token rather than the token."""
         token = self.token
         fingerprint = hashlib.sha256(token.encode()).hexdigest()[:16] if isinstance(token, str) else None
-        if self.links:
-            fingerprint = hashlib.sha256(repr(self.links).encode()).hexdigest()[:16]
+        if self.links or self.extents:
+            fingerprint = hashlib.sha256(repr((self.links, self.extents, fingerprint)).encode()).hexdigest()[:16]
         return (self.source, self.endpoint, self.repository, self.commit, fingerprint)
 
     # ---------------------------------------------------------------- validation
@@ -162,6 +165,10 @@ class HubSource:
             raise _invalid("the commit of a registry source is its manifest's sha256 digest")
         if self.token is not None and not (isinstance(self.token, str) and _TOKEN.fullmatch(self.token)):
             raise _invalid("token must be a non-empty string of printable ASCII without spaces")
+        for path, blob, offset, size in self.extents:
+            valid = isinstance(path, str) and isinstance(blob, str) and DIGEST.fullmatch(blob)
+            if not valid or not all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in (offset, size)):
+                raise _invalid("a registry source's extents must be a layer digest, an offset and a size by path")
 
     def _check_s3(self) -> None:
         if not isinstance(self.repository, str) or not _BUCKET.fullmatch(self.repository):
@@ -188,13 +195,19 @@ class HubSource:
         if self.source == S3:
             return dict(self.links)[file.path]
         if self.source == OCI:
-            return f"{self.endpoint}/v2/{self.repository}/blobs/sha256:{file.hexdigest}"
+            blob = next((e[1] for e in self.extents if e[0] == file.path), f"sha256:{file.hexdigest}")
+            return f"{self.endpoint}/v2/{self.repository}/blobs/{blob}"
         if self.source == HUGGING_FACE:
             return f"{self.endpoint}/{self.repository}/resolve/{quote(self.commit, safe='')}/{quote(file.path)}"
         return (
             f"{self.endpoint}/api/v1/models/{self.repository}/repo"
             f"?Revision={quote_plus(self.commit)}&FilePath={quote_plus(file.path)}"
         )
+
+    def extent(self, file: ManifestFile) -> tuple[int, int]:
+        """``(offset, size)`` of the blob ``url`` names that holds ``file``'s bytes from ``offset`` on: a
+        file inside a tar layer; else ``(0, file.size)``, the file itself."""
+        return next(((e[2], e[3]) for e in self.extents if e[0] == file.path), (0, file.size))
 
     def hub_headers(self) -> dict[str, str]:
         """Headers for requests to the hub's own origin (credentials); never sent elsewhere. None for a
@@ -220,6 +233,8 @@ class HubSource:
             out["token"] = self.token
         if self.links:
             out["links"] = dict(self.links)
+        if self.extents:
+            out["extents"] = {p: {"blob": b, "offset": o, "size": n} for p, b, o, n in self.extents}
         return out
 
     @classmethod
@@ -233,6 +248,7 @@ class HubSource:
             commit=data.get("commit") or data.get("revision"),
             token=token if token is not None else data.get("token"),
             links=dict(data.get("links") or {}),
+            extents=dict(data.get("extents") or {}),
         )
 
 
@@ -261,11 +277,13 @@ class FetchTicket:
     peers: tuple[PeerSource, ...] = ()
     joining: int | None = None
     links: tuple[tuple[str, str], ...] = ()  # the first source's, when it is an S3 source
+    extents: tuple[tuple[str, str, int, int], ...] = ()  # the first source's, when it is a registry source
 
     def __post_init__(self):
         object.__setattr__(self, "files", tuple(self.files))
         if isinstance(self.links, Mapping):
             object.__setattr__(self, "links", tuple(sorted(self.links.items())))
+        object.__setattr__(self, "extents", _extents(self.extents))
         object.__setattr__(self, "fallbacks", tuple(self.fallbacks))
         object.__setattr__(self, "peers", tuple(self.peers))
         if isinstance(self.endpoint, str):
@@ -284,7 +302,7 @@ class FetchTicket:
     @property
     def primary(self) -> HubSource:
         """The first source: the ticket's own fields."""
-        return HubSource(self.source, self.endpoint, self.repository, self.commit, self.token, self.links)
+        return HubSource(self.source, self.endpoint, self.repository, self.commit, self.token, self.links, self.extents)
 
     @property
     def sources(self) -> tuple[HubSource, ...]:
@@ -421,6 +439,7 @@ class FetchTicket:
                 files=files,
                 token=token if token is not None else first.token,
                 links=first.links,
+                extents=first.extents,
                 proxy=data.get("proxy") or None,
                 ca_bundle=data.get("caBundle") or data.get("ca_bundle") or None,
                 fallbacks=listed[1:],
@@ -429,6 +448,14 @@ class FetchTicket:
             )
         except (KeyError, TypeError, ValueError, InvalidPath, AttributeError) as exc:
             raise DownloadFailed(INVALID_REQUEST, f"invalid fetch ticket: {type(exc).__name__}: {exc}") from None
+
+
+def _extents(value) -> tuple:
+    """Extents given as ``{path: {"blob", "offset", "size"}}`` (the wire's form), as sorted tuples."""
+    if not isinstance(value, Mapping):
+        return tuple(value)
+    entries = ((p, e.get("blob"), e.get("offset"), e.get("size")) for p, e in value.items() if isinstance(e, Mapping))
+    return tuple(sorted(entries, key=lambda e: str(e[0])))
 
 
 def _count(value: Any) -> int | None:

@@ -16,6 +16,7 @@ from gpustack_models.sources.oci import (
     Credentials,
     credentials_for,
     credentials_may_go,
+    is_image,
     pick_platform,
 )
 from gpustack_models.sources.oci import artifact_files as _artifact_files
@@ -251,12 +252,13 @@ def test_a_title_with_dot_dot_under_a_path_is_refused_too():
 @pytest.mark.parametrize(
     "config", ["application/vnd.oci.image.config.v1+json", "application/vnd.docker.container.image.v1+json"]
 )
-def test_a_container_image_is_refused_as_a_model_image(config):
+def test_a_container_image_is_not_read_as_an_artifact(config):
+    """An image's files are those of its flattened layers (``image_files``), not one per layer."""
     image = manifest(layer("a.bin", f"sha256:{A}"), config={"mediaType": config})
     del image["artifactType"]
-    with pytest.raises(InvalidManifest, match="container image") as caught:
+    assert is_image(image)
+    with pytest.raises(InvalidManifest, match="is a container image, not an artifact"):
         artifact_files(image)
-    assert "model images" in str(caught.value)
 
 
 @pytest.mark.parametrize(
