@@ -248,7 +248,7 @@ def _owned_configmap(api, namespace, owner_name, owner_uid, finalizers=()):
     return cm["metadata"]["name"]
 
 
-def test_it_deletes_in_the_foreground_while_a_dependent_exists(api, namespace):
+def test_it_deletes_in_the_foreground_while_a_dependent_exists(api, namespace, garbage_collector):
     api("apply", "-f", "-", input=artifact_yaml("fg", namespace))
     uid = json.loads(api("get", "mart", "fg", "-n", namespace, "-o", "json").stdout)["metadata"]["uid"]
     dependent = _owned_configmap(api, namespace, "fg", uid, finalizers=["example.com/hold"])
@@ -275,7 +275,7 @@ def test_it_deletes_in_the_foreground_while_a_dependent_exists(api, namespace):
     )
 
 
-def test_it_orphans_dependents(api, namespace):
+def test_it_orphans_dependents(api, namespace, garbage_collector):
     api("apply", "-f", "-", input=artifact_yaml("orph", namespace))
     uid = json.loads(api("get", "mart", "orph", "-n", namespace, "-o", "json").stdout)["metadata"]["uid"]
     dependent = _owned_configmap(api, namespace, "orph", uid)

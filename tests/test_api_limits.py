@@ -137,6 +137,22 @@ def test_it_serves_partial_object_metadata(v1, admin_http):
         f"{v1}/lim", headers={"Accept": "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1"}
     )
     assert one.json()["kind"] == "PartialObjectMetadata" and one.json()["metadata"]["name"] == "lim"
+    # A collection watched as the garbage collector's metadata informer watches it (client-go's metadata
+    # client): each event's object is PartialObjectMetadata, the only kind that client decodes.
+    metadata_client = (
+        "application/vnd.kubernetes.protobuf;as=PartialObjectMetadata;g=meta.k8s.io;v=v1,"
+        "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1,application/json"
+    )
+    version = listed.json()["metadata"]["resourceVersion"]
+    with admin_http.get(
+        v1, params={"watch": "true", "resourceVersion": "0", "timeoutSeconds": "5"},
+        headers={"Accept": metadata_client}, stream=True, timeout=30,
+    ) as watched:  # fmt: skip
+        assert watched.status_code == 200, watched.text
+        event = json.loads(next(watched.iter_lines()))
+    assert event["type"] == "ADDED" and event["object"]["kind"] == "PartialObjectMetadata", event
+    assert event["object"]["apiVersion"] == "meta.k8s.io/v1" and "spec" not in event["object"], event
+    assert int(event["object"]["metadata"]["resourceVersion"]) <= int(version)
 
 
 def test_it_reads_its_own_writes(v1, admin_http, worker_stack):

@@ -100,14 +100,14 @@ def test_it_answers_415_for_strategic_merge_before_the_verb_limit(worker_api, ad
 
 
 @pytest.mark.parametrize("cascade", ["background", "foreground", "orphan"])
-def test_it_deletes_a_store_with_every_cascade(worker_api, kubectl, worker_kube, cascade):
+def test_it_deletes_a_store_with_every_cascade(worker_api, kubectl, worker_kube, cascade, garbage_collector):
     name = f"node-{uuid.uuid4().hex[:8]}"
     make_store(worker_kube, name)
     kubectl("delete", "nms", name, f"--cascade={cascade}", "--timeout=30s")  # fails if not gone in time
     assert kubectl("get", "nms", name, check=False).returncode != 0
 
 
-def test_it_collects_a_store_whose_node_is_deleted(worker_api, kubectl, core, worker_kube):
+def test_it_collects_a_store_whose_node_is_deleted(worker_api, kubectl, core, worker_kube, garbage_collector):
     from kubernetes import client as k8s
 
     name = f"node-{uuid.uuid4().hex[:8]}"

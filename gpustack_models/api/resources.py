@@ -70,8 +70,11 @@ class ResourceView(KubeAPIView):
         return [parser() for parser in classes]
 
     def get_renderers(self):
-        named = bool(self.kwargs.get("name"))
-        return [renderer() for renderer in (OBJECT_RENDERERS if named else LIST_RENDERERS)]
+        # A watch's events are single objects, as a get's: the garbage collector's metadata informer watches a
+        # collection with as=PartialObjectMetadata (and cannot decode anything else).
+        watching = getattr(self, "query", None) is not None and self.request.method == "GET" and self.watching
+        single = bool(self.kwargs.get("name")) or watching
+        return [renderer() for renderer in (OBJECT_RENDERERS if single else LIST_RENDERERS)]
 
     def allow(self, verb: str) -> None:
         if verb not in self.kind.verbs:

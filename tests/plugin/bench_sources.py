@@ -15,7 +15,8 @@ reference client of that protocol fetching the same content from the same server
 The engine is timed from ``ensure`` to the digest ``Ready`` (every byte hashed and the tree published, its
 data synced to disk); the others from the start of the command or call to its return (the boto3 client is
 made before the clock starts, oras's process start-up is in its time). Every tool's files are then checked
-byte for byte (sha256) against the source, outside the timing. Rounds alternate the order of the tools.
+byte for byte (sha256) against the source, outside the timing. Rounds alternate the order of the tools, and
+the page cache's dirty data is written back (``sync``) before each tool starts.
 
     python -m tests.plugin.bench_sources            # 512+256+192+64 MiB and a config file, 2 rounds
     python -m tests.plugin.bench_sources --smoke    # a few MB, seconds
@@ -198,6 +199,7 @@ def rounds(runners: dict, manifest: list, work_root: Path, repeat: int) -> tuple
         for name in order if i % 2 == 0 else order[::-1]:
             work = work_root / f"{name}-{i}"
             work.mkdir()
+            os.sync()  # no tool pays for writing back what the publication or the one before it wrote
             try:
                 seconds, directory = runners[name](work)
                 verified[name] += verify(directory, manifest, name)

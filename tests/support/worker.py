@@ -7,6 +7,9 @@ import contextlib
 import os
 import subprocess
 import sys
+import threading
+import time
+import uuid
 
 import pytest
 import requests
@@ -110,6 +113,63 @@ def launcher(cluster):
     return lc
 
 
+# The kinds the probe deletes (plural, namespaced, spec): what the tests that need the collector delete.
+PROBES = (
+    ("nodemodelstores", False, {}),
+    ("modelartifacts", True, {"source": {"huggingFace": {"repository": "org/gc-probe"}}}),
+)
+KINDS = {"nodemodelstores": "NodeModelStore", "modelartifacts": "ModelArtifact"}
+
+
+class GarbageCollectorProbe(threading.Thread):
+    """Tells when kube-controller-manager's garbage collector handles the aggregated v1 kinds.
+
+    The collector learns deletable resources from discovery, again every 30 s: until it has learnt the
+    APIService's, an orphan or foreground deletion of its kinds (their objects carry a finalizer only the
+    collector removes) waits. Started as the APIService becomes available, beside the tests that need none
+    of it: a NodeModelStore deleted with ``propagationPolicy: Orphan`` is gone once the collector has."""
+
+    def __init__(self, service):
+        super().__init__(name="gc-probe", daemon=True)
+        self.admin, self.seconds, self.error = service, None, None
+
+    def run(self) -> None:
+        from gpustack_models.kinds import GROUP
+
+        started = time.monotonic()
+        try:
+            for plural, namespaced, spec in PROBES:
+                path = f"/apis/{GROUP}/v1alpha1/{'namespaces/default/' if namespaced else ''}{plural}"
+                self.orphaned(path, {"apiVersion": f"{GROUP}/v1alpha1", "kind": KINDS[plural], "spec": spec})
+            self.seconds = time.monotonic() - started
+        except BaseException as exc:  # reported to the test that waits for it
+            self.error = exc
+
+    def orphaned(self, path: str, body: dict) -> None:
+        """An object of ``path`` created and deleted with ``propagationPolicy: Orphan``: gone once collected."""
+        from gpustack_models import kube
+
+        name = f"gc-probe-{uuid.uuid4().hex[:8]}"
+        self.admin.create(path, dict(body, metadata={"name": name}))
+        orphan = {"kind": "DeleteOptions", "apiVersion": "v1", "propagationPolicy": "Orphan"}
+        self.admin.delete(f"{path}/{name}", body=orphan)
+
+        def gone():
+            try:
+                self.admin.get(f"{path}/{name}")
+            except kube.NotFound:
+                return True
+            return False
+
+        wait_for(gone, timeout=150, interval=0.5, message=f"the garbage collector to handle {path}")
+
+    def wait(self) -> float:
+        self.join(160)
+        if self.error is not None or self.seconds is None:
+            raise AssertionError(f"the garbage collector never handled the v1 kinds: {self.error!r}")
+        return self.seconds
+
+
 @pytest.fixture(scope="session")
 def worker_api(launcher, django_db_setup, django_db_blocker):
     from gpustack_models.local.cluster import free_port
@@ -121,10 +181,20 @@ def worker_api(launcher, django_db_setup, django_db_blocker):
     try:
         launcher.register(api.port)
         launcher.wait_available()
+        from gpustack_models import kube  # the service's identity: the only one the storage takes writes from
+
+        api.gc_probe = GarbageCollectorProbe(kube.Kube(kube.load_configuration(str(launcher.service_kubeconfig))))
+        api.gc_probe.start()
         yield api
     finally:
         launcher.unregister()
         api.stop()
+
+
+@pytest.fixture
+def garbage_collector(worker_api):
+    """For a test whose deletions need the garbage collector: waits (once) until it handles the v1 kinds."""
+    return worker_api.gc_probe.wait()
 
 
 @pytest.fixture(scope="session")
