@@ -36,7 +36,8 @@ helm:
 versitygw:
 	@deploy/versitygw/build.sh >/dev/null
 
-# Builds (or reuses) oras, the registry client the benchmarks compare OCI downloads with, in the same cache.
+# Builds (or reuses) oras, the registry client the tests push models with and the benchmarks compare OCI downloads
+# with, in the same cache.
 oras:
 	@deploy/oras/build.sh >/dev/null
 
@@ -65,7 +66,7 @@ quick: venv
 	$(PY) -m tests.lanes -- tests/unit tests/plugin tests/fakehub -q $(PYTEST_ARGS)
 
 # The whole suite in GPUSTACK_TEST_LANES lanes at once (default 2; tests/lanes.py), lint beside it.
-test: venv controlplane csi-sanity helm versitygw
+test: venv controlplane csi-sanity helm versitygw oras
 	@mkdir -p .local
 	@$(MAKE) --no-print-directory lint > .local/lint.log 2>&1 & lint=$$!; \
 	$(PY) -m tests.services -- $(PY) -m tests.lanes -- $(PYTEST_ARGS); status=$$?; \
@@ -73,7 +74,7 @@ test: venv controlplane csi-sanity helm versitygw
 	exit $$status
 
 # Benchmarks at full size, results printed together at the end.
-bench: venv controlplane oras
+bench: venv controlplane versitygw oras
 	GPUSTACK_BENCH=full $(PY) -m tests.services -- $(PY) -m pytest tests/benchmarks -q $(PYTEST_ARGS)
 
 # The soak: 300 watches, 50 progress/s, 20 writes/s and 1,000 informer events/s for 10 minutes; a table of

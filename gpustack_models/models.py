@@ -131,8 +131,10 @@ class Resolution(models.Model):
     secret_name = models.CharField(max_length=253, blank=True)
     objects_pinned = models.JSONField(
         default=dict,
+        db_default={},  # rows written by a version without the column (a rolling upgrade) get one too
         blank=True,
-        help_text="An S3 source's region and, per file path, its object's key, ETag and version at resolution",
+        help_text="Where a source keeps each file's bytes, pinned at resolution: an S3 source's region and objects "
+        "(key, ETag, version); a registry's files inside tar layers (layer, offset)",
     )
     resolved_at = models.DateTimeField(auto_now=True)
 

@@ -658,3 +658,33 @@ def test_it_links_by_name_and_prints_one_capacity_figure_one_size_and_one_time(a
     assert '<td class="field-lapsed">1</td>' in prefetches and f"False (Lapsed): {LAPSED}" in prefetches
     created = Manifest.objects.get().created_at
     assert f'<td class="field-created_at nowrap">{timestamp(created)}</td>' in page("/admin/gpustack_models/manifest/")
+
+
+@pytest.mark.django_db
+def test_it_names_registry_and_s3_sources_as_kubectl_does(admin_client):
+    """Artifacts of an OCI registry and of an S3 prefix, mirrored as the informers mirror them: the tenant's
+    page and the artifact's page name the source (the reference; the bucket and prefix)."""
+    from html import unescape
+
+    from gpustack_models.informers import mirror
+
+    sources = {
+        "packed": {"oci": {"reference": "registry.example/models/qwen:v1", "secretRef": {"name": "pull"}}},
+        "stored": {"s3": {"endpoint": "http://minio:9000", "bucket": "models", "prefix": "qwen/0.5b"}},
+    }
+    for rv, (name, source) in enumerate(sources.items(), start=1):
+        meta = {
+            "namespace": "tenant-s",
+            "name": name,
+            "uid": f"uid-{name}",
+            "resourceVersion": str(rv),
+            "generation": 1,
+        }
+        body = {"apiVersion": "worker.gpustack.ai/v1alpha1", "kind": "ModelArtifact", "metadata": meta}
+        mirror.apply_object(mirror.ARTIFACTS, dict(body, spec={"source": source}))
+    tenant = unescape(admin_client.get("/admin/tenants/tenant-s/").content.decode())
+    assert "oci:registry.example/models/qwen:v1" in tenant and "s3:models/qwen/0.5b" in tenant
+    packed = unescape(admin_client.get("/admin/artifacts/tenant-s/packed/").content.decode())
+    assert "oci: registry.example/models/qwen:v1" in packed
+    stored = unescape(admin_client.get("/admin/artifacts/tenant-s/stored/").content.decode())
+    assert "s3: models/qwen/0.5b" in stored

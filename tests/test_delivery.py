@@ -197,32 +197,36 @@ def test_a_pod_gets_its_model_once_ready_read_only_and_lets_it_go(
              message="the digest to leave spec.models")  # fmt: skip
 
 
-def test_a_pod_mounts_a_model_from_an_oci_registry_byte_for_byte(
+def test_pods_mount_models_from_an_oci_registry_byte_for_byte(
     node_plugin, real_node, launcher, worker_kube, tenant, core, registry
 ):
-    from tests.test_oci_sources import FILES, oracle_digest, pull_secret
+    """A ModelPack artifact (a layer per file) and a model image (files inside its tar layer)."""
+    from tests.test_oci_sources import FILES, oracle_digest, pull_secret, push_image, tar_layer
 
     admin = launcher.admin
     pusher = registry.add_user(f"{tenant}-ci", uuid.uuid4().hex, pull=f"{tenant}/", push=f"{tenant}/")
     puller = registry.add_user(f"{tenant}-pull", uuid.uuid4().hex, pull=f"{tenant}/")
     registry.push_modelpack(f"{tenant}/model", "v1", FILES, pusher)
+    imaged = FILES | {"image.txt": b"only in the image"}  # other content: fetched from inside the layer
+    layer = tar_layer({f"models/{p}": b for p, b in imaged.items()})
+    image = push_image(registry, f"{tenant}/image", pusher, "v1", [layer])
     pull_secret(core, tenant, "pull", registry.host, puller)
-    reference = {"reference": f"{registry.host}/{tenant}/model:v1", "secretRef": {"name": "pull"}}
-    artifact(worker_kube, tenant, "packed", {"oci": reference})
-    digest = wait_for(lambda: resolved_digest(worker_kube, tenant, "packed"), timeout=60, message="resolution")
-    assert digest == oracle_digest(FILES)
-    paths = sorted(FILES)
-    script = f"cd /models/m && sha256sum {' '.join(paths)}; sleep 3600"
-    admin.create(f"/api/v1/namespaces/{tenant}/pods", consumer(real_node, "oci-app", "packed", script))
-    wait_for(lambda: pod_ready(admin, tenant, "oci-app"), timeout=240, message="the Pod to start")
+    for name, reference, files in (("packed", f"{registry.host}/{tenant}/model:v1", FILES), ("imaged", image, imaged)):
+        artifact(worker_kube, tenant, name, {"oci": {"reference": reference, "secretRef": {"name": "pull"}}})
+        digest = wait_for(lambda n=name: resolved_digest(worker_kube, tenant, n), timeout=60, message="resolution")
+        assert digest == oracle_digest(files)
+        paths = sorted(files)
+        script = f"cd /models/m && sha256sum {' '.join(paths)}; sleep 3600"
+        admin.create(f"/api/v1/namespaces/{tenant}/pods", consumer(real_node, f"{name}-app", name, script))
+        wait_for(lambda n=name: pod_ready(admin, tenant, f"{n}-app"), timeout=240, message="the Pod to start")
 
-    def output():
-        lines = real_node.logs(tenant, "oci-app").splitlines()
-        return lines if len(lines) >= len(paths) else None
+        def output(n=name, wanted=paths):
+            lines = real_node.logs(tenant, f"{n}-app").splitlines()
+            return lines if len(lines) >= len(wanted) else None
 
-    expected = [f"{hashlib.sha256(FILES[p]).hexdigest()}  {p}" for p in paths]
-    assert wait_for(output, timeout=30, message="the consumer's output") == expected
-    admin.delete(f"/api/v1/namespaces/{tenant}/pods/oci-app", query={"gracePeriodSeconds": "0"})
+        expected = [f"{hashlib.sha256(files[p]).hexdigest()}  {p}" for p in paths]
+        assert wait_for(output, timeout=30, message="the consumer's output") == expected
+        admin.delete(f"/api/v1/namespaces/{tenant}/pods/{name}-app", query={"gracePeriodSeconds": "0"})
 
 
 def test_a_pod_mounts_a_model_from_s3_byte_for_byte(node_plugin, real_node, launcher, worker_kube, tenant, core, s3):

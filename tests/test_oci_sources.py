@@ -15,6 +15,7 @@ import uuid
 import pytest
 
 from gpustack_models.kinds import GROUP
+from tests.support import oras
 from tests.support.registry import OCI_MANIFEST as OCI_IMAGE
 from tests.support.waiting import wait_for
 from tests.test_plugins import artifact_path, condition_of
@@ -106,9 +107,12 @@ def oci(scenario, registry, core):
     return registered
 
 
-def test_a_modelpack_artifact_resolves_downloads_from_a_peer_and_ignores_a_moved_tag(oci, scenario, admin_http):
-    pushed = oci.registry.push_modelpack(oci.repo, "v1", FILES, oci.writer)
-    oci.artifact("art", f"{oci.registry.host}/{oci.repo}:v1")
+def test_a_modelpack_artifact_resolves_downloads_from_a_peer_and_ignores_a_moved_tag(oci, scenario, kubectl, tmp_path):
+    """Pushed by oras, as a team pushes a model (a layer per file, titled by its path)."""
+    reference = f"{oci.registry.host}/{oci.repo}:v1"
+    pushed = oras.push_model(reference, FILES, oci.writer, tmp_path / "push")
+    assert oci.registry.get_manifest(oci.repo, "v1", oci.reader)[2] == pushed
+    oci.artifact("art", reference)
     resolved = oci.resolved("art")["status"]["resolved"]
     assert resolved["manifestDigest"] == oracle_digest(FILES)
     assert resolved["revision"] == pushed  # the tag, pinned to the manifest digest it named
@@ -126,13 +130,9 @@ def test_a_modelpack_artifact_resolves_downloads_from_a_peer_and_ignores_a_moved
         assert {p: (tree / p).read_bytes() for p in FILES} == FILES
         assert sorted(str(p.relative_to(tree)) for p in tree.rglob("*") if p.is_file()) == sorted(FILES)
     # kubectl's SOURCE column names the reference.
-    table = admin_http.get(
-        f"{scenario.cluster.server}/apis/{GROUP}/v1/namespaces/{oci.ns}/modelartifacts/art",
-        headers={"Accept": "application/json;as=Table;v=v1;g=meta.k8s.io"},
-    ).json()
-    columns = [c["name"] for c in table["columnDefinitions"]]
-    row = dict(zip(columns, table["rows"][0]["cells"], strict=True))
-    assert row["Source"] == f"oci:{oci.registry.host}/{oci.repo}:v1", row
+    header, row = kubectl("get", "mart", "art", "-n", oci.ns).stdout.splitlines()
+    assert header.split()[:3] == ["NAME", "SOURCE", "REVISION"], header
+    assert row.split()[1] == f"oci:{oci.registry.host}/{oci.repo}:v1", row
 
 
 def test_a_hostile_or_ambiguous_source_is_refused_at_creation(oci):
@@ -221,18 +221,17 @@ def tar_layer(files: dict[str, bytes | None]) -> bytes:
     return out.getvalue()
 
 
-def push_image(oci, tag: str, layers: list[bytes]) -> str:
+def push_image(registry, repo: str, user, tag: str, layers: list[bytes]) -> str:
     """A container image of these uncompressed layers (the media types and config of an OCI image)."""
-    registry, repo = oci.registry, f"{oci.repo}-image"
     diff_ids = [f"sha256:{hashlib.sha256(layer).hexdigest()}" for layer in layers]
     config = json.dumps({"architecture": "amd64", "os": "linux", "rootfs": {"type": "layers", "diff_ids": diff_ids}})
     manifest = {
         "schemaVersion": 2,
         "mediaType": OCI_IMAGE,
-        "config": descriptor(registry.push_blob(repo, config.encode(), oci.writer), config.encode(), IMAGE_CONFIG),
-        "layers": [descriptor(registry.push_blob(repo, b, oci.writer), b, LAYER_TAR) for b in layers],
+        "config": descriptor(registry.push_blob(repo, config.encode(), user), config.encode(), IMAGE_CONFIG),
+        "layers": [descriptor(registry.push_blob(repo, b, user), b, LAYER_TAR) for b in layers],
     }
-    registry.push_manifest(repo, tag, manifest, OCI_IMAGE, oci.writer)
+    registry.push_manifest(repo, tag, manifest, OCI_IMAGE, user)
     return f"{registry.host}/{repo}:{tag}"
 
 
@@ -245,7 +244,8 @@ def test_a_model_image_flattens_its_layers_and_downloads_from_a_peer(oci, scenar
     and deletes another), each fetched by range from inside its layer."""
     first_layer = {f"models/{p}": data for p, data in FILES.items()} | {"models/stale.bin": b"gone", "bin/x": b"x"}
     second_layer = {"models/config.json": b'{"replaced": true}', "models/stale.bin": None}
-    reference = push_image(oci, "v1", [tar_layer(first_layer), tar_layer(second_layer)])
+    layers = [tar_layer(first_layer), tar_layer(second_layer)]
+    reference = push_image(oci.registry, f"{oci.repo}-image", oci.writer, "v1", layers)
     expected = FILES | {"config.json": b'{"replaced": true}'}
     oci.artifact("art", reference)
     resolved = oci.resolved("art")["status"]["resolved"]

@@ -37,22 +37,14 @@ import tempfile
 import time
 from pathlib import Path
 
+from tests.support.oras import oras_binary
+
 REPO = Path(__file__).resolve().parents[2]
-ORAS_BUILD = REPO / "deploy" / "oras" / "build.sh"
 MB = 1024 * 1024
 FULL_FILES_MB = [512, 256, 192, 64, 0]
 SMOKE_FILES_MB = [0, 1, 3]
 LINK_SECONDS = 3600
 TIMEOUT = 1800
-
-
-def oras_binary() -> str:
-    """The oras binary's path: ``deploy/oras/build.sh`` builds it on first use (tens of seconds cold), reuses
-    it after."""
-    out = subprocess.run([str(ORAS_BUILD)], capture_output=True, text=True, check=False)
-    if out.returncode != 0:
-        raise RuntimeError(f"{ORAS_BUILD.relative_to(REPO)} failed ({out.returncode}):\n{out.stderr[-3000:]}")
-    return out.stdout.strip().splitlines()[-1]
 
 
 def make_files(files_mb: list[int]) -> dict[str, bytes]:
