@@ -39,7 +39,7 @@ def env_ports(name, default, count):
     ports = value.split(",")
     number = {"three": 3, "five": 5}[count]
     if value != "free" and not (
-        len(ports) == number and all(p.strip().isdigit() and 0 < int(p) < 65536 for p in ports)
+        len(ports) == number and all(p.strip().isascii() and p.strip().isdigit() and 0 < int(p) < 65536 for p in ports)
     ):
         raise ImproperlyConfigured(f"{name}={value!r}: expected {count} ports separated by commas, or free")
     return value

@@ -98,7 +98,7 @@ class ResourceView(KubeAPIView):
 
     def watch(self, request):
         resource_version = self.query.get("resourceVersion")
-        if resource_version and not resource_version.isdigit():
+        if resource_version and not (resource_version.isascii() and resource_version.isdigit()):  # not "¹"
             # kube-apiserver answers such a watch of a CRD with a 500; a client's mistake is a 400.
             raise BadRequest(f'resourceVersion: Invalid value: "{resource_version}": must be an unsigned integer')
         named = {"fieldSelector": f"metadata.name={self.target.name}"} if self.target.name else {}

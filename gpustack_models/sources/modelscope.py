@@ -269,7 +269,7 @@ def _manifest_file(entry: dict[str, Any]) -> ManifestFile:
     if not isinstance(sha256, str) or not sha256:
         raise ValueError(f"{path}: the hub listed no sha256")
     size = entry.get("Size")
-    if isinstance(size, str) and size.isdigit():
+    if isinstance(size, str) and size.isascii() and size.isdigit():
         size = int(size)
     return ManifestFile(path, size, "sha256", sha256, lfs=bool(entry.get("IsLFS")))
 
@@ -355,7 +355,7 @@ def _entry_commit(entry: dict[str, Any]) -> str | None:
 
 
 def _timestamp(value: Any) -> int:
-    if isinstance(value, str) and value.isdigit():
+    if isinstance(value, str) and value.isascii() and value.isdigit():
         return int(value)
     return value if isinstance(value, int) and not isinstance(value, bool) else -1
 

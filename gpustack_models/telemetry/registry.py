@@ -50,7 +50,7 @@ def _remove_stale(root: Path, role: str) -> None:
     """Remove the directories of earlier starts of ``role`` whose process is gone."""
     for path in root.glob(f"{role}-*"):
         pid = path.name.rsplit("-", 1)[-1]
-        if pid.isdigit() and not _alive(int(pid)):
+        if pid.isascii() and pid.isdigit() and not _alive(int(pid)):
             shutil.rmtree(path, ignore_errors=True)
 
 
