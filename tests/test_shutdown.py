@@ -28,6 +28,7 @@ import requests
 
 from gpustack_models.kinds import GROUP
 from gpustack_models.local.cluster import free_port
+from gpustack_models.local.ports import local_port_range
 from tests.support import REPO, wait_for
 from tests.support.worker import WorkerStack, celery_worker_argv, own_broker
 from tests.test_plugins import big_files
@@ -541,10 +542,25 @@ def listening(ports: set[int]) -> set[int]:
     return found
 
 
-def test_make_run_stops_every_process_it_started_within_10s():
+def _split_lane_ports(monkeypatch) -> dict:
+    """The lane's ports halved: the lower half for what this test picks, the upper for what runlocal picks. Both
+    stay out of the kernel's ephemeral range, where a port picked free may be some connection's source port by the
+    time a process binds it (kube-controller-manager once failed so: "address already in use")."""
+    span = local_port_range()
+    if span is None:
+        return {}
+    first, last = span
+    middle = (first + last) // 2
+    monkeypatch.setenv("GPUSTACK_LOCAL_PORTS", f"{first}-{middle}")
+    return {"GPUSTACK_LOCAL_PORTS": f"{middle + 1}-{last}"}
+
+
+def test_make_run_stops_every_process_it_started_within_10s(monkeypatch):
     data_dir = Path(tempfile.mkdtemp(prefix="gpm-run-"))  # short: the CSI socket's path is bounded
+    theirs = _split_lane_ports(monkeypatch)
     api_port, plugin_port, console_port = free_port(), free_port(), free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("GPUSTACK_") or k == "GPUSTACK_KUBE_CACHE"}
+    env.update(theirs)
     for name in ("DATABASE_URL", "CELERY_BROKER_URL", "CELERY_RESULT_BACKEND", "KUBECONFIG"):
         env.pop(name, None)  # its own SQLite and file broker, as `make run` on a fresh checkout
     env.update(
