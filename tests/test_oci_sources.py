@@ -50,6 +50,18 @@ def pull_secret(core, namespace: str, name: str, registry: str, user: tuple[str,
     return name
 
 
+def hub_then_peer(scenario) -> list[dict[str, bytes]]:
+    """The scenario's digest prefetched to one node (from the source), then to a second (from its peer): each
+    node's published tree, ``{path: bytes}``."""
+    first, second = scenario.plugins(2)
+    scenario.prefetch([first])
+    assert scenario.wait_state(first.node, "Ready")["source"] == "Hub"
+    scenario.prefetch([second], name="second")
+    assert scenario.wait_state(second.node, "Ready")["source"] == "Peer"
+    trees = [scenario.tree(plugin) for plugin in (first, second)]
+    return [{str(p.relative_to(tree)): p.read_bytes() for p in tree.rglob("*") if p.is_file()} for tree in trees]
+
+
 class Registered:
     """The scenario's namespace seen from the registry: a repository its user may pull, and a Secret."""
 
@@ -120,15 +132,9 @@ def test_a_modelpack_artifact_resolves_downloads_from_a_peer_and_ignores_a_moved
     scenario.digest = resolved["manifestDigest"]
     # The tag moves after resolution: the nodes still fetch what the artifact resolved to.
     oci.registry.push_modelpack(oci.repo, "v1", {"model.safetensors": b"other weights"}, oci.writer)
-    first, second = scenario.plugins(2)
-    scenario.prefetch([first])
-    assert scenario.wait_state(first.node, "Ready")["source"] == "Hub"
-    scenario.prefetch([second], name="second")
-    assert scenario.wait_state(second.node, "Ready")["source"] == "Peer"
-    for plugin in (first, second):
-        tree = scenario.tree(plugin)
-        assert {p: (tree / p).read_bytes() for p in FILES} == FILES
-        assert sorted(str(p.relative_to(tree)) for p in tree.rglob("*") if p.is_file()) == sorted(FILES)
+    for tree in hub_then_peer(scenario):
+        assert {p: tree[p] for p in FILES} == FILES
+        assert sorted(tree) == sorted(FILES)
     # kubectl's SOURCE column names the reference.
     header, row = kubectl("get", "mart", "art", "-n", oci.ns).stdout.splitlines()
     assert header.split()[:3] == ["NAME", "SOURCE", "REVISION"], header
@@ -251,14 +257,8 @@ def test_a_model_image_flattens_its_layers_and_downloads_from_a_peer(oci, scenar
     resolved = oci.resolved("art")["status"]["resolved"]
     assert resolved["manifestDigest"] == oracle_digest(expected)
     scenario.digest = resolved["manifestDigest"]
-    first, second = scenario.plugins(2)
-    scenario.prefetch([first])
-    assert scenario.wait_state(first.node, "Ready")["source"] == "Hub"
-    scenario.prefetch([second], name="second")
-    assert scenario.wait_state(second.node, "Ready")["source"] == "Peer"
-    for plugin in (first, second):
-        tree = scenario.tree(plugin)
-        assert {str(p.relative_to(tree)): p.read_bytes() for p in tree.rglob("*") if p.is_file()} == expected
+    for tree in hub_then_peer(scenario):
+        assert tree == expected
 
 
 def test_a_model_image_pushed_by_buildah_has_compressed_layers_and_a_clear_reason(oci, tmp_path):

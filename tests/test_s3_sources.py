@@ -13,7 +13,7 @@ import pytest
 
 from gpustack_models.kinds import GROUP
 from tests.support.waiting import wait_for
-from tests.test_oci_sources import oracle_digest
+from tests.test_oci_sources import hub_then_peer, oracle_digest
 from tests.test_plugins import artifact_path, condition_of
 
 FILES = {
@@ -91,14 +91,8 @@ def test_a_prefix_resolves_downloads_from_a_peer_and_keeps_its_versions(bucketed
     scenario.digest = resolved["manifestDigest"]
     # Rewritten after resolution: the nodes fetch the versions the artifact was pinned to.
     store.upload({"model.safetensors": os.urandom(len(FILES["model.safetensors"]))})
-    first, second = scenario.plugins(2)
-    scenario.prefetch([first])
-    assert scenario.wait_state(first.node, "Ready")["source"] == "Hub"
-    scenario.prefetch([second], name="second")
-    assert scenario.wait_state(second.node, "Ready")["source"] == "Peer"
-    for plugin in (first, second):
-        tree = scenario.tree(plugin)
-        assert {p: (tree / p).read_bytes() for p in FILES} == FILES
+    for tree in hub_then_peer(scenario):
+        assert {p: tree.get(p) for p in FILES} == FILES
     header, row = kubectl("get", "mart", "art", "-n", store.ns).stdout.splitlines()
     assert header.split()[1] == "SOURCE" and row.split()[1] == f"s3://{store.bucket}/{PREFIX}", (header, row)
 

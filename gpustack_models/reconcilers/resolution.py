@@ -179,17 +179,12 @@ class ArtifactResolution:
                 ca_bundle=settings.HUB_CA_BUNDLE or None,
                 timeout=settings.HUB_TIMEOUT,
             )
-            files, digest = build_manifest(
-                resolution.files, self.spec.get("allowPatterns"), self.spec.get("ignorePatterns")
-            )
         except SourceError as exc:
             raise Failed(exc.reason, exc.message, exc.retryable, exc.retry_after) from None
-        self.check_expected(digest)
+        files, digest = self.selected(resolution.files)
         origin = {"source": kind, "endpoint": endpoint, "repository": member["repository"]}
-        self.remember(files, digest, dict(origin, commit=resolution.commit, secret_name=secret_name))
-        resolved = {"manifestDigest": digest, "fileCount": len(files), "sizeBytes": sum(f.size for f in files)}
+        resolved = self.recorded(files, digest, origin, resolution.commit, pinned=resolution.pinned)
         if resolution.pinned:
-            resolved["revision"] = resolution.commit
             message = f"{member['repository']}@{resolution.revision or revision} is {resolution.commit}"
         else:  # the hub named no commit: the files are listed at the revision, and the status says so
             message = resolution.note
@@ -221,17 +216,12 @@ class ArtifactResolution:
                 ca_bundle=settings.HUB_CA_BUNDLE or None,
                 timeout=settings.HUB_TIMEOUT,
             )
-            files, digest = build_manifest(
-                resolution.files, self.spec.get("allowPatterns"), self.spec.get("ignorePatterns")
-            )
         except SourceError as exc:
             raise Failed(exc.reason, exc.message, exc.retryable, exc.retry_after) from None
-        self.check_expected(digest)
+        files, digest = self.selected(resolution.files)
         pinned = {"files": {f.path: extents[f.path] for f in files if f.path in extents}}
         origin = {"source": SourceKind.OCI, "endpoint": endpoint, "repository": repository, "objects_pinned": pinned}
-        self.remember(files, digest, dict(origin, commit=resolution.commit, secret_name=secret_name))
-        resolved = {"manifestDigest": digest, "fileCount": len(files), "sizeBytes": sum(f.size for f in files)}
-        resolved["revision"] = resolution.commit
+        resolved = self.recorded(files, digest, origin, resolution.commit)
         return self.succeed(resolved, f"{reference} is {resolution.commit}")
 
     def resolve_s3(self, member: dict) -> Outcome:
@@ -253,17 +243,12 @@ class ArtifactResolution:
                 ca_bundle=settings.HUB_CA_BUNDLE or None,
                 timeout=settings.HUB_TIMEOUT,
             )
-            files, digest = build_manifest(
-                resolution.files, self.spec.get("allowPatterns"), self.spec.get("ignorePatterns")
-            )
         except SourceError as exc:
             raise Failed(exc.reason, exc.message, exc.retryable, exc.retry_after) from None
-        self.check_expected(digest)
+        files, digest = self.selected(resolution.files)
         pinned = {"region": region, "files": {f.path: locations[f.path].to_dict() for f in files}}
         origin = {"source": SourceKind.S3, "endpoint": endpoint, "repository": bucket, "objects_pinned": pinned}
-        self.remember(files, digest, dict(origin, commit=resolution.commit, secret_name=secret_name))
-        resolved = {"manifestDigest": digest, "fileCount": len(files), "sizeBytes": sum(f.size for f in files)}
-        resolved["revision"] = resolution.commit
+        resolved = self.recorded(files, digest, origin, resolution.commit)
         versions = sum(1 for f in files if locations[f.path].version_id)
         pinned_by = f"{versions} by version, the others by ETag" if versions else "each by ETag"
         return self.succeed(
@@ -319,6 +304,21 @@ class ArtifactResolution:
             message = f"Secret {secret_name!r} has no key 'token' (its keys: {keys}); put the hub token under 'token'"
             raise Failed("SecretKeyNotFound", message, True)
         return base64.b64decode(raw).decode().strip()
+
+    def selected(self, listed: list) -> tuple[list, str]:
+        """The source's files the spec's patterns keep, and their digest, checked against ``expectedDigest``."""
+        try:
+            files, digest = build_manifest(listed, self.spec.get("allowPatterns"), self.spec.get("ignorePatterns"))
+        except SourceError as exc:
+            raise Failed(exc.reason, exc.message, exc.retryable, exc.retry_after) from None
+        self.check_expected(digest)
+        return files, digest
+
+    def recorded(self, files: list, digest: str, origin: dict, commit: str, pinned: bool = True) -> dict:
+        """The manifest and its origin remembered; the status's ``resolved`` (``revision`` when ``pinned``)."""
+        self.remember(files, digest, dict(origin, commit=commit, secret_name=self.secret_name))
+        resolved = {"manifestDigest": digest, "fileCount": len(files), "sizeBytes": sum(f.size for f in files)}
+        return dict(resolved, revision=commit) if pinned else resolved
 
     def check_expected(self, digest: str) -> None:
         expected = self.spec.get("expectedDigest")
