@@ -237,7 +237,7 @@ def is_image(manifest: dict) -> bool:
 
 def artifact_files(manifest: dict, path: str | None, said: str, registry=None, extents=None) -> list[ManifestFile]:
     """The files of an artifact manifest: a file layer is a file named by its annotations; with ``registry``,
-    an uncompressed tar layer is read for the files in it (their places go to ``extents``); under ``path``."""
+    a tar layer (compressed or not) is read for the files in it (their places go to ``extents``); under ``path``."""
     layers = _layers(manifest, said)
     if is_image(manifest):
         raise InvalidManifest(f"{said} is a container image, not an artifact")
@@ -259,8 +259,8 @@ def image_files(registry, manifest: dict, path: str | None, said: str, extents: 
         media_type = str(layer.get("mediaType") or "") if isinstance(layer, dict) else ""
         if not oci_layers.is_tar(media_type):
             raise InvalidManifest(
-                f"{said}: a layer is {media_type or 'not a layer'}: only uncompressed tar layers can be fetched by"
-                " range (push with compression off, e.g. `buildah push --disable-compression`)"
+                f"{said}: a layer is {media_type or 'not a layer'}: an image's layers must be tar archives"
+                " (uncompressed, gzip or zstd)"
             )
     return _tar_files(registry, layers, "models/" if path is None else f"{path.strip('/')}/".lstrip("/"), said, extents)
 
@@ -272,8 +272,14 @@ def _tar_files(registry, layers: list, prefix: str, said: str, extents: dict | N
     files, others = oci_layers.flatten([oci_layers.scan(registry, layer, said) for layer in layers])
     chosen = oci_layers.selected(files, others, prefix, said)
     if extents is not None:
-        extents.update({p: {"blob": e.blob, "offset": e.offset, "size": e.blob_size} for p, (_, e) in chosen.items()})
+        extents.update({p: _extent(e) for p, (_, e) in chosen.items()})
     return [file for file, _ in chosen.values()]
+
+
+def _extent(entry: oci_layers.Entry) -> dict:
+    """Where a node finds a file of a tar layer (the ticket's ``extents``): ``encoding`` only when compressed."""
+    out = {"blob": entry.blob, "offset": entry.offset, "size": entry.blob_size}
+    return out | ({"encoding": entry.encoding} if entry.encoding else {})
 
 
 def _layer_file(layer: dict, prefix: str, said: str) -> list[ManifestFile]:
@@ -286,8 +292,8 @@ def _layer_file(layer: dict, prefix: str, said: str) -> list[ManifestFile]:
         raise InvalidManifest(f"{said}: a layer ({media_type}) has no {TITLE} annotation naming its file")
     if media_type.endswith(ARCHIVE_SUFFIXES):
         raise InvalidManifest(
-            f"{said}: layer {name!r} is an archive ({media_type}); only file layers and uncompressed tar layers"
-            " are supported"
+            f"{said}: layer {name!r} is an archive ({media_type}); only file layers and tar layers (uncompressed,"
+            " gzip or zstd) are supported"
         )
     digest, size = layer.get("digest"), layer.get("size")
     if not isinstance(digest, str) or not DIGEST.fullmatch(digest):

@@ -1,16 +1,16 @@
 """Files inside the tar layers of an OCI image (a modelcar) or artifact, read once by the worker.
 
-A layer whose media type is an uncompressed tar (``application/vnd.oci.image.layer.v1.tar``, ModelPack's
-``….v1.tar``) is streamed once: each regular file's sha256, size and the offset of its bytes in the blob are
-recorded, and the blob itself is checked against the layer's digest. A node then fetches a file by byte range
-at that offset of the blob, verified against the recorded sha256, as any other file.
+A tar layer (``application/vnd.oci.image.layer.v1.tar``, ModelPack's ``….v1.tar``, and their ``+gzip`` and
+``+zstd`` forms) is streamed once: each regular file's sha256, size and the offset of its bytes in the tar
+stream are recorded, and the blob itself is checked against the layer's digest. A node then fetches a file of
+an uncompressed layer by byte range at that offset of the blob; a compressed layer's files are read from one
+decompressed stream of the blob (``layer_encoding``). Either way each file is verified against the recorded
+sha256, as any other file.
 
 An image's layers are applied in order, as a container runtime flattens them: a later file replaces an
 earlier one, ``.wh.<name>`` deletes ``<name>`` (and what is under it), ``.wh..wh..opq`` empties its directory
 of what earlier layers put there; a hard link is the file it links to. A symbolic link or a device under the
 selected path is refused (``InvalidManifest``): a model directory is files.
-
-A compressed layer (``+gzip``, ``+zstd``) has no byte offsets to fetch from; it is refused for now.
 """
 
 from __future__ import annotations
@@ -23,30 +23,32 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from gpustack_models.sources.hub_errors import AccessDenied, InvalidManifest, SourceUnavailable
+from gpustack_models.sources.layer_encoding import DecodeError, DecodingReader, encoding_of
 from gpustack_models.sources.manifest import InvalidPath, ManifestFile
 
-UNCOMPRESSED_TAR = ("application/vnd.oci.image.layer.v1.tar", "application/vnd.docker.image.rootfs.diff.tar")
-COMPRESSED = ("+gzip", "+zstd", ".tar.gzip", ".tar.gz", ".tar.zstd")
 CHUNK = 1024 * 1024
 
 
 def is_tar(media_type: str) -> bool:
-    return media_type in UNCOMPRESSED_TAR or media_type.endswith(".tar")
+    """A tar layer, compressed or not."""
+    return encoding_of(media_type) is not None
 
 
 def is_compressed(media_type: str) -> bool:
-    return media_type.endswith(COMPRESSED)
+    return bool(encoding_of(media_type))
 
 
 @dataclass(frozen=True)
 class Entry:
-    """A regular file of a layer: its bytes are ``size`` bytes at ``offset`` of the layer's blob."""
+    """A regular file of a layer: its bytes are ``size`` bytes at ``offset`` of the layer's tar stream (the blob
+    itself, or the blob decompressed when ``encoding`` names a compression)."""
 
     blob: str
     blob_size: int
     offset: int
     size: int
     sha256: str
+    encoding: str = ""
 
 
 class _Hashing(io.RawIOBase):
@@ -74,7 +76,9 @@ def _clean(name: str, said: str) -> str:
     return name
 
 
-def _members(tar: tarfile.TarFile, layer: dict, said: str) -> Iterator[tuple[str, str, Entry | str | None]]:
+def _members(
+    tar: tarfile.TarFile, layer: dict, encoding: str, said: str
+) -> Iterator[tuple[str, str, Entry | str | None]]:
     """``(path, kind, what)`` of each member: ``file`` with its ``Entry``, ``hardlink`` with its target,
     ``dir``, or ``other`` (symbolic links, devices)."""
     for member in tar:
@@ -83,7 +87,9 @@ def _members(tar: tarfile.TarFile, layer: dict, said: str) -> Iterator[tuple[str
             digest, stream = hashlib.sha256(), tar.extractfile(member)
             while chunk := stream.read(CHUNK):
                 digest.update(chunk)
-            entry = Entry(layer["digest"], int(layer["size"]), member.offset_data, member.size, digest.hexdigest())
+            entry = Entry(
+                layer["digest"], int(layer["size"]), member.offset_data, member.size, digest.hexdigest(), encoding
+            )
             yield name, "file", entry
         elif member.islnk():
             yield name, "hardlink", _clean(member.linkname, said)
@@ -98,14 +104,17 @@ def scan(registry, layer: dict, said: str) -> list[tuple[str, str, Entry | str |
         raise AccessDenied(f"{said}: the registry refused a layer (HTTP {response.status_code})")
     if response.status_code != 200:
         raise SourceUnavailable(f"{said}: the registry answered HTTP {response.status_code} for a layer")
+    encoding = encoding_of(str(layer.get("mediaType") or "")) or ""
     reader = _Hashing(response.raw)
+    stream = DecodingReader(encoding, int(layer["size"]), lambda _: reader, retries=0) if encoding else reader
     try:
-        with tarfile.open(fileobj=io.BufferedReader(reader, CHUNK), mode="r|") as tar:
-            members = list(_members(tar, layer, said))
+        with tarfile.open(fileobj=io.BufferedReader(stream, CHUNK), mode="r|") as tar:
+            members = list(_members(tar, layer, encoding, said))
         while reader.read(CHUNK):
             pass  # the padding after the archive's end, to check the whole blob
-    except (tarfile.TarError, EOFError) as exc:
-        raise InvalidManifest(f"{said}: layer {layer['digest']} is not a tar archive: {exc}") from None
+    except (tarfile.TarError, EOFError, DecodeError) as exc:
+        what = f"a {encoding}-compressed tar archive" if encoding else "a tar archive"
+        raise InvalidManifest(f"{said}: layer {layer['digest']} is not {what}: {exc}") from None
     except OSError as exc:
         raise SourceUnavailable(f"{said}: reading a layer failed: {type(exc).__name__}") from None
     finally:

@@ -8,7 +8,8 @@ How a digest is fetched (``Download`` runs the steps; each has its module):
    node holds is hard-linked from it (``sharing``) and counts as verified; for the others, the byte
    ranges already written and the hash state of their contiguous hashed prefix are restored
    (``ranges`` keeps a file's written ranges, hash frontier and hash).
-2. The missing bytes become *parts*: a small file is one part (one request); a file of at least
+2. The missing bytes become *parts* (files inside a compressed layer of a registry are read out of their
+   layer instead, one stream per layer: ``layers``): a small file is one part (one request); a file of at least
    ``split_threshold`` bytes is cut into ``part_size`` pieces fetched in parallel. Parts are handed
    out in file order, so the bytes of a file arrive roughly in order (``Parts``); when none is left,
    an idle thread takes the second half of the longest part still being read (its request stops at
@@ -49,6 +50,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from gpustack_models.plugin.engine import layers
 from gpustack_models.plugin.engine.cache import Cache
 from gpustack_models.plugin.engine.checkpoint import CHECKPOINT_VERSION
 from gpustack_models.plugin.engine.disk import DiskError, disk_failure
@@ -334,12 +336,16 @@ class Download:
             for f in self._files:
                 if not f.verified:
                     self._frontier.advance(f)  # resumed bytes written past the saved frontier; empty files
+            packed = layers.plan(self.ticket, self._files, self.fanout is not None)
+            inside = {id(f) for layer in packed for _, group in layer.groups for f in group}
+            rest = [f for f in self._files if id(f) not in inside]
             if self.fanout is not None:
-                count = self.fanout.open(self._files)
+                count = self.fanout.open(rest)
             else:
-                self._parts.plan(self._files)
+                self._parts.plan(rest)
                 count = len(self._parts)
             self._start_threads(threads, count)
+            self._start_threads(threads, len(packed), packed)
             self._coordinate(threads)
             while self.fanout is not None and self.fanout.unfinished() and not self._stop.is_set():
                 self._start_threads(threads, self.settings.max_threads)  # a file was thrown away at the end
@@ -366,10 +372,13 @@ class Download:
 
     # ---------------------------------------------------------------- 3. the fetching threads
 
-    def _start_threads(self, threads: list[threading.Thread], count: int) -> None:
-        """One thread per part, at most ``max_threads``, each appended to ``threads`` once started."""
+    def _start_threads(self, threads: list[threading.Thread], count: int, packed: list | None = None) -> None:
+        """One thread per part, at most ``max_threads`` (or one per compressed layer of ``packed``), each
+        appended to ``threads`` once started."""
         for i in range(min(count, self.settings.max_threads)):
-            thread = threading.Thread(target=self._fetching, name=f"download-{self.ticket.hex[:8]}-{i}", daemon=True)
+            layer = packed[i] if packed else None
+            name = f"{'layer' if layer else 'download'}-{self.ticket.hex[:8]}-{i}"
+            thread = threading.Thread(target=self._fetching, args=(layer,), name=name, daemon=True)
             thread.start()
             threads.append(thread)
 
@@ -379,11 +388,14 @@ class Download:
         for thread in threads:
             thread.join()
 
-    def _fetching(self) -> None:
-        """One fetching thread: parts (or the fan-out's segments) into its own buffer, until none is left."""
+    def _fetching(self, layer: layers.Layer | None = None) -> None:
+        """One fetching thread: parts (or the fan-out's segments, or a compressed layer's files) into its own
+        buffer, until none is left."""
         view = memoryview(bytearray(self.settings.buffer_size))
         try:
-            if self.fanout is not None:
+            if layer is not None:
+                self._unpack(layer, view)
+            elif self.fanout is not None:
                 self.fanout.work(view)
             else:
                 self._fetch_parts(view)
@@ -410,6 +422,15 @@ class Download:
                     self._fetcher.fetch(part.f, part.start, part.end, view, part)
                 finally:
                     self._parts.done(part)
+            finally:
+                slots.release()
+
+    def _unpack(self, layer: layers.Layer, view: memoryview) -> None:
+        """A compressed layer's files from one read of it, holding a connection slot meanwhile."""
+        slots = self.limits.slots
+        if slots.acquire(self._stop.is_set):
+            try:
+                layers.LayerStream(self._fetcher, self._frontier, layer, self._stop).run(view)
             finally:
                 slots.release()
 

@@ -12,7 +12,9 @@ How each source turns a file into a download URL:
 - ModelScope: ``GET {endpoint}/api/v1/models/{repository}/repo?Revision={commit}&FilePath={path}``
   (as the ``modelscope`` client builds it), redirects followed the same way.
 - An OCI registry: ``GET {endpoint}/v2/{repository}/blobs/sha256:{sha256 of the file}`` (each file is one
-  layer of the artifact; ``commit`` is the manifest digest the reference was pinned to). The token is the
+  layer of the artifact; ``commit`` is the manifest digest the reference was pinned to), or, for a file
+  inside a tar layer (``extents``), the layer's blob: by range at the file's offset when the layer is
+  uncompressed, from its start and decompressed (``plugin.engine.layers``) when it is gzip or zstd. The token is the
   registry credential ``base64(user:password)``, never sent as it is: the fetcher answers the registry's
   ``WWW-Authenticate`` challenge with it (``registry_auth``).
 - S3-compatible storage: each file's own ``links`` entry, a GET of its object version pre-signed by the API
@@ -47,6 +49,7 @@ from urllib.parse import quote, quote_plus, urlsplit, urlunsplit
 from gpustack_models.kinds.oci_reference import DIGEST, REPOSITORY
 from gpustack_models.plugin.engine.failures import INVALID_REQUEST, DownloadFailed
 from gpustack_models.plugin.engine.ticket_peers import PEER_STATES, PeerSource, usable_peers  # noqa: F401 (re-exported)
+from gpustack_models.sources.layer_encoding import ENCODINGS
 from gpustack_models.sources.manifest import InvalidPath, ManifestFile, manifest_digest
 
 HUGGING_FACE = "huggingFace"
@@ -104,8 +107,9 @@ class HubSource:
     commit: str
     token: str | None = None
     links: tuple[tuple[str, str], ...] = ()  # an S3 source's (path, pre-signed URL) of each file
-    # A registry source's files inside an (uncompressed) tar layer: (path, layer digest, offset, layer size).
-    extents: tuple[tuple[str, str, int, int], ...] = ()
+    # A registry source's files inside a tar layer: (path, layer digest, offset, layer size, encoding); the
+    # offset is in the tar stream, the layer decompressed when the encoding is "gzip" or "zstd" ("": none).
+    extents: tuple[tuple[str, str, int, int, str], ...] = ()
 
     def __post_init__(self):
         if isinstance(self.endpoint, str):
@@ -165,10 +169,12 @@ class HubSource:
             raise _invalid("the commit of a registry source is its manifest's sha256 digest")
         if self.token is not None and not (isinstance(self.token, str) and _TOKEN.fullmatch(self.token)):
             raise _invalid("token must be a non-empty string of printable ASCII without spaces")
-        for path, blob, offset, size in self.extents:
+        for path, blob, offset, size, encoding in self.extents:
             valid = isinstance(path, str) and isinstance(blob, str) and DIGEST.fullmatch(blob)
             if not valid or not all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in (offset, size)):
                 raise _invalid("a registry source's extents must be a layer digest, an offset and a size by path")
+            if encoding not in ENCODINGS:
+                raise _invalid(f"a layer's encoding must be one of gzip, zstd or none, not {encoding!r}")
 
     def _check_s3(self) -> None:
         if not isinstance(self.repository, str) or not _BUCKET.fullmatch(self.repository):
@@ -207,7 +213,12 @@ class HubSource:
     def extent(self, file: ManifestFile) -> tuple[int, int]:
         """``(offset, size)`` of the blob ``url`` names that holds ``file``'s bytes from ``offset`` on: a
         file inside a tar layer; else ``(0, file.size)``, the file itself."""
-        return next(((e[2], e[3]) for e in self.extents if e[0] == file.path), (0, file.size))
+        return next(((e[2], e[3]) for e in self.extents if e[0] == file.path and not e[4]), (0, file.size))
+
+    def packed(self, file: ManifestFile) -> tuple[str, int, int, str] | None:
+        """``(layer digest, offset in its decompressed tar stream, layer size, encoding)`` of a file inside a
+        compressed layer (which cannot be fetched by range: the layer is read from its start); else ``None``."""
+        return next(((e[1], e[2], e[3], e[4]) for e in self.extents if e[0] == file.path and e[4]), None)
 
     def hub_headers(self) -> dict[str, str]:
         """Headers for requests to the hub's own origin (credentials); never sent elsewhere. None for a
@@ -234,7 +245,10 @@ class HubSource:
         if self.links:
             out["links"] = dict(self.links)
         if self.extents:
-            out["extents"] = {p: {"blob": b, "offset": o, "size": n} for p, b, o, n in self.extents}
+            out["extents"] = {
+                p: {"blob": b, "offset": o, "size": n, **({"encoding": e} if e else {})}
+                for p, b, o, n, e in self.extents
+            }
         return out
 
     @classmethod
@@ -277,7 +291,7 @@ class FetchTicket:
     peers: tuple[PeerSource, ...] = ()
     joining: int | None = None
     links: tuple[tuple[str, str], ...] = ()  # the first source's, when it is an S3 source
-    extents: tuple[tuple[str, str, int, int], ...] = ()  # the first source's, when it is a registry source
+    extents: tuple[tuple[str, str, int, int, str], ...] = ()  # the first source's, when it is a registry source
 
     def __post_init__(self):
         object.__setattr__(self, "files", tuple(self.files))
@@ -451,10 +465,14 @@ class FetchTicket:
 
 
 def _extents(value) -> tuple:
-    """Extents given as ``{path: {"blob", "offset", "size"}}`` (the wire's form), as sorted tuples."""
+    """Extents given as ``{path: {"blob", "offset", "size", "encoding"}}`` (the wire's form), as sorted tuples."""
     if not isinstance(value, Mapping):
         return tuple(value)
-    entries = ((p, e.get("blob"), e.get("offset"), e.get("size")) for p, e in value.items() if isinstance(e, Mapping))
+    entries = (
+        (p, e.get("blob"), e.get("offset"), e.get("size"), e.get("encoding", ""))
+        for p, e in value.items()
+        if isinstance(e, Mapping)
+    )
     return tuple(sorted(entries, key=lambda e: str(e[0])))
 
 

@@ -4,14 +4,19 @@ links; symbolic links refused under the model's path)."""
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 import io
 import tarfile
 
 import pytest
+import zstandard
 
 from gpustack_models.sources.hub_errors import AccessDenied, InvalidManifest
 from gpustack_models.sources.oci_layers import flatten, is_compressed, is_tar, scan, selected
+
+
+LAYER = "application/vnd.oci.image.layer.v1.tar"
 
 
 def tar_of(*members: tuple[str, bytes | str | None]) -> bytes:
@@ -41,10 +46,10 @@ class Blobs:
         self.blobs: dict[str, bytes] = {}
         self.status = status
 
-    def layer(self, data: bytes, digest: str | None = None) -> dict:
+    def layer(self, data: bytes, digest: str | None = None, media_type: str = LAYER) -> dict:
         real = "sha256:" + hashlib.sha256(data).hexdigest()
         self.blobs[real] = data
-        return {"mediaType": "application/vnd.oci.image.layer.v1.tar", "digest": digest or real, "size": len(data)}
+        return {"mediaType": media_type, "digest": digest or real, "size": len(data)}
 
     def get(self, path: str, accept=None, stream=False):
         assert stream and path.startswith("blobs/")
@@ -86,6 +91,55 @@ def test_a_layer_that_is_not_a_tar_archive_is_refused():
     blobs = Blobs()
     layer = blobs.layer(b"this is not a tar archive at all" * 40)
     with pytest.raises(InvalidManifest, match="not a tar archive"):
+        scan(blobs, layer, "ref")
+
+
+def zstd_frames(data: bytes, cut: int) -> bytes:
+    """``data`` as two zstd frames, split at ``cut`` (as a multi-threaded encoder writes them)."""
+    compressor = zstandard.ZstdCompressor()
+    return compressor.compress(data[:cut]) + compressor.compress(data[cut:])
+
+
+@pytest.mark.parametrize(
+    ("media_type", "encode"),
+    [
+        (f"{LAYER}+gzip", lambda d: gzip.compress(d)),
+        (f"{LAYER}+gzip", lambda d: gzip.compress(d[:700]) + gzip.compress(d[700:])),  # two members, as pigz writes
+        (f"{LAYER}+zstd", lambda d: zstd_frames(d, 1000)),
+        ("application/vnd.docker.image.rootfs.diff.tar.gzip", lambda d: gzip.compress(d)),
+    ],
+)
+def test_a_compressed_layers_files_are_found_at_their_offset_of_the_decompressed_stream(media_type, encode):
+    blobs = Blobs()
+    data = tar_of(("models/config.json", b"{}"), ("models/w.bin", bytes(range(256)) * 9))
+    layer = blobs.layer(encode(data), media_type=media_type)
+    files = {name: entry for name, kind, entry in scan(blobs, layer, "ref") if kind == "file"}
+    assert set(files) == {"models/config.json", "models/w.bin"}
+    for entry in files.values():
+        assert hashlib.sha256(data[entry.offset : entry.offset + entry.size]).hexdigest() == entry.sha256
+        assert (entry.blob, entry.blob_size) == (layer["digest"], layer["size"])
+        assert entry.encoding == media_type.rpartition("+")[2].rpartition(".")[2]
+
+
+def test_a_compressed_layer_is_checked_against_its_digest_over_its_compressed_bytes():
+    blobs = Blobs()
+    layer = blobs.layer(gzip.compress(tar_of(("a.bin", b"x"))), digest="sha256:" + "0" * 64, media_type=f"{LAYER}+gzip")
+    with pytest.raises(InvalidManifest, match="with other bytes"):
+        scan(blobs, layer, "ref")
+
+
+@pytest.mark.parametrize(
+    ("encoding", "blob"),
+    [
+        ("gzip", b"not gzip at all" * 50),
+        ("gzip", gzip.compress(tar_of(("a.bin", b"x" * 5000)))[:-300]),  # cut short
+        ("zstd", gzip.compress(tar_of(("a.bin", b"x")))),  # another format
+    ],
+)
+def test_a_layer_that_is_not_what_its_compression_says_is_refused(encoding, blob):
+    blobs = Blobs()
+    layer = blobs.layer(blob, media_type=f"{LAYER}+{encoding}")
+    with pytest.raises(InvalidManifest, match=f"is not a {encoding}-compressed tar archive"):
         scan(blobs, layer, "ref")
 
 
@@ -154,9 +208,11 @@ def test_a_path_leaving_the_root_is_refused():
         ("application/vnd.oci.image.layer.v1.tar", True, False),
         ("application/vnd.docker.image.rootfs.diff.tar", True, False),
         ("application/vnd.cncf.model.weight.v1.tar", True, False),
-        ("application/vnd.oci.image.layer.v1.tar+gzip", False, True),
-        ("application/vnd.oci.image.layer.v1.tar+zstd", False, True),
-        ("application/vnd.docker.image.rootfs.diff.tar.gzip", False, True),
+        ("application/vnd.oci.image.layer.v1.tar+gzip", True, True),
+        ("application/vnd.oci.image.layer.v1.tar+zstd", True, True),
+        ("application/vnd.docker.image.rootfs.diff.tar.gzip", True, True),
+        ("application/vnd.cncf.model.weight.v1.tar+gzip", True, True),
+        ("application/vnd.example.file+gzip", False, False),
         ("application/vnd.cncf.model.weight.v1.raw", False, False),
     ],
 )
