@@ -200,8 +200,10 @@ def test_a_pod_gets_its_model_once_ready_read_only_and_lets_it_go(
 def test_pods_mount_models_from_an_oci_registry_byte_for_byte(
     node_plugin, real_node, launcher, worker_kube, tenant, core, registry
 ):
-    """A ModelPack artifact (a layer per file) and a model image (files inside its tar layer)."""
-    from tests.test_oci_sources import FILES, oracle_digest, pull_secret, push_image, tar_layer
+    """A ModelPack artifact (a layer per file) and a model image (files inside its gzip-compressed tar layer, as
+    image builders push them)."""
+    from tests.support.oci_images import push_image, tar_layer
+    from tests.test_oci_sources import FILES, oracle_digest, pull_secret
 
     admin = launcher.admin
     pusher = registry.add_user(f"{tenant}-ci", uuid.uuid4().hex, pull=f"{tenant}/", push=f"{tenant}/")
@@ -209,7 +211,7 @@ def test_pods_mount_models_from_an_oci_registry_byte_for_byte(
     registry.push_modelpack(f"{tenant}/model", "v1", FILES, pusher)
     imaged = FILES | {"image.txt": b"only in the image"}  # other content: fetched from inside the layer
     layer = tar_layer({f"models/{p}": b for p, b in imaged.items()})
-    image = push_image(registry, f"{tenant}/image", pusher, "v1", [layer])
+    image = push_image(registry, f"{tenant}/image", pusher, "v1", [(layer, "gzip")])
     pull_secret(core, tenant, "pull", registry.host, puller)
     for name, reference, files in (("packed", f"{registry.host}/{tenant}/model:v1", FILES), ("imaged", image, imaged)):
         artifact(worker_kube, tenant, name, {"oci": {"reference": reference, "secretRef": {"name": "pull"}}})

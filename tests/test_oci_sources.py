@@ -1,28 +1,25 @@
-"""Models from an OCI registry: a CNCF ModelPack artifact in the suite's real registry (distribution, behind
-token auth) resolves to the digest an independent oracle computes, downloads on two nodes (the second from
-its peer) byte for byte, keeps what it resolved to when the tag moves, and every refusal has its reason."""
+"""Models from an OCI registry: a CNCF ModelPack artifact and model images (their layers uncompressed, or gzip
+and zstd as buildah pushes them) in the suite's real registry (distribution, behind token auth) resolve to the
+digest an independent oracle computes, download on two nodes (the second from its peer) byte for byte, keep
+what they resolved to when the tag moves, and every refusal has its reason."""
 
 from __future__ import annotations
 
 import base64
 import hashlib
-import io
 import json
 import os
-import tarfile
 import uuid
 
 import pytest
 
 from gpustack_models.kinds import GROUP
 from tests.support import oras
-from tests.support.registry import OCI_MANIFEST as OCI_IMAGE
+from tests.support.oci_images import LAYER_TAR, push_image, tar_layer
 from tests.support.waiting import wait_for
 from tests.test_plugins import artifact_path, condition_of
 
 STORAGE = f"/apis/{GROUP}/v1alpha1"
-IMAGE_CONFIG = "application/vnd.oci.image.config.v1+json"
-LAYER_TAR = "application/vnd.oci.image.layer.v1.tar"
 
 FILES = {
     "config.json": b'{"architectures": ["TinyForCausalLM"], "hidden_size": 64}',
@@ -187,16 +184,17 @@ def test_a_cluster_that_requires_pinning_refuses_a_tag(oci, worker_stack):
         worker_stack.start("celery")
 
 
-def buildah_image(oci, files: dict[str, bytes], tag: str, tmp_path) -> str:
-    """A modelcar image pushed by buildah: the files under /models of an otherwise empty image, its layers
-    uncompressed (what lets nodes fetch each file by range). Returns the reference."""
+def buildah_image(oci, files: dict[str, bytes], tag: str, tmp_path, compression: str = "gzip") -> str:
+    """A modelcar image built and pushed by buildah: the files under /models of an otherwise empty image, its
+    layer compressed as buildah compresses what it pushes (``compression``: gzip, its default, or zstd).
+    Returns the reference."""
     from tests.support.image_build import Buildah
 
     buildah = Buildah()
     for path, data in files.items():
         (tmp_path / "models" / path).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / "models" / path).write_bytes(data)
-    reference = f"{oci.registry.host}/{oci.repo}-image:{tag}"
+    reference = f"{oci.registry.host}/{oci.repo}-{compression}:{tag}"
     image = f"localhost/modelcar-{uuid.uuid4().hex[:8]}"
     with buildah.locked(exclusive=False):
         container = buildah("from", "scratch").stdout.strip()
@@ -207,42 +205,11 @@ def buildah_image(oci, files: dict[str, bytes], tag: str, tmp_path) -> str:
             buildah("rm", container, check=False)
         try:
             creds = f"{oci.writer[0]}:{oci.writer[1]}"
-            buildah(
-                "push", "--disable-compression", "--tls-verify=false", "--creds", creds, image, f"docker://{reference}"
-            )
+            flags = ["--compression-format", compression, "--tls-verify=false", "--creds", creds]
+            buildah("push", *flags, image, f"docker://{reference}")
         finally:
             buildah("rmi", image, check=False)
     return reference
-
-
-def tar_layer(files: dict[str, bytes | None]) -> bytes:
-    """An uncompressed tar layer: each path a file, or ``None`` a whiteout of it."""
-    out = io.BytesIO()
-    with tarfile.open(fileobj=out, mode="w", format=tarfile.PAX_FORMAT) as tar:
-        for path, data in files.items():
-            head, _, base = path.rpartition("/")
-            info = tarfile.TarInfo(path if data is not None else f"{head}/.wh.{base}".lstrip("/"))
-            info.size = len(data or b"")
-            tar.addfile(info, io.BytesIO(data or b""))
-    return out.getvalue()
-
-
-def push_image(registry, repo: str, user, tag: str, layers: list[bytes]) -> str:
-    """A container image of these uncompressed layers (the media types and config of an OCI image)."""
-    diff_ids = [f"sha256:{hashlib.sha256(layer).hexdigest()}" for layer in layers]
-    config = json.dumps({"architecture": "amd64", "os": "linux", "rootfs": {"type": "layers", "diff_ids": diff_ids}})
-    manifest = {
-        "schemaVersion": 2,
-        "mediaType": OCI_IMAGE,
-        "config": descriptor(registry.push_blob(repo, config.encode(), user), config.encode(), IMAGE_CONFIG),
-        "layers": [descriptor(registry.push_blob(repo, b, user), b, LAYER_TAR) for b in layers],
-    }
-    registry.push_manifest(repo, tag, manifest, OCI_IMAGE, user)
-    return f"{registry.host}/{repo}:{tag}"
-
-
-def descriptor(digest: str, data: bytes, media_type: str) -> dict:
-    return {"mediaType": media_type, "digest": digest, "size": len(data)}
 
 
 def test_a_model_image_flattens_its_layers_and_downloads_from_a_peer(oci, scenario):
@@ -250,7 +217,7 @@ def test_a_model_image_flattens_its_layers_and_downloads_from_a_peer(oci, scenar
     and deletes another), each fetched by range from inside its layer."""
     first_layer = {f"models/{p}": data for p, data in FILES.items()} | {"models/stale.bin": b"gone", "bin/x": b"x"}
     second_layer = {"models/config.json": b'{"replaced": true}', "models/stale.bin": None}
-    layers = [tar_layer(first_layer), tar_layer(second_layer)]
+    layers = [tar_layer(first_layer), tar_layer(second_layer)]  # uncompressed: each file fetched by range
     reference = push_image(oci.registry, f"{oci.repo}-image", oci.writer, "v1", layers)
     expected = FILES | {"config.json": b'{"replaced": true}'}
     oci.artifact("art", reference)
@@ -261,7 +228,18 @@ def test_a_model_image_flattens_its_layers_and_downloads_from_a_peer(oci, scenar
         assert tree == expected
 
 
-def test_a_model_image_pushed_by_buildah_has_compressed_layers_and_a_clear_reason(oci, tmp_path):
-    """Registries get compressed layers from buildah (and docker, podman) whatever its flags: refused, saying so."""
-    oci.artifact("image", buildah_image(oci, FILES, "v1", tmp_path))
-    assert "only uncompressed tar layers can be fetched by range" in oci.refused("image", "InvalidManifest")
+@pytest.mark.parametrize("compression", ["gzip", "zstd"])
+def test_a_model_image_pushed_by_buildah_downloads_from_its_compressed_layer_then_from_a_peer(
+    oci, scenario, tmp_path, compression
+):
+    """What image builders push: every layer compressed. Each node reads the layer once from its start, or
+    fetches the files from a peer that holds them."""
+    reference = buildah_image(oci, FILES, "v1", tmp_path, compression)
+    manifest = json.loads(oci.registry.get_manifest(f"{oci.repo}-{compression}", "v1", oci.reader)[0])
+    assert [layer["mediaType"] for layer in manifest["layers"]] == [f"{LAYER_TAR}+{compression}"]
+    oci.artifact("art", reference)
+    resolved = oci.resolved("art")["status"]["resolved"]
+    assert resolved["manifestDigest"] == oracle_digest(FILES)
+    scenario.digest = resolved["manifestDigest"]
+    for tree in hub_then_peer(scenario):
+        assert tree == FILES

@@ -107,11 +107,16 @@ class Scenario:
         return None
 
     def wait_state(self, node, state, timeout=90, reason=None):
+        seen = {}
+
         def check():
-            e = self.entry(node)
+            e = seen["entry"] = self.entry(node)
             return e if e and e["state"] == state and (reason is None or e.get("reason") == reason) else None
 
-        return wait_for(check, timeout=timeout, interval=0.3, message=f"{node} to be {state} {reason or ''}")
+        try:
+            return wait_for(check, timeout=timeout, interval=0.3, message=f"{node} to be {state} {reason or ''}")
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}; its entry at the end: {seen.get('entry')}") from None
 
     def progress(self, name="art", ns=None):
         url = f"{self.cluster.server}/apis/{GROUP}/v1/namespaces/{ns or self.ns}/modelartifacts/{name}/progress"
