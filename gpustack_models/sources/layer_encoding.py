@@ -6,12 +6,12 @@ theirs. A compressed layer has no byte offsets of its files to fetch by range: i
 stream from the start, decompressed, and a file's bytes are the ``size`` bytes at its offset in the
 decompressed tar stream.
 
-``Decoder`` decompresses any number of concatenated gzip members or zstd frames (``pigz`` and zstd's
-multi-threaded encoder write several). ``DecodingReader`` reads the decompressed stream of a blob from a
-``fetch(start)`` that answers the blob's bytes from ``start`` on: a connection that drops mid-stream is asked
-again from the first compressed byte not yet read, and the decompressor carries on where it was, so a
-dropped connection costs no byte read twice. zstd needs the ``zstandard`` package, imported only when a zstd
-layer is read.
+``DecodingReader`` decompresses any number of concatenated gzip members or zstd frames (``pigz`` and zstd's
+multi-threaded encoder write several), never more than a read's worth at a time, and refuses a stream that
+expands past ``MAX_RATIO``. It reads the blob through a ``fetch(start)`` that answers the blob's bytes from
+``start`` on: a connection that drops mid-stream is asked again from the first compressed byte not yet read,
+and the decompressor carries on where it was, so a dropped connection costs no byte read twice. zstd needs
+the ``zstandard`` package, imported only when a zstd layer is read.
 """
 
 from __future__ import annotations
@@ -38,6 +38,10 @@ _DOCKER = {
     "application/vnd.docker.image.rootfs.diff.tar.zstd": ZSTD,
 }
 CHUNK = 1024 * 1024
+# Decompressed bytes at most this many times the compressed bytes read (plus a mebibyte): deflate cannot expand
+# more than about 1,032 times, model files far less; zstd can expand without bound (a small blob of a terabyte
+# of zeros would keep a worker reading for hours).
+MAX_RATIO = 1100
 
 
 class DecodeError(ValueError):
@@ -55,42 +59,106 @@ def encoding_of(media_type: str) -> str | None:
     return None
 
 
-def _decompressor(encoding: str):
-    if encoding == GZIP:
-        return zlib.decompressobj(wbits=16 + zlib.MAX_WBITS)
-    if encoding == ZSTD:
+class _Compressed(io.RawIOBase):
+    """The ``size`` compressed bytes of a blob through ``fetch(start)``, a dropped read asked again from where it
+    was (see ``DecodingReader``)."""
+
+    def __init__(self, size: int, fetch, retries: int, on_retry, allow, on_bytes):
+        self.size, self._fetch, self._retries = size, fetch, retries
+        self._on_retry, self._allow, self._on_bytes = on_retry, allow, on_bytes
+        self._stream = None
+        self.position = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:
+        want = min(len(buffer), self.size - self.position)
+        if want <= 0:
+            return 0
+        if self._allow is not None:
+            want = self._allow(want)
+        failures = 0
+        while True:
+            try:
+                if self._stream is None:
+                    self._stream = self._fetch(self.position)
+                got = self._stream.readinto(memoryview(buffer)[:want])
+                if not got:
+                    raise ConnectionResetError(f"the blob ended at byte {self.position} of {self.size}")
+                break
+            except (OSError, http.client.HTTPException) as exc:
+                self.close_stream()
+                failures += 1
+                if failures > self._retries:
+                    raise
+                if self._on_retry is not None:
+                    self._on_retry(exc, failures)
+        self.position += got
+        if self._on_bytes is not None:
+            self._on_bytes(got)
+        return got
+
+    def close_stream(self) -> None:
+        stream, self._stream = self._stream, None
+        if stream is not None:
+            try:
+                stream.close()
+            except OSError:
+                pass
+
+
+class _Gzip:
+    """Concatenated gzip members, decompressed at most a buffer's worth at a time (zero padding after a member
+    ignored, as gzip(1) does)."""
+
+    def __init__(self, raw: _Compressed, chunk: int):
+        self._raw, self._buffer = raw, bytearray(chunk)
+        self._inflate, self._tail, self._fresh = zlib.decompressobj(wbits=16 + zlib.MAX_WBITS), b"", True
+
+    def readinto(self, buffer) -> int:
+        while True:
+            if self._fresh:
+                self._tail = self._tail.lstrip(b"\0")
+            if not self._tail:
+                got = self._raw.readinto(self._buffer)
+                if not got:
+                    if not self._fresh:
+                        raise DecodeError("the gzip stream ends inside a member")
+                    return 0
+                self._tail = bytes(self._buffer[:got])
+                continue
+            try:
+                out = self._inflate.decompress(self._tail, len(buffer))
+            except zlib.error as exc:
+                raise DecodeError(f"not a valid gzip stream: {exc}") from None
+            self._fresh = False
+            if self._inflate.eof:
+                self._tail, self._fresh = self._inflate.unused_data, True
+                self._inflate = zlib.decompressobj(wbits=16 + zlib.MAX_WBITS)
+            else:
+                self._tail = self._inflate.unconsumed_tail
+            if out:
+                buffer[: len(out)] = out
+                return len(out)
+
+
+class _Zstd:
+    """Concatenated zstd frames, through zstandard's stream reader (its output bounded by each read's size)."""
+
+    def __init__(self, raw: _Compressed, chunk: int):
         import zstandard  # only a node or worker that meets a zstd layer loads it
 
-        return zstandard.ZstdDecompressor().decompressobj()
-    raise DecodeError(f"no decoder for {encoding!r}")
+        self._error = zstandard.ZstdError
+        self._reader = zstandard.ZstdDecompressor().stream_reader(
+            raw, read_size=chunk, read_across_frames=True, closefd=False
+        )
 
-
-class Decoder:
-    """Decompresses a stream of concatenated gzip members or zstd frames, fed in pieces."""
-
-    def __init__(self, encoding: str):
-        self.encoding = encoding
-        self._current = _decompressor(encoding)
-        self._fresh = True  # nothing fed to the current member yet
-
-    def feed(self, data: bytes) -> bytes:
-        out = []
-        while data:
-            try:
-                out.append(self._current.decompress(data))
-            except Exception as exc:  # zlib.error, zstandard.ZstdError
-                raise DecodeError(f"not a valid {self.encoding} stream: {exc}") from None
-            self._fresh = False
-            if not self._current.eof:
-                break
-            data = self._current.unused_data  # the next member, or the padding a tar writer left
-            self._current, self._fresh = _decompressor(self.encoding), True
-        return b"".join(out)
-
-    @property
-    def between_members(self) -> bool:
-        """The stream may end here: the last member ended (nothing of another fed)."""
-        return self._fresh
+    def readinto(self, buffer) -> int:
+        try:
+            return self._reader.readinto(buffer)
+        except self._error as exc:
+            raise DecodeError(f"not a valid zstd stream: {exc}") from None
 
 
 class DecodingReader(io.RawIOBase):
@@ -113,77 +181,38 @@ class DecodingReader(io.RawIOBase):
         on_bytes: Callable[[int], None] | None = None,
         chunk: int = CHUNK,
     ):
-        self._decoder = Decoder(encoding)
-        self._size, self._fetch, self._retries = size, fetch, retries
-        self._on_retry, self._allow, self._on_bytes = on_retry, allow, on_bytes
-        self._buffer = memoryview(bytearray(chunk))
-        self._stream = None
-        self.position = 0  # compressed bytes read so far
+        if encoding not in (GZIP, ZSTD):
+            raise DecodeError(f"no decoder for {encoding!r}")
+        self._raw = _Compressed(size, fetch, retries, on_retry, allow, on_bytes)
+        self._decoded = (_Gzip if encoding == GZIP else _Zstd)(self._raw, chunk)
+        self._scratch: memoryview | None = None
         self.produced = 0  # decompressed bytes handed out
-        self._pending = memoryview(b"")
+
+    @property
+    def position(self) -> int:
+        """Compressed bytes read so far."""
+        return self._raw.position
 
     def readable(self) -> bool:
         return True
 
     def readinto(self, buffer) -> int:
-        while not self._pending:
-            if self.position >= self._size:
-                if not self._decoder.between_members:
-                    raise DecodeError(f"the {self._decoder.encoding} stream ends inside a member")
-                return 0
-            self._pending = memoryview(self._decoder.feed(self._read_compressed()))
-        n = min(len(buffer), len(self._pending))
-        buffer[:n] = self._pending[:n]
-        self._pending = self._pending[n:]
+        n = self._decoded.readinto(buffer)
         self.produced += n
+        if self.produced > MAX_RATIO * self._raw.position + CHUNK:
+            raise DecodeError(f"it expands more than {MAX_RATIO} times (a decompression bomb, not a model)")
         return n
 
     def skip(self, n: int) -> None:
         """Read and drop ``n`` decompressed bytes; ``EOFError`` if the stream ends first."""
+        if self._scratch is None:
+            self._scratch = memoryview(bytearray(CHUNK))
         while n > 0:
-            if not self._pending:
-                if self.position >= self._size:
-                    raise EOFError("the layer ends before the file's bytes")
-                self._pending = memoryview(self._decoder.feed(self._read_compressed()))
-                continue
-            step = min(n, len(self._pending))
-            self._pending = self._pending[step:]
-            self.produced += step
-            n -= step
-
-    def _read_compressed(self) -> memoryview:
-        want = min(len(self._buffer), self._size - self.position)
-        if self._allow is not None:
-            want = self._allow(want)
-        failures = 0
-        while True:
-            try:
-                if self._stream is None:
-                    self._stream = self._fetch(self.position)
-                got = self._stream.readinto(self._buffer[:want])
-                if not got:
-                    raise ConnectionResetError(f"the blob ended at byte {self.position} of {self._size}")
-                break
-            except (OSError, http.client.HTTPException) as exc:
-                self._close_stream()
-                failures += 1
-                if failures > self._retries:
-                    raise
-                if self._on_retry is not None:
-                    self._on_retry(exc, failures)
-        self.position += got
-        if self._on_bytes is not None:
-            self._on_bytes(got)
-        return self._buffer[:got]  # decompressed before the next read reuses the buffer
-
-    def _close_stream(self) -> None:
-        stream, self._stream = self._stream, None
-        if stream is not None:
-            try:
-                stream.close()
-            except OSError:
-                pass
+            got = self.readinto(self._scratch[: min(n, len(self._scratch))])
+            if got <= 0:
+                raise EOFError("the layer ends before the file's bytes")
+            n -= got
 
     def close(self) -> None:
-        self._close_stream()
+        self._raw.close_stream()
         super().close()

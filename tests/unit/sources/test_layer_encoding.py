@@ -11,7 +11,7 @@ import os
 import pytest
 import zstandard
 
-from gpustack_models.sources.layer_encoding import DecodeError, Decoder, DecodingReader, encoding_of
+from gpustack_models.sources.layer_encoding import DecodeError, DecodingReader, encoding_of
 
 DATA = os.urandom(300_000) + b"\0" * 200_000
 
@@ -122,10 +122,28 @@ def test_a_stream_cut_short_or_not_of_its_encoding_is_refused(encoding, blob):
         read_all(DecodingReader(encoding, len(blob), Flaky(blob, 0, 0)))
 
 
-def test_a_decoder_reports_where_the_stream_may_end():
-    decoder, blob = Decoder("gzip"), gzip.compress(b"abc")
-    assert decoder.feed(blob[:5]) == b"" and not decoder.between_members
-    assert decoder.feed(blob[5:]) == b"abc" and decoder.between_members
+@pytest.mark.parametrize("encoding", ["gzip", "zstd"])
+def test_a_stream_that_expands_past_the_ratio_is_refused_early(encoding):
+    zeros = b"\0" * (64 * 1024 * 1024)
+    blob = zstd_frames(zeros, 1) if encoding == "zstd" else gzip.compress(zeros, compresslevel=9)
+    reader = DecodingReader(encoding, len(blob), Flaky(blob, 0, 0))
+    if encoding == "gzip":  # deflate's ceiling is about 1,032 times: within the bound
+        assert read_all(reader) == zeros
+        return
+    with pytest.raises(DecodeError, match="expands more than 1100 times"):
+        read_all(reader)
+    assert reader.produced <= 1100 * reader.position + 1024 * 1024 + 50_000  # the bound and one read past it
+
+
+def test_zero_padding_after_a_gzip_member_is_ignored_as_gzip_does():
+    blob = gzip.compress(DATA) + b"\0" * 3000
+    assert read_all(DecodingReader("gzip", len(blob), Flaky(blob, 0, 0))) == DATA
+
+
+def test_no_read_returns_more_than_asked_however_much_a_frame_expands():
+    blob = zstd_frames(b"\0" * 8_000_000, 1)  # a few hundred bytes
+    reader, view = DecodingReader("zstd", len(blob), Flaky(blob, 0, 0)), memoryview(bytearray(4096))
+    assert reader.readinto(view) == 4096
 
 
 @pytest.mark.parametrize(

@@ -172,3 +172,34 @@ def test_two_registry_sources_differ_by_their_token_without_keeping_it_in_the_ke
     assert hub().key != hub(token="other").key
     assert TOKEN not in repr(hub().key)
     assert len(ticket(fallbacks=(hub(), hub(token="other"))).sources) == 2
+
+
+LAYER = "sha256:" + "ab" * 32
+EXTENTS = {
+    "config.json": {"blob": LAYER, "offset": 512, "size": 9000, "encoding": "gzip"},
+    "model.safetensors": {"blob": "sha256:" + "cd" * 32, "offset": 1536, "size": 4096},
+}
+
+
+def test_a_file_inside_a_compressed_layer_is_packed_and_one_inside_a_plain_layer_has_an_extent():
+    source = hub(extents=EXTENTS)
+    source.check()
+    config, weights = FILES
+    assert source.packed(config) == (LAYER, 512, 9000, "gzip")
+    assert source.extent(config) == (0, config.size)  # no byte range of the compressed blob is the file's
+    assert source.packed(weights) is None
+    assert source.extent(weights) == (1536, 4096)
+    assert source.url(config) == f"https://registry.example:5000/v2/team/model/blobs/{LAYER}"
+
+
+def test_extents_and_their_encoding_travel_in_the_wire_form():
+    sent = ticket(extents=EXTENTS).to_dict(include_token=True)
+    assert sent["extents"] == EXTENTS  # no encoding written for an uncompressed layer
+    again = FetchTicket.from_dict(sent)
+    assert again.validate().primary.packed(FILES[0]) == (LAYER, 512, 9000, "gzip")
+
+
+@pytest.mark.parametrize("encoding", ["brotli", "GZIP", None, 1])
+def test_an_encoding_nodes_cannot_read_is_refused(encoding):
+    extents = dict(EXTENTS, **{"config.json": dict(EXTENTS["config.json"], encoding=encoding)})
+    assert "encoding" in refusal(hub(extents=extents))
