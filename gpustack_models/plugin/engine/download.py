@@ -192,7 +192,8 @@ class Download:
     ``remaining_bytes`` (not yet on disk) are cheap to read at any time. ``penalties``: the sources
     that failed lately on the node, shared by its downloads (the download's own when not given).
     ``fan_out`` (``peering``): with it, the ticket's peers are asked too, through the fan-out it builds
-    for this download, ``on_peer_bytes(node, n)`` hearing of the bytes each sends.
+    for this download, ``on_peer_bytes(node, n)`` hearing of the bytes each sends. ``layers_first``: files inside
+    compressed layers of a registry are read out of their layers even when a peer holds them (``layers``).
     """
 
     def __init__(
@@ -206,6 +207,7 @@ class Download:
         penalties: SourcePenalties | None = None,
         fan_out: FanOutFactory | None = None,
         on_peer_bytes: Callable[[str, int], None] | None = None,
+        layers_first: bool = False,
     ):
         self.ticket = ticket
         self.digest = ticket.digest
@@ -234,6 +236,7 @@ class Download:
         )
         self._files = self._tree.files  # the tree's list, filled by ``prepare``
         self.fanout = fan_out(ticket, self, on_peer_bytes) if fan_out is not None else None
+        self._layers_first = layers_first
 
     # ---------------------------------------------------------------- progress (any thread)
 
@@ -336,7 +339,7 @@ class Download:
             for f in self._files:
                 if not f.verified:
                     self._frontier.advance(f)  # resumed bytes written past the saved frontier; empty files
-            packed = layers.plan(self.ticket, self._files, self.fanout is not None)
+            packed = layers.plan(self.ticket, self._files, self.fanout is not None and not self._layers_first)
             inside = {id(f) for layer in packed for _, group in layer.groups for f in group}
             rest = [f for f in self._files if id(f) not in inside]
             if self.fanout is not None:

@@ -27,7 +27,7 @@ import threading
 from collections.abc import Callable
 from urllib.parse import urlsplit
 
-from gpustack_models.plugin.engine import disk, layers
+from gpustack_models.plugin.engine import disk
 from gpustack_models.plugin.engine.failures import FALLTHROUGH_REASONS, DownloadFailed, SourcePenalties
 from gpustack_models.plugin.engine.frontier import HashFrontier
 from gpustack_models.plugin.engine.limits import RateLimiter
@@ -44,7 +44,6 @@ from gpustack_models.sources.hub_errors import (
     retry_after_seconds,
     transient,
 )
-from gpustack_models.sources.layer_encoding import DecodeError
 
 log = logging.getLogger(__name__)
 Sink = Callable[[memoryview, int], None]  # ``sink(chunk, pos)``: bytes at ``pos`` read instead of written
@@ -289,8 +288,9 @@ class RangeFetcher:
         self, hub: HubSource, f: FileProgress, pos: int, end: int, view: memoryview, seg=None, sink=None
     ) -> int:
         """One request for ``[pos, end)`` to ``hub``; returns the position reached (``end`` on success)."""
-        if hub.packed(f.file) is not None:
-            return self._attempt_packed(hub, f, pos, end, view, seg, sink)
+        if hub.packed(f.file) is not None:  # only peers serve it by range (``layers``)
+            message = f"{f.file.path}: inside a compressed layer, which the registry serves only whole"
+            raise DownloadFailed(SOURCE_UNAVAILABLE, f"{message}: the next attempt reads the layer")
         response = self._open(hub, f, pos, end)
         with self._active_lock:
             self._active.add(response)
@@ -310,26 +310,6 @@ class RangeFetcher:
             with self._active_lock:
                 self._active.discard(response)
             response.close(reuse=reuse)
-
-    def _attempt_packed(
-        self, hub: HubSource, f: FileProgress, pos: int, end: int, view: memoryview, seg=None, sink=None
-    ) -> int:
-        """``[pos, end)`` of a file inside a compressed layer, read out of the layer from its start."""
-        cursor, source = [pos], None
-        try:
-            source = layers.read_packed(self, hub, f, pos, self._stop)
-            return self._read_body(f, source, cursor, end, view, seg, sink)
-        except layers.Stopped:
-            return cursor[0]
-        except (DecodeError, EOFError) as exc:
-            raise layers.failure(exc, f.file.path, [f]) from None
-        except (OSError, http.client.HTTPException) as exc:
-            if self._stop.is_set():
-                return cursor[0]
-            raise _Retry(_lost(f, exc, cursor[0]), cursor[0]) from None
-        finally:
-            if source is not None:
-                source.close()
 
     def _open(self, hub: HubSource, f: FileProgress, pos: int, end: int) -> StreamedResponse:
         """A response for ``bytes=pos-(end-1)`` of ``f`` from ``hub``, redirects followed, status checked."""

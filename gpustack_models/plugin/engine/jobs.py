@@ -298,6 +298,7 @@ class Jobs:
             penalties=self._penalties,
             fan_out=self._fan_out,
             on_peer_bytes=self._count_peer_bytes,
+            layers_first=item.failures > 0,  # a compressed layer's file no peer served: read the layer now
         )
         job = Job(download)
         self._jobs[item.digest] = job

@@ -10,8 +10,10 @@ the checkpoint) are read past, not written again. A connection that drops mid-la
 first compressed byte not read, the decompressor carrying on (``DecodingReader``); a new attempt reads the
 layer from its start again. The layer's blob is read only as far as its last wanted file.
 
-With a ``Ready`` peer the files are fetched from peers by range as any file; a part every peer failed is read
-from its layer alone (``read_packed``), which costs the layer's bytes before it.
+With a ``Ready`` peer the files are fetched from peers by range as any file. A part no peer serves then fails the
+attempt (``RangeFetcher``: the registry serves the layer only whole), and the next attempt reads the layers
+from the registry whatever its peers (``layers_first``, after a failure): one read of each layer, never one
+per part.
 
 Compressed bytes count as the download's network bytes and take the node's rate limiter; progress is the
 decompressed bytes written and hashed.
@@ -52,10 +54,10 @@ class Layer:
     groups: list[tuple[int, list[FileProgress]]] = field(default_factory=list)
 
 
-def plan(ticket: FetchTicket, files: list[FileProgress], fanned_out: bool) -> list[Layer]:
-    """The compressed layers to read for the files left to fetch; none when a peer holds the digest Ready and
-    ``fanned_out`` (the files come from peers by range then)."""
-    if fanned_out and any(p.state == "Ready" for p in usable_peers(ticket.peers)):
+def plan(ticket: FetchTicket, files: list[FileProgress], from_peers: bool) -> list[Layer]:
+    """The compressed layers to read for the files left to fetch; none when ``from_peers`` and a peer holds the
+    digest Ready (the files come from peers by range then)."""
+    if from_peers and any(p.state == "Ready" for p in usable_peers(ticket.peers)):
         return []
     hub, layers = ticket.sources[0], {}
     for f in files:
@@ -135,9 +137,9 @@ class _Open:
         self._response.close(reuse=False)
 
 
-def reader(fetcher, hub: HubSource, blob: str, size: int, encoding: str, stop: threading.Event, *, limited: bool):
-    """A ``DecodingReader`` of ``blob``: drops retried ``range_retries`` times with the fetcher's back-off; with
-    ``limited``, compressed bytes take the rate limiter and count as network bytes."""
+def reader(fetcher, hub: HubSource, blob: str, size: int, encoding: str, stop: threading.Event):
+    """A ``DecodingReader`` of ``blob``: drops retried ``range_retries`` times with the fetcher's back-off, its
+    compressed bytes taking the rate limiter and counted as network bytes."""
     label = f"layer {blob[:19]}"
     rate, settings = fetcher._rate, fetcher.settings
 
@@ -158,8 +160,8 @@ def reader(fetcher, hub: HubSource, blob: str, size: int, encoding: str, stop: t
         lambda start: _Open(fetcher, open_blob(fetcher, hub, blob, start, label)),
         retries=settings.range_retries,
         on_retry=retry,
-        allow=allow if limited else None,
-        on_bytes=fetcher._count if limited else None,
+        allow=allow,
+        on_bytes=fetcher._count,
         chunk=settings.buffer_size,
     )
 
@@ -181,7 +183,7 @@ class LayerStream:
 
     def run(self, view: memoryview) -> None:
         layer, files = self.layer, []
-        source = reader(self._fetcher, layer.hub, layer.blob, layer.size, layer.encoding, self._stop, limited=True)
+        source = reader(self._fetcher, layer.hub, layer.blob, layer.size, layer.encoding, self._stop)
         try:
             for offset, files in layer.groups:
                 todo = [f for f in files if not (f.verified or f.complete) and f.missing()]
@@ -222,16 +224,3 @@ class LayerStream:
             disk.write_at(f.open(), piece, at)
             self._frontier.record(f, at, upto, piece)
             at = upto
-
-
-def read_packed(fetcher, hub: HubSource, f: FileProgress, pos: int, stop: threading.Event) -> DecodingReader:
-    """A reader of ``f``'s bytes from ``pos`` on, out of its compressed layer (a part no other source served);
-    its bytes are counted and limited by whoever reads them."""
-    blob, offset, size, encoding = hub.packed(f.file)
-    source = reader(fetcher, hub, blob, size, encoding, stop, limited=False)
-    try:
-        source.skip(offset + pos)
-    except BaseException:
-        source.close()
-        raise
-    return source

@@ -16,9 +16,9 @@ import uuid
 
 import pytest
 
-from gpustack_models.plugin.engine import Cache, Download, FetchTicket, Limits
+from gpustack_models.plugin.engine import FAILED, READY, Cache, Download, FetchTicket, Limits
 from gpustack_models.plugin.engine.failures import DownloadFailed
-from gpustack_models.plugin.engine.ranges import FileProgress
+from gpustack_models.plugin.engine.ticket_peers import PeerSource
 from gpustack_models.sources import oci
 from gpustack_models.sources.manifest import manifest_digest
 from tests.plugin.conftest import settings, tree_files, wait_for
@@ -192,20 +192,96 @@ def test_a_new_attempt_keeps_what_the_last_one_finished(image, tmp_path):
     assert second.downloaded_bytes == second.size
 
 
-def test_a_part_asked_of_the_registry_alone_is_read_out_of_its_layer(image, tmp_path):
-    """What a download falls back to when the peers it fetched a compressed layer's file from failed a part."""
-    download = Download(image.ticket(), Cache(tmp_path / "c"), Limits(4), settings())
-    download.prepare()
-    target = next(f for f in download._files if f.file.path == "w2.bin")
-    fetcher = download._fetcher
-    fetcher.open()
-    try:
-        fetcher.fetch(target, 1 * MiB, 1 * MiB + 4096, memoryview(bytearray(64 * 1024)))
-    finally:
-        fetcher.close()
-    target.close(sync=False)
-    assert target.path.read_bytes()[1 * MiB : 1 * MiB + 4096] == W2[1 * MiB : 1 * MiB + 4096]
-    assert isinstance(target, FileProgress) and target.written_ranges() == [[1 * MiB, 1 * MiB + 4096]]
+class HubOnlyFanOut:
+    """A download's fan-out that fetches each file it is given whole from the ticket's hubs (what ``FanOut`` does
+    when no peer holds a segment), so the test sees which files the download handed to its peers' side."""
+
+    def __init__(self, ticket, download, on_peer_bytes):
+        self.download, self.given, self._lock = download, [], threading.Lock()
+
+    def open(self, files):
+        self.given = [f for f in files if not f.verified]
+        self._left = list(self.given)
+        return len(self._left)
+
+    def work(self, view):
+        while True:
+            with self._lock:
+                if not self._left:
+                    return
+                f = self._left.pop()
+            self.download._fetcher.fetch(f, 0, f.size, view)
+
+    def unfinished(self):
+        return False
+
+    def recover(self, failure):
+        return False
+
+    def abort(self):
+        pass
+
+    def close(self):
+        pass
+
+    def peer_bytes(self):
+        return {}
+
+    def banned(self):
+        return []
+
+
+def ready_peer() -> PeerSource:
+    return PeerSource("node-b", "https://127.0.0.1:9/", "Ready")
+
+
+def test_with_a_ready_peer_a_compressed_layers_files_go_to_the_peers_and_the_registry_will_not_serve_a_part(
+    image, tmp_path
+):
+    built = []
+    download = Download(
+        image.ticket(peers=(ready_peer(),)), Cache(tmp_path / "c"), Limits(4), settings(),
+        fan_out=lambda *args: built.append(HubOnlyFanOut(*args)) or built[-1],
+    )  # fmt: skip
+    with pytest.raises(DownloadFailed) as failed:
+        download.run()
+    assert sorted(f.file.path for f in built[0].given) == sorted(EXPECTED)  # every file: the peers hold them all
+    assert failed.value.reason == "SourceUnavailable"
+    assert (
+        "inside a compressed layer" in failed.value.message
+        and "the next attempt reads the layer" in failed.value.message
+    )
+
+
+def test_an_attempt_after_a_failure_reads_the_layers_whatever_its_peers(image, tmp_path):
+    built = []
+    download = Download(
+        image.ticket(peers=(ready_peer(),)), Cache(tmp_path / "c"), Limits(4), settings(),
+        fan_out=lambda *args: built.append(HubOnlyFanOut(*args)) or built[-1], layers_first=True,
+    )  # fmt: skip
+    assert tree_files(download.run()) == EXPECTED
+    assert [f.file.path for f in built[0].given] == ["tokenizer.json"]  # the uncompressed layer's file only
+
+
+def test_the_engine_retries_a_digest_whose_peers_failed_a_compressed_layers_part_from_the_layers(image, make_engine):
+    engine = make_engine(fan_out=HubOnlyFanOut)
+    ticket = image.ticket(peers=(ready_peer(),))
+    engine.ensure(ticket)
+    failed = engine.wait(ticket.digest, timeout=30)
+    assert (failed.state, failed.reason) == (FAILED, "SourceUnavailable")
+    engine.ensure(ticket, force=True)  # as the plugin does at the retry time
+    assert engine.wait(ticket.digest, timeout=30).state == READY
+    assert tree_files(engine.cache.tree(ticket.digest)) == EXPECTED
+
+
+def test_a_download_without_peers_reads_the_layers_beside_its_fan_out(image, tmp_path):
+    built = []
+    download = Download(
+        image.ticket(), Cache(tmp_path / "c"), Limits(4), settings(),
+        fan_out=lambda *args: built.append(HubOnlyFanOut(*args)) or built[-1],
+    )  # fmt: skip
+    assert tree_files(download.run()) == EXPECTED
+    assert [f.file.path for f in built[0].given] == ["tokenizer.json"]
 
 
 @pytest.mark.parametrize("encoding", ["brotli", 7])
