@@ -6,6 +6,10 @@ reference client of that protocol fetching the same content from the same server
   flow) on a ticket naming the manifest digest; ``oras pull --plain-http -u … --password-stdin -o <dir>
   <registry>/<repo>:<tag>`` (oras built from its Go module by ``deploy/oras/build.sh``; 3 blobs at a time, one
   connection each, each blob's digest verified) fetches the same artifact.
+- A model image (modelcar): the same files under ``/models`` in one gzip layer, as buildah pushes it; the
+  engine reads the layer once and writes each file from the decompressed stream, on the ticket the worker's
+  resolution makes; ``oras blob fetch … -o - | tar -xz`` (a pull and an unpack, what a container runtime does
+  before a modelcar's files can be read) is the yardstick.
 - S3: the same files as objects in a bucket of the suite's S3 server (versitygw). The engine fetches them
   through per-file pre-signed GETs (``gpustack_models.sources.s3_links.presign``, as the API makes them);
   boto3's ``download_file`` (s3transfer: what ``aws s3 cp`` does, 8 MiB ranges over ``max_concurrency``
@@ -78,6 +82,24 @@ def publish_oci(registry, files: dict[str, bytes]) -> dict:
     return {"repository": repository, "tag": "v1", "commit": commit, "user": reader}
 
 
+def publish_modelcar(registry, files: dict[str, bytes]) -> dict:
+    """The files under ``/models`` of an image's one gzip layer (what buildah pushes), resolved by the worker's
+    code as the API would; a user who may only pull it."""
+    from gpustack_models.sources import oci
+    from tests.support.oci_images import push_image, tar_layer
+
+    name = f"bench-{secrets.token_hex(4)}"
+    writer = registry.add_user(f"{name}-ci", secrets.token_hex(16), pull=f"{name}/", push=f"{name}/")
+    reader = registry.add_user(f"{name}-pull", secrets.token_hex(16), pull=f"{name}/")
+    layer = tar_layer({f"models/{path}": data for path, data in files.items()})
+    reference = push_image(registry, f"{name}/image", writer, "v1", [(layer, "gzip")])
+    resolved, endpoint, repository, extents = oci.resolve(
+        reference, credentials=oci.Credentials(*reader), insecure_registries=[registry.host]
+    )
+    blob = next(iter(extents.values()))["blob"]
+    return {"resolved": resolved, "repository": repository, "extents": extents, "blob": blob, "user": reader}
+
+
 def publish_s3(s3, files: dict[str, bytes]) -> dict:
     """The files as objects of a bucket of its own; each one's location (key and ETag)."""
     from gpustack_models.sources.s3_links import Location
@@ -88,15 +110,17 @@ def publish_s3(s3, files: dict[str, bytes]) -> dict:
 
 
 def oci_ticket(registry, published: dict, manifest: list):
-    """The ticket the API would hand a node for the artifact: the pull user's ``base64(user:password)``."""
+    """The ticket the API would hand a node for the artifact: the pull user's ``base64(user:password)`` (and,
+    for an image, where each file is in its layers)."""
     from gpustack_models.plugin.engine import FetchTicket
     from gpustack_models.sources.manifest import manifest_digest
 
     user, password = published["user"]
     token = base64.b64encode(f"{user}:{password}".encode()).decode()
+    commit = published["resolved"].commit if "resolved" in published else published["commit"]
     return FetchTicket(
-        manifest_digest(manifest), "oci", registry.url, published["repository"], published["commit"], manifest,
-        token=token,
+        manifest_digest(manifest), "oci", registry.url, published["repository"], commit, manifest,
+        token=token, extents=published.get("extents") or {},
     )  # fmt: skip
 
 
@@ -160,6 +184,27 @@ def run_oras(oras: str, registry, published: dict, work: Path) -> tuple[float, P
     elapsed = time.perf_counter() - t0
     if proc.returncode != 0:
         raise RuntimeError(f"oras pull failed ({proc.returncode}): {(proc.stdout + proc.stderr)[-2000:]}")
+    return elapsed, out
+
+
+def run_oras_extract(oras: str, registry, published: dict, work: Path) -> tuple[float, Path]:
+    """Seconds ``oras blob fetch … -o - | tar -xz`` takes for the image's layer (a pull and an unpack, as a
+    container runtime does with a modelcar), and the directory of its files under ``models/``."""
+    out = work / "extracted"
+    out.mkdir()
+    user, password = published["user"]
+    reference = f"{registry.host}/{published['repository']}@{published['blob']}"
+    fetch = [oras, "blob", "fetch", "--plain-http", "-u", user, "--password-stdin", "--output", "-", reference]
+    fetch += ["--registry-config", str(work / "oras-auth.json")]
+    script = f"set -o pipefail; {' '.join(fetch)} | tar -xzf - -C {out} --strip-components=1"
+    env = {k: v for k, v in os.environ.items() if "proxy" not in k.lower() and not k.startswith("ORAS_")}
+    env["DOCKER_CONFIG"] = str(work / "docker")
+    t0 = time.perf_counter()
+    proc = subprocess.run(["bash", "-c", script], input=password, env=env, capture_output=True, text=True,
+                          timeout=TIMEOUT)  # fmt: skip
+    elapsed = time.perf_counter() - t0
+    if proc.returncode != 0:
+        raise RuntimeError(f"oras blob fetch | tar failed ({proc.returncode}): {(proc.stdout + proc.stderr)[-2000:]}")
     return elapsed, out
 
 
@@ -227,6 +272,19 @@ def bench_oci(registry, files: dict[str, bytes], work_root: Path, settings, repe
     return {"files": len(manifest), "verified_files": verified, **rates(ticket.size, times, "oras")}
 
 
+def bench_modelcar(registry, files: dict[str, bytes], work_root: Path, settings, repeat: int) -> dict:
+    published = publish_modelcar(registry, files)
+    manifest = list(published["resolved"].files)
+    ticket = oci_ticket(registry, published, manifest)
+    oras = oras_binary()
+    runners = {
+        "engine": lambda work: run_engine(ticket, work, settings),
+        "oras_tar": lambda work: run_oras_extract(oras, registry, published, work),
+    }
+    times, verified = rounds(runners, manifest, work_root, repeat)
+    return {"files": len(manifest), "verified_files": verified, **rates(ticket.size, times, "oras_tar")}
+
+
 def bench_s3(s3, files: dict[str, bytes], work_root: Path, settings, repeat: int) -> dict:
     manifest = manifest_of(files)
     published = publish_s3(s3, files)
@@ -256,6 +314,7 @@ def run(registry, s3, files_mb: list[int] | None = None, *, repeat: int = 2, smo
         size = sum(len(data) for data in files.values())
         result: dict = {"files_mb": files_mb, "bytes": size, "repeat": repeat}
         result["oci"] = bench_oci(registry, files, work_root, settings, repeat)
+        result["modelcar"] = bench_modelcar(registry, files, work_root, settings, repeat)
         result["s3"] = bench_s3(s3, files, work_root, settings, repeat)
     finally:
         shutil.rmtree(work_root, ignore_errors=True)
@@ -264,10 +323,12 @@ def run(registry, s3, files_mb: list[int] | None = None, *, repeat: int = 2, smo
 
 def summary(result: dict) -> str:
     """The result as one line: each protocol's figures side by side."""
-    size_mb, oci, s3 = result["bytes"] / 1e6, result["oci"], result["s3"]
+    size_mb, oci, s3, car = result["bytes"] / 1e6, result["oci"], result["s3"], result["modelcar"]
     return (
         f"OCI download of {size_mb:.0f} MB: plugin {oci['engine_mb_s']} MB/s vs oras pull {oci['oras_mb_s']} MB/s"
-        f" (ratio {oci['ratio']}); S3 download of {size_mb:.0f} MB: plugin {s3['engine_mb_s']} MB/s vs boto3"
+        f" (ratio {oci['ratio']}); model image of one gzip layer: plugin {car['engine_mb_s']} MB/s vs oras blob"
+        f" fetch | tar -xz {car['oras_tar_mb_s']} MB/s (ratio {car['ratio']});"
+        f" S3 download of {size_mb:.0f} MB: plugin {s3['engine_mb_s']} MB/s vs boto3"
         f" download_file {s3['boto3_mb_s']} MB/s (8 threads: {s3['boto3_8_mb_s']} MB/s) (ratio {s3['ratio']},"
         f" {s3['ratio_vs_boto3_8']} against 8 threads)"
     )
