@@ -397,7 +397,7 @@ class Download:
         view = memoryview(bytearray(self.settings.buffer_size))
         try:
             if layer is not None:
-                self._unpack(layer, view)
+                layers.LayerStream(self._fetcher, self._frontier, layer, self._stop).run(view, self.limits.slots)
             elif self.fanout is not None:
                 self.fanout.work(view)
             else:
@@ -425,15 +425,6 @@ class Download:
                     self._fetcher.fetch(part.f, part.start, part.end, view, part)
                 finally:
                     self._parts.done(part)
-            finally:
-                slots.release()
-
-    def _unpack(self, layer: layers.Layer, view: memoryview) -> None:
-        """A compressed layer's files from one read of it, holding a connection slot meanwhile."""
-        slots = self.limits.slots
-        if slots.acquire(self._stop.is_set):
-            try:
-                layers.LayerStream(self._fetcher, self._frontier, layer, self._stop).run(view)
             finally:
                 slots.release()
 

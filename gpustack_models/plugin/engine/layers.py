@@ -181,7 +181,18 @@ class LayerStream:
     def __init__(self, fetcher, frontier, layer: Layer, stop: threading.Event):
         self._fetcher, self._frontier, self.layer, self._stop = fetcher, frontier, layer, stop
 
-    def run(self, view: memoryview) -> None:
+    def run(self, view: memoryview, slots=None) -> None:
+        """Read the layer, holding one of the node's connection ``slots`` (a ``Limits.slots``) meanwhile."""
+        if slots is None:
+            return self._read(view)
+        if slots.acquire(self._stop.is_set):
+            try:
+                self._read(view)
+            finally:
+                slots.release()
+        return None
+
+    def _read(self, view: memoryview) -> None:
         layer, files = self.layer, []
         source = reader(self._fetcher, layer.hub, layer.blob, layer.size, layer.encoding, self._stop)
         try:
