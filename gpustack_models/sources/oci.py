@@ -322,7 +322,7 @@ def resolve(
 ) -> tuple[ResolvedRevision, str, str, dict]:
     """``(resolution, endpoint, repository, extents)``: the manifest digest the reference names now (the
     resolution's ``commit``), the files of the manifest it leads to, and where those inside tar layers are
-    (``{path: {"blob", "offset", "size"}}``)."""
+    (``{path: {"blob", "offset", "size"}}``, and ``"encoding"`` for a gzip or zstd layer)."""
     ref = Reference.parse(reference)
     base = endpoint(ref.registry, insecure_registries)
     registry = Registry(base, ref.repository, credentials, proxy=proxy, ca_bundle=ca_bundle, timeout=timeout)
