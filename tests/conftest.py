@@ -53,11 +53,14 @@ def django_db_modify_db_settings(django_db_modify_db_settings_parallel_suffix):
 
 
 _seconds: dict[str, float] = defaultdict(float)
+_test_seconds: dict[str, float] = defaultdict(float)
 
 
 def pytest_runtest_logreport(report):
-    """Each file's seconds (set-up, call and tear-down: its fixtures' too), for dealing files to lanes."""
+    """Each file's seconds (set-up, call and tear-down: its fixtures' too), for dealing files to lanes; and each
+    test's, to see where a lane's time goes."""
     _seconds[report.nodeid.split("::", 1)[0]] += report.duration
+    _test_seconds[report.nodeid] += report.duration
 
 
 def pytest_sessionfinish(session):
@@ -65,3 +68,5 @@ def pytest_sessionfinish(session):
         out = lanes.state_dir() / "durations.json"
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps({k: round(v, 1) for k, v in sorted(_seconds.items())}, indent=1) + "\n")
+        slowest = sorted(_test_seconds.items(), key=lambda item: -item[1])[:100]
+        (out.parent / "slowest-tests.json").write_text(json.dumps(dict((k, round(v, 1)) for k, v in slowest), indent=1))
