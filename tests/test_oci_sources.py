@@ -99,6 +99,16 @@ class Registered:
             conditions = (self.kube.get(artifact_path(self.ns, name)).get("status") or {}).get("conditions")
             raise AssertionError(f"{exc}; its conditions: {conditions}") from None
 
+    def downloads_on_two_nodes(self, reference: str, expected: dict[str, bytes]) -> None:
+        """``reference`` as the artifact ``art``: it resolves to the oracle's digest of ``expected``, and both
+        nodes' trees (the first from the registry, the second from its peer) are ``expected``, byte for byte."""
+        self.artifact("art", reference)
+        resolved = self.resolved("art")["status"]["resolved"]
+        assert resolved["manifestDigest"] == oracle_digest(expected)
+        self.scenario.digest = resolved["manifestDigest"]
+        for tree in hub_then_peer(self.scenario):
+            assert tree == expected
+
     def refused(self, name: str, reason: str) -> str:
         """The message of the ``Resolved`` condition, once its reason is ``reason``."""
 
@@ -212,7 +222,7 @@ def buildah_image(oci, files: dict[str, bytes], tag: str, tmp_path, compression:
     return reference
 
 
-def test_a_model_image_flattens_its_layers_and_downloads_from_a_peer(oci, scenario):
+def test_a_model_image_flattens_its_layers_and_downloads_from_a_peer(oci):
     """A modelcar image: the files under /models of its layers applied in order (a later layer replaces one file
     and deletes another), each fetched by range from inside its layer."""
     first_layer = {f"models/{p}": data for p, data in FILES.items()} | {"models/stale.bin": b"gone", "bin/x": b"x"}
@@ -220,26 +230,16 @@ def test_a_model_image_flattens_its_layers_and_downloads_from_a_peer(oci, scenar
     layers = [tar_layer(first_layer), tar_layer(second_layer)]  # uncompressed: each file fetched by range
     reference = push_image(oci.registry, f"{oci.repo}-image", oci.writer, "v1", layers)
     expected = FILES | {"config.json": b'{"replaced": true}'}
-    oci.artifact("art", reference)
-    resolved = oci.resolved("art")["status"]["resolved"]
-    assert resolved["manifestDigest"] == oracle_digest(expected)
-    scenario.digest = resolved["manifestDigest"]
-    for tree in hub_then_peer(scenario):
-        assert tree == expected
+    oci.downloads_on_two_nodes(reference, expected)
 
 
 @pytest.mark.parametrize("compression", ["gzip", "zstd"])
 def test_a_model_image_pushed_by_buildah_downloads_from_its_compressed_layer_then_from_a_peer(
-    oci, scenario, tmp_path, compression
+    oci, tmp_path, compression
 ):
     """What image builders push: every layer compressed. Each node reads the layer once from its start, or
     fetches the files from a peer that holds them."""
     reference = buildah_image(oci, FILES, "v1", tmp_path, compression)
     manifest = json.loads(oci.registry.get_manifest(f"{oci.repo}-{compression}", "v1", oci.reader)[0])
     assert [layer["mediaType"] for layer in manifest["layers"]] == [f"{LAYER_TAR}+{compression}"]
-    oci.artifact("art", reference)
-    resolved = oci.resolved("art")["status"]["resolved"]
-    assert resolved["manifestDigest"] == oracle_digest(FILES)
-    scenario.digest = resolved["manifestDigest"]
-    for tree in hub_then_peer(scenario):
-        assert tree == FILES
+    oci.downloads_on_two_nodes(reference, FILES)

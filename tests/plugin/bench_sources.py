@@ -170,17 +170,21 @@ def run_engine(ticket, work: Path, settings) -> tuple[float, Path]:
     return elapsed, engine.path(ticket.digest)
 
 
+def oras_env(work: Path) -> dict:
+    """oras's environment: nothing of the machine's own (proxies, ORAS_* settings, its Docker credentials)."""
+    env = {k: v for k, v in os.environ.items() if "proxy" not in k.lower() and not k.startswith("ORAS_")}
+    return env | {"DOCKER_CONFIG": str(work / "docker")}
+
+
 def run_oras(oras: str, registry, published: dict, work: Path) -> tuple[float, Path]:
     """Seconds ``oras pull`` takes for the artifact, and its output directory."""
     out = work / "oras"
     user, password = published["user"]
     reference = f"{registry.host}/{published['repository']}:{published['tag']}"
     cmd = [oras, "pull", "--plain-http", "-u", user, "--password-stdin", "-o", str(out), reference]
-    cmd += ["--registry-config", str(work / "oras-auth.json"), "--no-tty"]  # nothing of the machine's own
-    env = {k: v for k, v in os.environ.items() if "proxy" not in k.lower() and not k.startswith("ORAS_")}
-    env["DOCKER_CONFIG"] = str(work / "docker")
+    cmd += ["--registry-config", str(work / "oras-auth.json"), "--no-tty"]
     t0 = time.perf_counter()
-    proc = subprocess.run(cmd, input=password, env=env, capture_output=True, text=True, timeout=TIMEOUT)
+    proc = subprocess.run(cmd, input=password, env=oras_env(work), capture_output=True, text=True, timeout=TIMEOUT)
     elapsed = time.perf_counter() - t0
     if proc.returncode != 0:
         raise RuntimeError(f"oras pull failed ({proc.returncode}): {(proc.stdout + proc.stderr)[-2000:]}")
@@ -197,10 +201,8 @@ def run_oras_extract(oras: str, registry, published: dict, work: Path) -> tuple[
     fetch = [oras, "blob", "fetch", "--plain-http", "-u", user, "--password-stdin", "--output", "-", reference]
     fetch += ["--registry-config", str(work / "oras-auth.json")]
     script = f"set -o pipefail; {' '.join(fetch)} | tar -xzf - -C {out} --strip-components=1"
-    env = {k: v for k, v in os.environ.items() if "proxy" not in k.lower() and not k.startswith("ORAS_")}
-    env["DOCKER_CONFIG"] = str(work / "docker")
     t0 = time.perf_counter()
-    proc = subprocess.run(["bash", "-c", script], input=password, env=env, capture_output=True, text=True,
+    proc = subprocess.run(["bash", "-c", script], input=password, env=oras_env(work), capture_output=True, text=True,
                           timeout=TIMEOUT)  # fmt: skip
     elapsed = time.perf_counter() - t0
     if proc.returncode != 0:
@@ -259,43 +261,34 @@ def rates(size: int, times: dict[str, list[float]], versus: str) -> dict:
     return out
 
 
-def bench_oci(registry, files: dict[str, bytes], work_root: Path, settings, repeat: int) -> dict:
-    manifest = manifest_of(files)
-    published = publish_oci(registry, files)
-    ticket = oci_ticket(registry, published, manifest)
-    oras = oras_binary()
-    runners = {
-        "engine": lambda work: run_engine(ticket, work, settings),
-        "oras": lambda work: run_oras(oras, registry, published, work),
-    }
+def against(ticket, manifest: list, tools: dict, work_root: Path, settings, repeat: int) -> dict:
+    """The engine on ``ticket`` and each of ``tools`` (``name → work → (seconds, directory)``, the first the
+    yardstick of the ratio) in alternating rounds: the figures of each and the files found identical."""
+    runners = {"engine": lambda work: run_engine(ticket, work, settings), **tools}
     times, verified = rounds(runners, manifest, work_root, repeat)
-    return {"files": len(manifest), "verified_files": verified, **rates(ticket.size, times, "oras")}
+    return {"files": len(manifest), "verified_files": verified, **rates(ticket.size, times, next(iter(tools)))}
+
+
+def bench_oci(registry, files: dict[str, bytes], work_root: Path, settings, repeat: int) -> dict:
+    manifest, published, oras = manifest_of(files), publish_oci(registry, files), oras_binary()
+    tools = {"oras": lambda work: run_oras(oras, registry, published, work)}
+    return against(oci_ticket(registry, published, manifest), manifest, tools, work_root, settings, repeat)
 
 
 def bench_modelcar(registry, files: dict[str, bytes], work_root: Path, settings, repeat: int) -> dict:
-    published = publish_modelcar(registry, files)
+    published, oras = publish_modelcar(registry, files), oras_binary()
     manifest = list(published["resolved"].files)
-    ticket = oci_ticket(registry, published, manifest)
-    oras = oras_binary()
-    runners = {
-        "engine": lambda work: run_engine(ticket, work, settings),
-        "oras_tar": lambda work: run_oras_extract(oras, registry, published, work),
-    }
-    times, verified = rounds(runners, manifest, work_root, repeat)
-    return {"files": len(manifest), "verified_files": verified, **rates(ticket.size, times, "oras_tar")}
+    tools = {"oras_tar": lambda work: run_oras_extract(oras, registry, published, work)}
+    return against(oci_ticket(registry, published, manifest), manifest, tools, work_root, settings, repeat)
 
 
 def bench_s3(s3, files: dict[str, bytes], work_root: Path, settings, repeat: int) -> dict:
-    manifest = manifest_of(files)
-    published = publish_s3(s3, files)
-    ticket = s3_ticket(s3, published, manifest)
-    runners = {
-        "engine": lambda work: run_engine(ticket, work, settings),
+    manifest, published = manifest_of(files), publish_s3(s3, files)
+    tools = {
         "boto3": lambda work: run_boto3(s3, published, work, None),
         "boto3_8": lambda work: run_boto3(s3, published, work, 8),
     }
-    times, verified = rounds(runners, manifest, work_root, repeat)
-    return {"files": len(manifest), "verified_files": verified, **rates(ticket.size, times, "boto3")}
+    return against(s3_ticket(s3, published, manifest), manifest, tools, work_root, settings, repeat)
 
 
 def run(registry, s3, files_mb: list[int] | None = None, *, repeat: int = 2, smoke: bool = False) -> dict:

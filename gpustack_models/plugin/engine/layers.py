@@ -38,7 +38,7 @@ from gpustack_models.sources.layer_encoding import DecodeError, DecodingReader
 _CONTENT_RANGE = re.compile(r"bytes\s+(\d+)-(\d+)/(\d+|\*)")
 
 
-class Stopped(Exception):
+class _Stopped(Exception):
     """The download stopped while a layer was being read."""
 
 
@@ -59,23 +59,19 @@ def plan(ticket: FetchTicket, files: list[FileProgress], from_peers: bool) -> li
     digest Ready (the files come from peers by range then)."""
     if from_peers and any(p.state == "Ready" for p in usable_peers(ticket.peers)):
         return []
-    hub, layers = ticket.sources[0], {}
+    hub, layers, groups = ticket.sources[0], {}, {}
     for f in files:
         where = hub.packed(f.file) if hub.source == OCI and not (f.verified or f.complete) else None
         if where is not None:
             blob, offset, size, encoding = where
-            layer = layers.setdefault(blob, Layer(hub, blob, size, encoding))
-            same = next((g for o, g in layer.groups if o == offset and g[0].size == f.size), None)
-            if same is not None:
-                same.append(f)
-            else:
-                layer.groups.append((offset, [f]))
-    for layer in layers.values():
-        layer.groups.sort(key=lambda group: group[0])
+            layers.setdefault(blob, Layer(hub, blob, size, encoding))
+            groups.setdefault((blob, offset, f.size), []).append(f)
+    for (blob, offset, _), group in sorted(groups.items(), key=lambda item: item[0][1]):
+        layers[blob].groups.append((offset, group))
     return list(layers.values())
 
 
-def open_blob(fetcher, hub: HubSource, blob: str, start: int, label: str) -> StreamedResponse:
+def _open_blob(fetcher, hub: HubSource, blob: str, start: int, label: str) -> StreamedResponse:
     """The bytes of ``blob`` on ``hub`` from ``start`` on, the registry's challenge answered. A dropped
     connection or a 5xx/429 raises ``ConnectionError`` (to be asked again); any other refusal ``DownloadFailed``."""
     url, home = f"{hub.endpoint}/v2/{hub.repository}/blobs/{blob}", origin(hub.endpoint)
@@ -137,7 +133,7 @@ class _Open:
         self._response.close(reuse=False)
 
 
-def reader(fetcher, hub: HubSource, blob: str, size: int, encoding: str, stop: threading.Event):
+def _reader(fetcher, hub: HubSource, blob: str, size: int, encoding: str, stop: threading.Event):
     """A ``DecodingReader`` of ``blob``: drops retried ``range_retries`` times with the fetcher's back-off, its
     compressed bytes taking the rate limiter and counted as network bytes."""
     label = f"layer {blob[:19]}"
@@ -146,18 +142,18 @@ def reader(fetcher, hub: HubSource, blob: str, size: int, encoding: str, stop: t
     def retry(exc: BaseException, attempt: int) -> None:
         fetcher._stat("retries")
         if stop.wait(min(0.25 * 2 ** (attempt - 1), 5.0)):
-            raise Stopped()
+            raise _Stopped()
 
     def allow(n: int) -> int:
         n = rate.chunk(n)
         if not rate.acquire(n, stop.is_set):
-            raise Stopped()
+            raise _Stopped()
         return n
 
     return DecodingReader(
         encoding,
         size,
-        lambda start: _Open(fetcher, open_blob(fetcher, hub, blob, start, label)),
+        lambda start: _Open(fetcher, _open_blob(fetcher, hub, blob, start, label)),
         retries=settings.range_retries,
         on_retry=retry,
         allow=allow,
@@ -166,7 +162,7 @@ def reader(fetcher, hub: HubSource, blob: str, size: int, encoding: str, stop: t
     )
 
 
-def failure(exc: BaseException, label: str, files: list[FileProgress]) -> DownloadFailed:
+def _failure(exc: BaseException, label: str, files: list[FileProgress]) -> DownloadFailed:
     if isinstance(exc, (DecodeError, EOFError)):
         for f in files:
             f.bad = True
@@ -181,20 +177,17 @@ class LayerStream:
     def __init__(self, fetcher, frontier, layer: Layer, stop: threading.Event):
         self._fetcher, self._frontier, self.layer, self._stop = fetcher, frontier, layer, stop
 
-    def run(self, view: memoryview, slots=None) -> None:
+    def run(self, view: memoryview, slots) -> None:
         """Read the layer, holding one of the node's connection ``slots`` (a ``Limits.slots``) meanwhile."""
-        if slots is None:
-            return self._read(view)
         if slots.acquire(self._stop.is_set):
             try:
                 self._read(view)
             finally:
                 slots.release()
-        return None
 
     def _read(self, view: memoryview) -> None:
         layer, files = self.layer, []
-        source = reader(self._fetcher, layer.hub, layer.blob, layer.size, layer.encoding, self._stop)
+        source = _reader(self._fetcher, layer.hub, layer.blob, layer.size, layer.encoding, self._stop)
         try:
             for offset, files in layer.groups:
                 todo = [f for f in files if not (f.verified or f.complete) and f.missing()]
@@ -202,11 +195,11 @@ class LayerStream:
                     first = min(f.missing()[0][0] for f in todo)
                     source.skip(offset + first - source.produced)
                     self._write(todo, source, first, view)
-        except Stopped:
+        except _Stopped:
             return
         except (OSError, http.client.HTTPException, DecodeError, EOFError) as exc:
             if not self._stop.is_set():
-                raise failure(exc, f"layer {layer.blob[:19]}", files) from None
+                raise _failure(exc, f"layer {layer.blob[:19]}", files) from None
         finally:
             source.close()
 
