@@ -13,6 +13,7 @@ import threading
 
 from celery import Celery, signals
 
+from gpustack_models.startup_objects import set_aside_startup_objects
 from gpustack_models.telemetry import registry
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
@@ -78,6 +79,13 @@ def _serve_worker_metrics(sender=None, **kwargs):
     """The worker's metrics port (``GPUSTACK_METRICS_PORT``), with the broker's queue depth read at scrape
     time; started once the pool's processes exist, so none of them holds the listening socket."""
     registry.serve_from_settings(_roles().QueueDepth(app))
+
+
+@signals.worker_process_init.connect
+def _set_aside_startup_objects(sender=None, **kwargs):
+    """A pool process, once forked: what the worker imported is set aside from the garbage collector's full
+    collections, which then keep pace with the cycles failed and retried tasks leave (``startup_objects``)."""
+    set_aside_startup_objects()
 
 
 @signals.worker_process_shutdown.connect

@@ -118,6 +118,11 @@ class AlreadyExists(Conflict):
     reason = "AlreadyExists"
 
 
+class StillConflicting(Conflict):
+    """Ours, not kube-apiserver's: a write that lost to another writer each time it read and tried again, as
+    many times as it tries at once. Unlike a conflict that stays, worth the whole write again a moment later."""
+
+
 class Expired(StatusError):
     """The resourceVersion is too old (410): list again."""
 

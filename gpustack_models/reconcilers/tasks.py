@@ -46,9 +46,11 @@ log = logging.getLogger(__name__)
 # refuses with 401/403 until its caches are filled): with backoff from 1 s to 30 s,
 # for about ten minutes. Raised out, an acks_late task is acknowledged all the same, and its change was lost
 # (a relist at the same resourceVersion changes nothing, so nothing would enqueue it again). Periodic tasks
-# are not tried again: beat sends the next one.
+# are not tried again: beat sends the next one. So is a status write that lost to other writers on each of its
+# attempts (``StillConflicting``: under a burst of writes to the same object, which the soak makes), tried
+# again after a backoff, not raised out with its change lost.
 WHILE_UNREACHABLE = {
-    "autoretry_for": (OperationalError, InterfaceError, *kube.STARTING),
+    "autoretry_for": (OperationalError, InterfaceError, *kube.STARTING, kube.StillConflicting),
     "retry_backoff": 1,
     "retry_backoff_max": 30,
     "retry_jitter": True,

@@ -46,7 +46,8 @@ def apply_status(path: str, kind: str, metadata: dict, status: dict, manager: st
     ``metadata`` carries the ``uid`` of the object the status was computed for. The write is made on the
     object as just read, its uid checked and its resourceVersion sent as the apply's precondition, so an
     answer for an object deleted and recreated under the same name never lands on the new one (a write
-    that raced another writer is read and tried again)."""
+    that raced another writer is read and tried again; one that lost every time raises ``StillConflicting``,
+    which the task tries again later)."""
     uid = metadata.get("uid")
     if not uid:
         raise ValueError(f"a status write to {path} needs the object's uid")
@@ -68,7 +69,7 @@ def apply_status(path: str, kind: str, metadata: dict, status: dict, manager: st
             return False
         except kube.Conflict:
             continue  # another writer got in between: read again
-    raise kube.Conflict(f"status of {path} still conflicting after {APPLY_ATTEMPTS} attempts")
+    raise kube.StillConflicting(f"status of {path} still conflicting after {APPLY_ATTEMPTS} attempts")
 
 
 def now_iso() -> str:
