@@ -8,9 +8,10 @@ PYTEST_ARGS ?=
 
 venv: $(VENV)/.installed protos
 
+# A fresh clone links .venv to a virtualenv built once per set of pins in a cache outside the repo
+# (deploy/python/venv.sh); an existing .venv directory is installed into.
 $(VENV)/.installed: requirements.txt requirements-dev.txt deploy/protos/requirements.txt
-	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --disable-pip-version-check -q -r requirements-dev.txt
+	@deploy/python/venv.sh $(PYTHON)
 	@cat requirements.txt requirements-dev.txt deploy/protos/requirements.txt > $@
 
 # The CSI and kubelet plugin-registration gRPC stubs, compiled from the protos committed in deploy/protos/
