@@ -5,9 +5,9 @@ promoted into it since the last full collection number a quarter of those it hel
 imported Django, Celery and the Kubernetes client holds about 190,000 such objects, so it waits for some
 47,000 new ones. Cycles that are few objects but much memory reach that late: each task that fails or
 retries leaves one (Celery's exception info and its frames), and Python 3.11's copy of each frame's code
-positions is thousands of small tuples the collector does not count. Measured under the soak, each Celery
-pool process grew about 1 MB a minute this way: all of it freed by one full collection, none of it a
-reference still held.
+positions is thousands of small tuples the collector does not count. Under the soak, each Celery pool
+process grew about 1 MB a minute, and a third to a half of that was such garbage, freed by one full
+collection.
 
 ``set_aside_startup_objects`` runs once a process has started (a pool process once forked, an API worker once
 it has loaded the application). It collects what starting left behind, freezes the survivors
