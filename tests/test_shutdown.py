@@ -170,8 +170,9 @@ def tail(path: Path | None, lines: int = 40) -> str:
     return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
 
 
-def create_artifact(kube, namespace: str, name: str, repository: str) -> None:
-    kube.create(
+def create_artifact(kube, namespace: str, name: str, repository: str) -> dict:
+    """A ModelArtifact as kube-apiserver stores it (the storage version): the created object."""
+    return kube.create(
         f"{STORAGE}/namespaces/{namespace}/modelartifacts",
         {
             "apiVersion": f"{GROUP}/v1alpha1",

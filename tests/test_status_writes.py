@@ -8,8 +8,8 @@ from __future__ import annotations
 import pytest
 
 from gpustack_models import kube
-from gpustack_models.kinds import GROUP, STORAGE_VERSION
 from gpustack_models.reconcilers import writes
+from tests.test_shutdown import create_artifact
 
 
 class RacingWriter:
@@ -18,6 +18,7 @@ class RacingWriter:
 
     def __init__(self, client: kube.Kube, races: int):
         self.client, self.races, self.applies = client, races, 0
+        self.written: bool | None = None  # what apply_status answered
 
     def get(self, path: str, **kwargs):
         return self.client.get(path, **kwargs)
@@ -35,13 +36,7 @@ class RacingWriter:
 @pytest.fixture
 def stored(worker_kube, namespace):
     """A ModelArtifact as kube-apiserver stores it: (its path, its metadata as the worker read it)."""
-    body = {
-        "apiVersion": f"{GROUP}/{STORAGE_VERSION}",
-        "kind": "ModelArtifact",
-        "metadata": {"name": "raced"},
-        "spec": {"source": {"huggingFace": {"repository": "org/raced"}}},
-    }
-    created = worker_kube.create(f"/apis/{GROUP}/{STORAGE_VERSION}/namespaces/{namespace}/modelartifacts", body)
+    created = create_artifact(worker_kube, namespace, "raced", "org/raced")
     return writes.artifact_path(namespace, "raced"), {"name": "raced", "namespace": namespace,
                                                        "uid": created["metadata"]["uid"]}  # fmt: skip
 
