@@ -149,6 +149,9 @@ class Watches:
         self.thread.join(10)
 
 
+WARM_UP = 0.2  # the first fifth of a run, left out of the memory slopes
+
+
 @dataclass
 class Series:
     """One role's samples: seconds since the start, and resident MB, open files, threads at each."""
@@ -159,11 +162,12 @@ class Series:
     threads: list[int] = field(default_factory=list)
     processes: list[dict] = field(default_factory=list)  # each sample's resident MB per process id
 
-    def slope(self, warm_up: float = 0.2) -> tuple[float, float]:
+    def slope(self, warm_up: float = WARM_UP, until: float = 1.0) -> tuple[float, float]:
         """The slope of a line fitted to resident memory, MB per minute, and its standard error; the first
-        ``warm_up`` of the run (connections and caches filling as the load starts) left out."""
-        begin = self.seconds[-1] * warm_up if self.seconds else 0.0
-        kept = [(s / 60, rss) for s, rss in zip(self.seconds, self.rss_mb, strict=True) if s >= begin]
+        ``warm_up`` of the run (connections and caches filling as the load starts) left out, and what comes
+        after ``until`` (both fractions of the run)."""
+        begin, end = (self.seconds[-1] * warm_up, self.seconds[-1] * until) if self.seconds else (0.0, 0.0)
+        kept = [(s / 60, rss) for s, rss in zip(self.seconds, self.rss_mb, strict=True) if begin <= s <= end]
         if len(kept) < 3:
             return float("nan"), float("nan")
         minutes, rss_mb = [m for m, _ in kept], [r for _, r in kept]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tests.soak.load import Calls, Series, Watches
+from tests.soak.load import WARM_UP, Calls, Series, Watches
 
 
 def table(calls: dict[str, Calls], watches: Watches, events, series: dict[str, Series], seconds: float) -> str:
@@ -20,17 +20,33 @@ def table(calls: dict[str, Calls], watches: Watches, events, series: dict[str, S
     )
     took = f"{len(events.writes):,} changes at {events.achieved:.0f}/s, {events.failed} refused or unanswered"
     lines.append(f"informer events: {took} (as many as kube-apiserver took)")
-    lines.append(
-        f"{'role':<10} {'RSS MB':>15} {'slope MB/min':>18} {'open files':>12} {'threads':>10}  (first -> last sample)"
-    )
+    lines.extend(memory_rows(series))
+    return "\n".join(lines)
+
+
+def memory_rows(series: dict[str, Series]) -> list[str]:
+    """Each role's resident memory, open files and threads, first -> last sample, with the fitted slope, its
+    verdict and the slopes of its two halves."""
+    lines = [
+        f"{'role':<10} {'RSS MB':>15} {'slope MB/min':>18} {'open files':>12} {'threads':>10} {'halves':>15}"
+        "  (first -> last sample)"
+    ]
     for name, s in series.items():
         slope, error = s.slope()
         verdict = leak_verdict(s, slope, error)
+        earlier, later = halves(s)
         lines.append(
             f"{name:<10} {s.rss_mb[0]:6.0f} -> {s.rss_mb[-1]:6.0f} {slope:+8.2f} ± {error:5.2f} {verdict:<6}"
-            f" {s.fds[0]:5d} -> {s.fds[-1]:<5d} {s.threads[0]:4d} -> {s.threads[-1]:<4d}"
+            f" {s.fds[0]:5d} -> {s.fds[-1]:<5d} {s.threads[0]:4d} -> {s.threads[-1]:<4d} {earlier:+7.2f} {later:+7.2f}"
         )
-    return "\n".join(lines)
+    return lines
+
+
+def halves(s: Series) -> tuple[float, float]:
+    """The slope (MB per minute) over each half of the fitted part of the run: a growth that slows towards
+    zero is memory settling (a warm-up longer than the part left out); one that holds or rises is a leak."""
+    middle = (WARM_UP + 1.0) / 2
+    return s.slope(WARM_UP, middle)[0], s.slope(middle, 1.0)[0]
 
 
 def leak_verdict(s: Series, slope: float, error: float) -> str:
