@@ -5,7 +5,8 @@ second and 1,000 informer events a second for 10 minutes; ``make test`` runs a s
 Printed: p50/p99 of each API verb with the rate reached and every non-2xx answer; each role's resident
 memory, open files and threads at the start and the end, with the slope of a line fitted to its memory
 after the first fifth of the run (MB per minute with its standard error; "flat" unless the slope is beyond
-two standard errors and adds more than 1 MB or 1 % over the run); and a PNG of all three over time
+two standard errors and adds more than 1 MB or 1 % over the run) and the slopes of that part's two halves
+(growth slowing towards zero is memory settling, growth that holds is a leak); and a PNG of all three over time
 (``$GPUSTACK_SOAK_DIR`` or the test state directory). The short round asserts that every verb answered
 2xx, every watch read events and every role was sampled; the figures are ``make soak``'s to read.
 """
