@@ -117,7 +117,7 @@ seccompProfile: {type: RuntimeDefault}
 - name: wait-for-migrations
   image: {{ include "gpustack-models.image" . }}
   imagePullPolicy: {{ .Values.image.pullPolicy }}
-  command: ["sh", "-c", "until python manage.py migrate --check >/dev/null 2>&1; do echo waiting for migrations; sleep 3; done"]
+  command: ["python", "manage.py", "waitformigrations"]
   env:
     {{- include "gpustack-models.serviceEnv" . | nindent 4 }}
   securityContext:
