@@ -1,6 +1,6 @@
 """The cache's lifecycle with the real worker (Celery worker and beat processes), real plugins and the control
 plane: prefetch by node selector, the collection grace, retention, disk pressure, the per-node cap and the
-status a tenant can act on. The suite's worker runs with an 8 s collection grace checked every second and a
+status a tenant can act on. The suite's worker runs with an 8 s collection grace checked every 2 s and a
 cap of 16 digests per node."""
 
 import time

@@ -340,7 +340,7 @@ def test_the_worker_roles_count_their_work(roles, hub, worker_kube, tenant_ns):
     for family in ("gpustack_models_informer_relists", "gpustack_models_informer_watch_restarts"):
         assert f"# TYPE {family}_total counter" in informer_text or f"# TYPE {family} counter" in informer_text
 
-    # Beat sends the collection pass every second here.
+    # Beat sends the collection pass every 2 s here (COLLECTION_INTERVAL, tests/support/worker.py).
     wait_for(lambda: moved("beat", "gpustack_models_tasks_sent_total", task="gpustack_models.collect") >= 2)
     wait_for(
         lambda: moved("celery", "gpustack_models_tasks_total", task="gpustack_models.collect", outcome="success") >= 1

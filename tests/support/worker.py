@@ -274,6 +274,10 @@ def database_url() -> str:
 
 MIRROR_LAG_FILE = TEST_STATE / "mirror-lag.jsonl"
 COLLECTION_GRACE = 8  # seconds: GPUSTACK_COLLECTION_GRACE_SECONDS of the suite's worker
+# Seconds between two collection passes of the suite's beat. A pass schedules what falls due before the next
+# one at its own time, so this costs no test time, only background work in every lane (a pass a second took
+# about 2 s of CPU a minute in each lane's beat and worker).
+COLLECTION_INTERVAL = 2
 MODELS_PER_NODE = 16  # GPUSTACK_MODELS_PER_NODE of the suite's worker: the per-node cap within tens of digests
 # The roles' metrics ports: connections open at once, seconds for a request's head (the attack tests' scale).
 METRICS_MAX_CONNECTIONS = 16
@@ -303,8 +307,8 @@ class WorkerStack:
             GPUSTACK_OCI_INSECURE_REGISTRIES="127.0.0.1",
             GPUSTACK_RESOLVE_RETRY_BASE="0.5",
             GPUSTACK_RESOLVE_RETRY_MAX="3",
-            # The cache's lifecycle on a test's time scale: collection checked every second, an 8 s grace.
-            GPUSTACK_COLLECTION_INTERVAL_SECONDS="1",
+            # The cache's lifecycle on a test's time scale: collection checked every 2 s, an 8 s grace.
+            GPUSTACK_COLLECTION_INTERVAL_SECONDS=str(COLLECTION_INTERVAL),
             GPUSTACK_MOUNT_CHECK_INTERVAL_SECONDS="3",
             GPUSTACK_COLLECTION_GRACE_SECONDS=str(COLLECTION_GRACE),
             GPUSTACK_MODELS_PER_NODE=str(MODELS_PER_NODE),
