@@ -1,6 +1,7 @@
-"""An API worker's TLS connections: a 64 KiB read buffer each, in a mapping of its own that goes back to the
-system when the connection closes; its threads share two malloc arenas (``api.connection_memory``). Run in a
-child process: the settings are the whole process's."""
+"""An API worker's TLS connections (``api.connection_memory``): they read 64 KiB at a time through one buffer per
+thread, shared, and every byte arrives intact; a block of 64 KiB that the heap's free top cannot hold gets a
+mapping of its own that goes back to the system when freed; the worker's threads share two malloc arenas. Run
+in child processes: the settings are the whole process's."""
 
 import subprocess
 import sys
@@ -20,12 +21,20 @@ libc = ctypes.CDLL(None)
 libc.mallinfo2.restype = MallInfo2
 
 
+libc.malloc.restype, libc.malloc.argtypes, libc.free.argtypes = ctypes.c_void_p, [ctypes.c_size_t], [ctypes.c_void_p]
+
+
 def mapped_with(size):
+    # glibc serves any request its heap's free top can hold from there, whatever the threshold: take the top
+    # first, so the block comes from growing the heap (below the threshold) or from a mapping (at or above).
+    filler = libc.malloc(max(libc.mallinfo2().keepcost - 64, 1))
     before = libc.mallinfo2().hblks
     block = bytearray(size)
     during = libc.mallinfo2().hblks
     del block
-    return during - before, libc.mallinfo2().hblks - before
+    after = libc.mallinfo2().hblks
+    libc.free(filler)
+    return during - before, after - before
 
 
 def read_buffer():
@@ -33,7 +42,7 @@ def read_buffer():
     context = ssl.create_default_context()
     protocol = asyncio.sslproto.SSLProtocol(loop, asyncio.Protocol(), context, None, server_side=False)
     loop.close()
-    return len(protocol._ssl_buffer)
+    return len(protocol.get_buffer(-1))  # what the event loop reads a connection's bytes into
 
 
 def threads_allocating(count=8):
@@ -56,7 +65,8 @@ def threads_allocating(count=8):
 
 if sys.argv[1] == "apply":
     print(connection_memory.apply())
-print(read_buffer(), *mapped_with(64 * 1024), flush=True)
+mapped = mapped_with(64 * 1024)  # before any connection: what a block of that size gets
+print(read_buffer(), *mapped, flush=True)
 threads_allocating()
 """
 
@@ -66,11 +76,94 @@ def child(*args) -> tuple[list[str], int]:
     return done.stdout.split(), done.stderr.count("Arena ")
 
 
-def test_a_connection_reads_into_64_kib_held_in_a_mapping_of_its_own_and_threads_share_two_arenas():
+def test_a_connection_reads_64_kib_at_a_time_a_block_that_large_is_mapped_and_threads_share_two_arenas():
     # Without: Python's 256 KiB read buffer per connection; a 64 KiB block from the heap (below glibc's
     # default threshold of 128 KiB); eight threads allocating at once, each in an arena of its own.
     out, arenas = child("as-is")
     assert out == ["262144", "0", "0"] and arenas > 2, (out, arenas)
-    # With: 64 KiB per connection; a block of 64 KiB gets a mapping of its own, unmapped when freed; two arenas.
+    # With: reads of 64 KiB; a block of 64 KiB gets a mapping of its own, unmapped when freed; two arenas.
     out, arenas = child("apply")
     assert out == ["True", "65536", "1", "0"] and arenas == 2, (out, arenas)
+
+
+SHARED = """
+import asyncio, hashlib, ipaddress, os, ssl, sys, tempfile, threading
+from pathlib import Path
+
+from gpustack_models.api import connection_memory
+from gpustack_models.local import pki
+
+connection_memory.apply()
+ca = pki.new_ca("read-buffer-ca")
+leaf = pki.issue(ca, "127.0.0.1", ip_addresses=[ipaddress.ip_address("127.0.0.1")], server=True)
+where = Path(tempfile.mkdtemp())
+crt, key = leaf.write(where, "server")
+ca_crt, _ = ca.write(where, "ca")
+SIZES = (1, 700, 16 * 1024 + 1, 65536, 65537, 300 * 1024, 3 * 1024 * 1024)
+
+
+async def exchange(server_side):
+    served = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    served.load_cert_chain(crt, key)
+
+    async def serve(reader, writer):  # each message: 8-byte length, the bytes; answered with their sha256
+        server_side.append(writer.transport._ssl_protocol)
+        while True:
+            try:
+                header = await reader.readexactly(8)
+            except asyncio.IncompleteReadError:
+                break
+            body = await reader.readexactly(int.from_bytes(header, "big"))
+            writer.write(hashlib.sha256(body).digest())
+            await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(serve, "127.0.0.1", 0, ssl=served)
+    port = server.sockets[0].getsockname()[1]
+    client = ssl.create_default_context(cafile=str(ca_crt))
+
+    async def one(seed):
+        reader, writer = await asyncio.open_connection("127.0.0.1", port, ssl=client)
+        wrong = 0
+        for i, size in enumerate(SIZES[seed % 3:] + SIZES[: seed % 3]):
+            body = os.urandom(size)
+            writer.write(size.to_bytes(8, "big"))
+            for at in range(0, size, 100_000):  # in pieces, so the connections' reads interleave
+                writer.write(body[at:at + 100_000])
+                await writer.drain()
+            wrong += await reader.readexactly(32) != hashlib.sha256(body).digest()
+        writer.close()
+        return wrong
+
+    wrong = sum(await asyncio.gather(*(one(seed) for seed in range(12))))
+    server.close()
+    await server.wait_closed()
+    return wrong
+
+
+def in_thread(results):
+    protocols = []
+    results.append((asyncio.run(exchange(protocols)), protocols))
+
+
+results = []
+threads = [threading.Thread(target=in_thread, args=(results,)) for _ in range(2)]
+for thread in threads:
+    thread.start()
+for thread in threads:
+    thread.join()
+for wrong, protocols in results:
+    buffers = {id(p._ssl_buffer_view.obj) for p in protocols}
+    print(wrong, len(protocols), len(buffers), all(p._ssl_buffer is None for p in protocols))
+print(len({id(p._ssl_buffer_view.obj) for _, protocols in results for p in protocols}))
+"""
+
+
+def test_the_tls_connections_of_a_thread_read_through_one_buffer_and_every_byte_arrives_intact():
+    # Two threads, each with an event loop serving 12 TLS connections that send messages of 1 B to 3 MiB at
+    # once, in pieces: every message's sha256 comes back right; the 12 server-side connections of a thread
+    # share one read buffer and hold none of their own; the two threads' buffers differ.
+    done = subprocess.run([sys.executable, "-c", SHARED], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = done.stdout.split("\n")
+    assert lines[:2] == ["0 12 1 True", "0 12 1 True"] and lines[2] == "2", done.stdout
