@@ -12,11 +12,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 from tests.support import REPO
 from tests.support.release import own_database
-
-
-def url(settings: dict) -> str:
-    s = settings
-    return f"postgres://{s['USER']}:{s.get('PASSWORD') or ''}@{s['HOST']}:{s['PORT']}/{s['NAME']}"
+from tests.support.worker import postgres_url
 
 
 def manage(*args: str, database_url: str, **kwargs):
@@ -27,13 +23,13 @@ def manage(*args: str, database_url: str, **kwargs):
 
 def test_it_waits_while_a_migration_is_missing_and_exits_once_the_migrate_job_applied_them(django_db_blocker):
     with own_database(django_db_blocker) as settings:
-        waiting = manage("waitformigrations", "--interval", "0.2", database_url=url(settings))
+        waiting = manage("waitformigrations", "--interval", "0.2", database_url=postgres_url(settings))
         try:
             first = waiting.stdout.readline()
             assert first.startswith("waiting for migrations: "), first
             assert " unapplied, first " in first, first
             assert waiting.poll() is None  # still waiting: nothing migrated yet
-            migrate = manage("migrate", "--noinput", "-v0", database_url=url(settings))
+            migrate = manage("migrate", "--noinput", "-v0", database_url=postgres_url(settings))
             assert migrate.wait(timeout=300) == 0, migrate.stdout.read()
             assert waiting.wait(timeout=30) == 0
             rest = waiting.stdout.read()

@@ -269,6 +269,11 @@ def database_url() -> str:
     s = connection.settings_dict
     if connection.vendor == "sqlite":
         return f"sqlite:///{s['NAME']}"
+    return postgres_url(s)
+
+
+def postgres_url(s: dict) -> str:
+    """A PostgreSQL database's URL from its Django connection settings."""
     return f"postgres://{s['USER']}:{s.get('PASSWORD') or ''}@{s['HOST']}:{s['PORT']}/{s['NAME']}"
 
 
