@@ -21,7 +21,18 @@ memory kept rising for minutes after its number of connections had stopped chang
   (glibc still serves any block its free top can hold from there);
 - two malloc arenas, not glibc's up to eight per core: the worker's 64 view threads spread their allocations
   over that many, and memory freed in one arena is not reused by a thread allocating in another. Python
-  allocates under its GIL, so more arenas spare no contention.
+  allocates under its GIL, so more arenas spare no contention;
+- a connection's two OpenSSL memory BIOs (the bytes between the socket and its TLS object, one each way) kept
+  small. A memory BIO never gives back what it grew to: its buffer keeps the size of the most it ever held
+  until the connection closes. asyncio encrypts everything an answer writes into the outgoing BIO at once, and
+  while the socket is slow (kube-apiserver busy) it stops moving that BIO to the socket but goes on encrypting
+  into it until the answer's writer is paused at 512 KiB; and it writes each read of the socket, and while the
+  application does not read everything it receives, into the incoming BIO. So every connection that once met a
+  slow peer or a burst kept the 0.5-1 MB of that moment for its life: under the soak, the worker's memory rose
+  for as long as connections kept meeting larger bursts. Now bytes pass through each BIO 16 KiB at a time
+  (a TLS record's worth), each piece moved out before the next goes in; an answer's bytes waiting for a slow
+  socket wait as Python bytes, freed once sent, as asyncio's flow control already counts them; and a
+  connection whose application does not read pauses its socket at 32 KiB received instead of 256.
 """
 
 from __future__ import annotations
@@ -35,6 +46,9 @@ from asyncio import sslproto
 log = logging.getLogger(__name__)
 
 READ_BUFFER_BYTES = 64 * 1024
+BIO_PIECE_BYTES = 16 * 1024  # a TLS record's payload: the most either memory BIO holds beyond a partial record
+SEND_BYTES = 64 * 1024  # encrypted pieces joined into one socket write
+INCOMING_HIGH_WATER = 32 * 1024  # received and not yet read by the application: the socket pauses past this
 ARENAS = 2
 M_MMAP_THRESHOLD, M_ARENA_MAX = -3, -8  # glibc's mallopt parameters (malloc.h)
 
@@ -42,6 +56,10 @@ M_MMAP_THRESHOLD, M_ARENA_MAX = -3, -8  # glibc's mallopt parameters (malloc.h)
 _thread = threading.local()  # .read_buffer: the thread's, made on its first TLS read
 _NO_BUFFER = memoryview(b"")
 _own_init = sslproto.SSLProtocol.__init__
+_own_buffer_updated = sslproto.SSLProtocol.buffer_updated
+_own_resume_writing = sslproto.SSLProtocol.resume_writing
+_own_write_appdata = sslproto.SSLProtocol._write_appdata
+_WRAPPED = sslproto.SSLProtocolState.WRAPPED
 
 
 def thread_read_buffer() -> memoryview:
@@ -59,6 +77,7 @@ def _init_without_buffer(self, *args, **kwargs):
     finally:
         del self.max_size  # the class's again: how much one read of decrypted bytes takes
     self._ssl_buffer, self._ssl_buffer_view = None, _NO_BUFFER
+    self._set_read_buffer_limits(high=INCOMING_HIGH_WATER)
 
 
 def _shared_buffer(self, n):
@@ -67,16 +86,90 @@ def _shared_buffer(self, n):
     return self._ssl_buffer_view
 
 
+def _buffer_updated_in_pieces(self, nbytes):
+    """``SSLProtocol.buffer_updated`` (asyncio's, unchanged) for each 16 KiB of what the socket gave, as if it
+    had come in reads that small: each piece is decrypted and handed on before the next enters the BIO."""
+    view = self._ssl_buffer_view
+    try:
+        for start in range(0, nbytes, BIO_PIECE_BYTES):
+            self._ssl_buffer_view = view[start : min(start + BIO_PIECE_BYTES, nbytes)]
+            _own_buffer_updated(self, len(self._ssl_buffer_view))
+    finally:
+        self._ssl_buffer_view = view
+
+
+def _write_in_pieces(self):
+    """``SSLProtocol._do_write``: encrypt the application's waiting bytes 16 KiB at a time, each piece taken out of
+    the outgoing BIO at once, and only while the socket takes more. What the socket cannot take yet waits in
+    ``_write_backlog`` as the application's bytes (``resume_writing`` goes on). While the connection closes
+    (flushing), everything is encrypted at once as asyncio does, so nothing written before the close_notify is
+    left behind."""
+    sending, size = [], 0
+    try:
+        while self._write_backlog and (not self._ssl_writing_paused or self._state != _WRAPPED):
+            data = memoryview(self._write_backlog[0]).cast("B")
+            count = self._sslobj.write(data[:BIO_PIECE_BYTES])
+            if count < len(data):
+                self._write_backlog[0] = data[count:]
+            else:
+                del self._write_backlog[0]
+            self._write_buffer_size -= count
+            if self._ssl_writing_paused:
+                continue  # closing while the socket is full: the BIO holds it, as asyncio's own does
+            sending.append(self._outgoing.read())
+            size += len(sending[-1])
+            if size >= SEND_BYTES:
+                self._transport.write(b"".join(sending))  # may pause: the loop's condition sees it
+                sending, size = [], 0
+    except sslproto.SSLAgainErrors:
+        pass
+    finally:
+        if sending:
+            self._transport.write(b"".join(sending))
+    self._process_outgoing()
+
+
+def _write_appdata_immutable(self, list_of_data):
+    """``SSLProtocol._write_appdata`` with a copy of what is not ``bytes``: bytes may now wait in the backlog
+    after ``write`` returned, and a bytearray could change meanwhile (asyncio encrypted it at once)."""
+    _own_write_appdata(self, [data if isinstance(data, bytes) else bytes(data) for data in list_of_data])
+
+
+def _resume_writing_in_pieces(self):
+    """``SSLProtocol.resume_writing``: the socket takes bytes again; encrypt what waited for it."""
+    if self._write_backlog and self._state == _WRAPPED:
+        self._ssl_writing_paused = False
+        self._do_write()
+    else:
+        _own_resume_writing(self)
+
+
 def share_read_buffers() -> bool:
     """Make every TLS connection of this process read through its thread's buffer; False (and nothing
     changed) where asyncio's TLS protocol is not the one this was written against."""
     cls = sslproto.SSLProtocol
     if cls.__init__ is _init_without_buffer:
         return True
-    if not all(hasattr(cls, name) for name in ("get_buffer", "buffer_updated", "max_size")):
+    needed = (
+        "get_buffer",
+        "buffer_updated",
+        "max_size",
+        "_do_write",
+        "_process_outgoing",
+        "resume_writing",
+        "_set_read_buffer_limits",
+        "_write_appdata",
+    )
+    if not all(hasattr(cls, name) for name in needed):
         log.info("asyncio's TLS protocol differs: each connection keeps a read buffer of its own")
         return False
     cls.__init__, cls.get_buffer = _init_without_buffer, _shared_buffer
+    cls.buffer_updated, cls._do_write, cls.resume_writing, cls._write_appdata = (
+        _buffer_updated_in_pieces,
+        _write_in_pieces,
+        _resume_writing_in_pieces,
+        _write_appdata_immutable,
+    )
     return True
 
 
