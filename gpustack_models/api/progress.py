@@ -32,7 +32,7 @@ from gpustack_models.api.views import KubeAPIView
 from gpustack_models.kinds import GROUP, MODEL_ARTIFACT, PUBLIC_VERSION
 from gpustack_models.kube.client import forget_closed_loops
 from gpustack_models.kube.errors import MethodNotAllowed
-from gpustack_models.models import EntryState, PluginPod, StoreEntry
+from gpustack_models.models import EntryState, Holding, PluginPod, StoreEntry
 
 _sessions: dict = {}
 
@@ -124,13 +124,18 @@ class Tally:
 
 
 def tally(digest: str, default_size: int) -> Tally:
+    """The digest's ``claimed`` entries, read as two lists, its entries and the nodes it is placed on, matched
+    here: as one query, PostgreSQL joined them by comparing every entry with every holding whenever its
+    statistics predate the digest's rows (a new cluster, a model just rolled out to every node), quadratic
+    in the nodes (``tests/test_query_plans.py``)."""
     out = Tally()
-    rows = (
-        StoreEntry.objects.claimed()
-        .filter(digest=digest)
-        .values_list("node", "state", "size_bytes", "downloaded_bytes", "reason")
+    placed = set(Holding.objects.filter(digest=digest).values_list("node", flat=True))
+    rows = StoreEntry.objects.filter(digest=digest).values_list(
+        "node", "state", "size_bytes", "downloaded_bytes", "reason"
     )
     for node, state, size, done, reason in rows:
+        if node not in placed:
+            continue  # a node's report of a digest never placed on it counts for nothing
         if state == EntryState.READY:
             out.ready += 1
         elif state == EntryState.DOWNLOADING:
