@@ -6,9 +6,9 @@ in child processes: the settings are the whole process's."""
 import subprocess
 import sys
 
-CHILD = """
-import asyncio, ctypes, ssl, sys, threading
-from gpustack_models.api import connection_memory
+# The child scripts' common parts: glibc's malloc counters; a server certificate for 127.0.0.1 and its CA's.
+MALLINFO = """
+import ctypes
 
 
 class MallInfo2(ctypes.Structure):
@@ -19,6 +19,25 @@ class MallInfo2(ctypes.Structure):
 
 libc = ctypes.CDLL(None)
 libc.mallinfo2.restype = MallInfo2
+"""
+SERVER_FILES = """
+import ipaddress, tempfile
+from pathlib import Path
+
+from gpustack_models.local import pki
+
+ca = pki.new_ca("test-ca")
+leaf = pki.issue(ca, "127.0.0.1", ip_addresses=[ipaddress.ip_address("127.0.0.1")], server=True)
+where = Path(tempfile.mkdtemp())
+crt, key = leaf.write(where, "server")
+ca_crt, _ = ca.write(where, "ca")
+"""
+
+CHILD = (
+    MALLINFO
+    + """
+import asyncio, ssl, sys, threading
+from gpustack_models.api import connection_memory
 
 
 libc.malloc.restype, libc.malloc.argtypes, libc.free.argtypes = ctypes.c_void_p, [ctypes.c_size_t], [ctypes.c_void_p]
@@ -69,6 +88,7 @@ mapped = mapped_with(64 * 1024)  # before any connection: what a block of that s
 print(read_buffer(), *mapped, flush=True)
 threads_allocating()
 """
+)
 
 
 def child(*args) -> tuple[list[str], int]:
@@ -86,19 +106,16 @@ def test_a_connection_reads_64_kib_at_a_time_a_block_that_large_is_mapped_and_th
     assert out == ["True", "65536", "1", "0"] and arenas == 2, (out, arenas)
 
 
-SHARED = """
-import asyncio, hashlib, ipaddress, os, ssl, sys, tempfile, threading
-from pathlib import Path
+SHARED = (
+    """
+import asyncio, hashlib, os, ssl, sys, threading
 
 from gpustack_models.api import connection_memory
-from gpustack_models.local import pki
 
 connection_memory.apply()
-ca = pki.new_ca("read-buffer-ca")
-leaf = pki.issue(ca, "127.0.0.1", ip_addresses=[ipaddress.ip_address("127.0.0.1")], server=True)
-where = Path(tempfile.mkdtemp())
-crt, key = leaf.write(where, "server")
-ca_crt, _ = ca.write(where, "ca")
+"""
+    + SERVER_FILES
+    + """
 SIZES = (1, 700, 16 * 1024 + 1, 65536, 65537, 300 * 1024, 3 * 1024 * 1024)
 
 
@@ -157,6 +174,7 @@ for wrong, protocols in results:
     print(wrong, len(protocols), len(buffers), all(p._ssl_buffer is None for p in protocols))
 print(len({id(p._ssl_buffer_view.obj) for _, protocols in results for p in protocols}))
 """
+)
 
 
 def test_the_tls_connections_of_a_thread_read_through_one_buffer_and_every_byte_arrives_intact():
@@ -169,29 +187,18 @@ def test_the_tls_connections_of_a_thread_read_through_one_buffer_and_every_byte_
     assert lines[:2] == ["0 12 1 True", "0 12 1 True"] and lines[2] == "2", done.stdout
 
 
-SLOW_READER = """
-import asyncio, ctypes, hashlib, ipaddress, os, socket, ssl, sys, tempfile
-from pathlib import Path
+SLOW_READER = (
+    MALLINFO
+    + """
+import asyncio, hashlib, os, socket, ssl, sys
 
 from gpustack_models.api import connection_memory
-from gpustack_models.local import pki
 
-
-class MallInfo2(ctypes.Structure):
-    _fields_ = [(name, ctypes.c_size_t) for name in
-                ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks",
-                 "keepcost")]
-
-
-libc = ctypes.CDLL(None)
-libc.mallinfo2.restype = MallInfo2
 if sys.argv[1] == "apply":
     connection_memory.apply()
-ca = pki.new_ca("slow-reader-ca")
-leaf = pki.issue(ca, "127.0.0.1", ip_addresses=[ipaddress.ip_address("127.0.0.1")], server=True)
-where = Path(tempfile.mkdtemp())
-crt, key = leaf.write(where, "server")
-ca_crt, _ = ca.write(where, "ca")
+"""
+    + SERVER_FILES
+    + """
 CONNECTIONS, SMALL_SOCKET = 8, 16 * 1024
 PIECES = (1, 700, 65536, 300 * 1024, 3 * 1024 * 1024)  # an answer written in pieces; 300 KiB as a bytearray
 
@@ -273,6 +280,7 @@ async def main():
 
 asyncio.run(main())
 """
+)
 
 
 def slow_reader(mode: str) -> tuple[int, bool, int]:
