@@ -23,6 +23,9 @@ from gpustack_models.plugin.node.agent import Plugin
 from gpustack_models.stop_signals import on_stop_signals
 
 ROLES = ("all", "mounter", "node")
+# A stop signal ends the node role (and "all") within this, whatever hangs (the stacks of its threads are logged
+# then): a role stops within 10 s, the downloads' checkpoints taking at most 5 of them (``agent.STOP_SECONDS``).
+STOP_DEADLINE_SECONDS = 9.0
 
 
 class StartError(Exception):
@@ -58,11 +61,11 @@ def run(node: str, role: str) -> None:
     client = Kube(credentials(env.data_dir), timeout=shared.kube_request_timeout())
     if role == "mounter":
         mounter = Mounter(env.mounter(node), client)
-        on_stop_signals(mounter.stopping.set)
+        on_stop_signals(mounter.stopping.set)  # no deadline: marked by an uninstall, it drains for its grace period
         mounter.run()
         return
     plugin = Plugin(env.plugin(node, role), client)
-    on_stop_signals(plugin.stopping.set)
+    on_stop_signals(plugin.stopping.set, deadline=STOP_DEADLINE_SECONDS)
     plugin.run()
 
 

@@ -73,3 +73,38 @@ def test_the_callback_runs_in_a_thread_of_its_own_and_in_handler_in_the_handler(
     on_stop_signals(lambda: None)
     for _ in range(100_000):  # more than the pipe holds before the relay reads: the handler never blocks
         handled[1][1](signal.SIGINT, None)
+
+
+HANGING_STOP = """
+import logging, os, signal, threading
+from gpustack_models.stop_signals import on_stop_signals
+
+logging.basicConfig(level=logging.INFO)
+stopping = threading.Event()
+on_stop_signals(stopping.set, deadline={deadline})
+os.kill(os.getpid(), signal.SIGTERM)
+stopping.wait()
+print("stopping", flush=True)
+threading.Event().wait()  # a stop step that never returns
+"""
+
+
+def test_a_stop_that_hangs_ends_at_the_deadline_with_every_threads_stack():
+    child = subprocess.Popen(
+        [sys.executable, "-c", HANGING_STOP.format(deadline=0.5)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=dict(os.environ, PYTHONPATH=os.getcwd()),
+    )
+    try:
+        out, err = child.communicate(timeout=20)
+    except subprocess.TimeoutExpired:
+        child.kill()
+        out, err = child.communicate()
+        pytest.fail(f"still running 20 s after its stop signal: {out} {err[-2000:]}")
+    assert (child.returncode, out.split()) == (1, ["stopping"]), (child.returncode, out, err[-2000:])
+    assert "stop signal received" in err and "not stopped 0.5 s after the stop signal" in err, err[-2000:]
+    # the stack of the main thread, stopped in the step that hung (faulthandler: "File ..., line N in <module>")
+    assert "Current thread" in err or "Thread 0x" in err, err[-2000:]
+    assert "line 11 in <module>" in err, err[-2000:]

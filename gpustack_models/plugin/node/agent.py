@@ -357,10 +357,14 @@ class Plugin:
         next start resumes them) while the servers stop, all within ``STOP_SECONDS``."""
         closing = threading.Thread(target=self.engine.close, kwargs={"timeout": STOP_SECONDS}, name="engine-close")
         closing.start()
-        server.shutdown()
+        log.info("stopping: downloads checkpointing; closing the HTTPS server")  # each step logged: one that
+        server.shutdown()  # hangs is the last line (and the stop deadline then logs every thread's stack)
         if self.peers is not None:
+            log.info("stopping: closing the peer server")
             self.peers.shutdown()
         if csi is not None:
+            log.info("stopping: closing the CSI servers")
             csi.stop()  # the mounts stay: Pods keep their models while the plugin restarts
+        log.info("stopping: waiting for the downloads' checkpoints")
         closing.join()
         log.info("plugin for node %s stopped", self.settings.node)
