@@ -16,12 +16,16 @@ def table(calls: dict[str, Calls], watches: Watches, events, series: dict[str, S
     lines.append(
         f"{'watch':<10} {watches.count:>8} {opened.quantile(0.5):8.1f} {opened.quantile(0.99):8.1f}  "
         f"(opening; {sum(watches.events):,} events read, fewest on one watch {min(watches.events):,}, "
-        f"{watches.reconnects} reconnects, {watches.failures} failures)"
+        f"{watches.reconnects} reconnects, {watches.failures} failures{failures_why(watches)})"
     )
     took = f"{len(events.writes):,} changes at {events.achieved:.0f}/s, {events.failed} refused or unanswered"
     lines.append(f"informer events: {took} (as many as kube-apiserver took)")
     lines.extend(memory_rows(series))
     return "\n".join(lines)
+
+
+def failures_why(watches: Watches) -> str:
+    return (": " + ", ".join(f"{why} {n}" for why, n in sorted(watches.why.items()))) if watches.why else ""
 
 
 def memory_rows(series: dict[str, Series]) -> list[str]:

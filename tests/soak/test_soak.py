@@ -117,6 +117,9 @@ def test_soak(worker_stack, worker_api, worker_kube, admin_http, cluster, namesp
     shed = {429} if FULL else set()
     for verb, got in calls.items():
         assert got.latencies and not [s for s in got.errors if s and s not in shed], (verb, dict(got.errors))
-    assert min(held.events) > 0 and held.failures == 0, (min(held.events), held.failures)
+    # A watch open kube-apiserver shed with 429 is retried a second later, as a client does; any other failure
+    # (another status, no answer, a watch broken) fails the run.
+    unexpected = {why: n for why, n in held.why.items() if not (why.isdigit() and int(why) in shed)}
+    assert min(held.events) > 0 and not unexpected, (min(held.events), dict(held.why))
     assert all(len(series.seconds) >= 3 for series in sampler.series.values())
     assert out.stat().st_size > 0
