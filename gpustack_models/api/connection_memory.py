@@ -194,14 +194,15 @@ def apply() -> bool:
     share_read_buffers()
     name = ctypes.util.find_library("c")
     try:
-        mallopt = ctypes.CDLL(name).mallopt if name else None
+        libc = ctypes.CDLL(name) if name else None
+        mallopt, malloc_trim = (libc.mallopt, libc.malloc_trim) if libc else (None, None)
     except (OSError, AttributeError):
-        mallopt = None
+        mallopt = malloc_trim = None
     if mallopt is None or (mallopt(M_MMAP_THRESHOLD, READ_BUFFER_BYTES), mallopt(M_ARENA_MAX, ARENAS)) != (1, 1):
         log.info("glibc's malloc settings not taken (another C library?): buffers are allocated as it does")
         return False
     global trimming
-    trimming = trimming or Trimming(ctypes.CDLL(name).malloc_trim, TRIM_SECONDS).start()
+    trimming = trimming or Trimming(malloc_trim, TRIM_SECONDS).start()
     return True
 
 

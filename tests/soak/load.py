@@ -98,8 +98,7 @@ class Watches:
         self.context.load_cert_chain(*cert)
         self.events = [0] * count
         self.reconnects = 0
-        self.failures = 0  # opens refused or unanswered, and watches broken (each counted in ``why``)
-        self.why: dict[str, int] = defaultdict(int)  # "429", "503", "ClientOSError", ... -> count
+        self.why: dict[str, int] = defaultdict(int)  # failures: "429", "503", "ClientOSError", ... -> count
         self.open_latencies: list[float] = []
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
@@ -111,7 +110,7 @@ class Watches:
             try:
                 async with session.get(self.url, params={"watch": "1"}, ssl=self.context) as resp:
                     if resp.status != 200:
-                        self._failed(str(resp.status))
+                        self.why[str(resp.status)] += 1
                         await asyncio.sleep(1)
                         continue
                     self.open_latencies.append(time.perf_counter() - started)
@@ -120,13 +119,14 @@ class Watches:
                         if self._stop.is_set():
                             return
             except (TimeoutError, aiohttp.ClientError) as exc:
-                self._failed(type(exc).__name__)
+                self.why[type(exc).__name__] += 1
                 await asyncio.sleep(1)
             self.reconnects += 1
 
-    def _failed(self, why: str) -> None:
-        self.failures += 1
-        self.why[why] += 1
+    @property
+    def failures(self) -> int:
+        """Opens refused or unanswered, and watches broken."""
+        return sum(self.why.values())
 
     async def _main(self, ready: threading.Event):
         self._stop = asyncio.Event()

@@ -32,21 +32,28 @@ SAFE = "on_stop_signals(stopping.set)"
 LOCKING = "for s in (signal.SIGTERM, signal.SIGINT): signal.signal(s, lambda *_: stopping.set())"
 
 
-def run_child(install: str, sig: signal.Signals, timeout: float = 10) -> str:
-    """The child's output; "hung" after what it printed if it had not exited after ``timeout`` seconds."""
+def run_script(script: str, timeout: float) -> tuple[str, str, int | None]:
+    """The child's stdout and stderr, and its exit status (None, and "hung" after its stdout, if it had not
+    exited after ``timeout`` seconds: it is killed then)."""
     child = subprocess.Popen(
-        [sys.executable, "-c", CHILD.format(install=install, signal=f"signal.{sig.name}")],
+        [sys.executable, "-c", script],
         stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         text=True,
         env=dict(os.environ, PYTHONPATH=os.getcwd()),
     )
     try:
-        out, _ = child.communicate(timeout=timeout)
-        return out
+        out, err = child.communicate(timeout=timeout)
+        return out, err, child.returncode
     except subprocess.TimeoutExpired:
         child.kill()
-        out, _ = child.communicate()
-        return out + "hung"
+        out, err = child.communicate()
+        return out + "hung", err, None
+
+
+def run_child(install: str, sig: signal.Signals, timeout: float = 10) -> str:
+    """The child's output; "hung" after what it printed if it had not exited after ``timeout`` seconds."""
+    return run_script(CHILD.format(install=install, signal=f"signal.{sig.name}"), timeout)[0]
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
@@ -90,20 +97,8 @@ threading.Event().wait()  # a stop step that never returns
 
 
 def test_a_stop_that_hangs_ends_at_the_deadline_with_every_threads_stack():
-    child = subprocess.Popen(
-        [sys.executable, "-c", HANGING_STOP.format(deadline=0.5)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=dict(os.environ, PYTHONPATH=os.getcwd()),
-    )
-    try:
-        out, err = child.communicate(timeout=20)
-    except subprocess.TimeoutExpired:
-        child.kill()
-        out, err = child.communicate()
-        pytest.fail(f"still running 20 s after its stop signal: {out} {err[-2000:]}")
-    assert (child.returncode, out.split()) == (1, ["stopping"]), (child.returncode, out, err[-2000:])
+    out, err, status = run_script(HANGING_STOP.format(deadline=0.5), timeout=20)
+    assert (status, out.split()) == (1, ["stopping"]), (status, out, err[-2000:])
     assert "stop signal received" in err and "not stopped 0.5 s after the stop signal" in err, err[-2000:]
     # the stack of the main thread, stopped in the step that hung (faulthandler: "File ..., line N in <module>")
     assert "Current thread" in err or "Thread 0x" in err, err[-2000:]
